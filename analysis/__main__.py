@@ -1,0 +1,82 @@
+"""Command line: `python -m analysis {ingest,runs,metrics,lab} ...` (see README, DESIGN.md)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from analysis.store import Store, StoreError, default_db_path
+
+
+def _db_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", default=None, help="DuckDB file (default: $DRIFT_DB or data/drift.duckdb)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m analysis", description="Driftscope: sampler/trainer drift")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("ingest", help="validate and load log files/folders into the database")
+    p.add_argument("paths", nargs="+")
+    p.add_argument("--run", default=None, help="run name for files that carry none (overrides the file's)")
+    _db_arg(p)
+    p = sub.add_parser("runs", help="list runs (CSV)")
+    _db_arg(p)
+    p = sub.add_parser("metrics", help="metrics table (CSV or JSON)")
+    _db_arg(p)
+    p.add_argument("--run", action="append", default=None, help="run name (repeatable; default: all runs)")
+    p.add_argument("--by", choices=("step", "layer", "run"), default="step")
+    p.add_argument("--format", choices=("csv", "json"), default="csv")
+    p.add_argument("--cap", type=float, default=2.0, help="importance-ratio cap C (default 2.0)")
+    p.add_argument("--clip", type=float, default=0.2, help="PPO clip range epsilon (default 0.2)")
+    sub.add_parser("lab", help="run the torch drift lab (options: python -m analysis lab --help)", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "lab":  # the lab owns its options; torch is imported only on this path
+        from analysis.lab.cli import main as lab_main
+        return lab_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    db = args.db or default_db_path()
+    try:
+        if args.command == "ingest":
+            return _ingest(db, args)
+        store = Store(db, read_only=True)
+        if args.command == "runs":
+            out = store.runs().drop("config", "has_trainer_routing")
+            sys.stdout.write(out.write_csv())
+            return 0
+        return _metrics(store, args)
+    except StoreError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def _ingest(db, args) -> int:
+    from analysis.ingest import ingest_paths
+    store = Store(db)
+    failed = 0
+    for outcome in ingest_paths(store, args.paths, run=args.run):
+        print(outcome.line(), file=sys.stdout if outcome.status != "refused" else sys.stderr)
+        failed += outcome.status == "refused"
+    store.close()
+    return 1 if failed else 0
+
+
+def _metrics(store: Store, args) -> int:
+    from analysis import report
+    runs = args.run or store.run_names()
+    missing = [r for r in runs if r not in store.run_names()]
+    if missing:
+        print(f"error: no run named {', '.join(map(repr, missing))} in {store.path} "
+              f"(runs: {', '.join(store.run_names()) or 'none'})", file=sys.stderr)
+        return 1
+    df = report.metrics_table(store, runs, by=args.by, cap=args.cap, clip=args.clip)
+    sys.stdout.write(df.write_csv() if args.format == "csv" else df.write_json())
+    if args.format == "json":
+        sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

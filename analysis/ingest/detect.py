@@ -1,0 +1,105 @@
+"""Recognise an input file by its content (magic bytes, header, first record), never by its name alone."""
+from __future__ import annotations
+
+import gzip
+import json
+import struct
+import zipfile
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import pyarrow.parquet as pq
+
+from analysis.ingest.errors import CorruptFile, UnknownFormat
+from analysis.ingest.long import table_kind
+
+FORMATS = ("parquet", "csv", "jsonl", "sequence-jsonl", "pt", "safetensors", "prime-rl")
+
+
+@dataclass(frozen=True)
+class Detected:
+    format: str
+    kind: str  # "tokens", "routing" or "mixed" (a file that can hold both)
+    gz: bool = False
+
+
+def _first_line(fp: BinaryIO, cap: int = 1 << 20) -> bytes:
+    while True:
+        line = fp.readline(cap)
+        if not line or line.strip():
+            return line
+
+
+def detect(fp: BinaryIO, name: str) -> Detected:
+    """Sniff `fp` (left at position 0 afterwards)."""
+    fp.seek(0)
+    head = fp.read(16)
+    fp.seek(0)
+    try:
+        if not head:
+            raise UnknownFormat(name, None, "the file is empty", "upload a log file (see SCHEMA.md)")
+        if head[:4] == b"PAR1":
+            try:
+                cols = pq.ParquetFile(fp).schema_arrow.names
+            except Exception as e:
+                raise CorruptFile(name, None, f"Parquet footer cannot be read ({e})",
+                                  "the file is truncated or corrupt; re-export it") from None
+            return Detected("parquet", table_kind(cols) or "unknown")
+        if head[:2] == b"\x1f\x8b":
+            try:
+                line = _first_line(gzip.GzipFile(fileobj=fp, mode="rb"))
+            except (OSError, EOFError) as e:
+                raise CorruptFile(name, None, f"gzip stream cannot be read ({e})", "the file is truncated") from None
+            return _json_kind(name, line, gz=True)
+        if head[:4] == b"PK\x03\x04":
+            try:
+                members = zipfile.ZipFile(fp).namelist()
+            except zipfile.BadZipFile as e:
+                raise CorruptFile(name, None, f"zip archive cannot be read ({e})", "the file is truncated") from None
+            if any(m.endswith("data.pkl") for m in members):
+                return Detected("pt", "mixed")
+            return Detected("zip", "mixed")
+        if head[:1] == b"\x80":  # pickle protocol 2+: legacy torch.save or a plain pickle
+            return Detected("pt", "mixed")
+        if len(head) >= 9:
+            (n,) = struct.unpack("<Q", head[:8])
+            if head[8:9] == b"{" and 0 < n < 100 * 1024 * 1024:
+                return Detected("safetensors", "mixed")
+        line = _first_line(fp)
+        stripped = line.lstrip()
+        if stripped.startswith(b"{"):
+            return _json_kind(name, line, gz=False)
+        try:
+            header = line.decode("utf-8").strip().split(",")
+        except UnicodeDecodeError:
+            header = []
+        if len(header) > 1:
+            kind = table_kind([h.strip().strip('"') for h in header])
+            if kind:
+                return Detected("csv", kind)
+        raise UnknownFormat(name, None, "not a recognised log file (expected Parquet, CSV, JSON Lines, "
+                            ".pt or .safetensors in SCHEMA.md's columns)", "see SCHEMA.md, 'Accepted files'")
+    finally:
+        fp.seek(0)
+
+
+def _json_kind(name: str, line: bytes, gz: bool) -> Detected:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        # a first line over the sniffing window, or broken JSON: the reader will report the exact place
+        text = line[:2000].decode("utf-8", "replace")
+        if '"sampler_logprobs"' in text:
+            return Detected("sequence-jsonl", "mixed", gz)
+        raise CorruptFile(name, "line 1", "invalid JSON", "each line must be one JSON object") from None
+    if not isinstance(obj, dict):
+        raise UnknownFormat(name, "line 1", "expected a JSON object per line", "see SCHEMA.md")
+    if "inference_logprobs" in obj and "loss_mask" in obj:
+        return Detected("prime-rl", "tokens", gz)
+    if isinstance(obj.get("sampler_logprobs"), list):
+        return Detected("sequence-jsonl", "mixed", gz)
+    kind = table_kind(obj.keys())
+    if kind:
+        return Detected("jsonl", kind, gz)
+    raise UnknownFormat(name, "line 1", f"JSON keys {sorted(obj)[:12]} match no accepted format",
+                        "see SCHEMA.md, 'Accepted files'")

@@ -1,0 +1,25 @@
+"""Caps that keep memory bounded whatever the input (overridable by environment for hosted use)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+MiB = 1 << 20
+
+
+def _env_mib(name: str, default_mib: int) -> int:
+    return int(float(os.environ.get(name, default_mib)) * MiB)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_line_bytes: int = 64 * MiB          # one JSON line (one sequence) at most
+    max_decompressed_bytes: int = 4096 * MiB  # a .gz stream, decompressed
+    max_tensor_file_bytes: int = 2048 * MiB  # .pt / .safetensors are read whole
+    batch_rows: int = 500_000               # rows per insert batch
+
+    @classmethod
+    def from_env(cls) -> "Limits":
+        return cls(max_line_bytes=_env_mib("DRIFT_MAX_LINE_MB", 64),
+                   max_decompressed_bytes=_env_mib("DRIFT_MAX_DECOMPRESSED_MB", 4096),
+                   max_tensor_file_bytes=_env_mib("DRIFT_MAX_TENSOR_FILE_MB", 2048))

@@ -1,0 +1,232 @@
+"""Load files and folders into the store: one transaction per file, idempotent by content hash.
+
+Files given together may come in any order: token-bearing files load before routing-only ones, so a
+routing file finds its tokens. A refused file leaves the database exactly as it was.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import pyarrow.compute as pc
+
+from analysis.ingest import long, sequences, tensors
+from analysis.ingest.detect import Detected, detect
+from analysis.ingest.errors import DuplicateKey, IngestError, OrphanRouting, BadExperts, CorruptFile
+from analysis.ingest.limits import Limits
+from analysis.ingest.validate import Batch, normalise
+from analysis.store import Store, StoreError
+
+
+@dataclass
+class Unit:
+    """One all-or-nothing load: usually one file; a framework adapter may join several (slime)."""
+    name: str
+    paths: list[Path]
+    detected: Detected
+    reader: Callable[["Unit", Limits], Iterator[Batch]]
+    config: dict | None = None
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str  # "loaded" | "skipped" | "refused"
+    format: str | None = None
+    rows: dict[str, int] = field(default_factory=dict)
+    runs: list[str] = field(default_factory=list)
+    message: str = ""
+
+    def line(self) -> str:
+        if self.status == "loaded":
+            parts = ", ".join(f"{v} {k} rows" for k, v in self.rows.items() if v)
+            return f"loaded {self.name} [{self.format}]: {parts or 'no rows'} -> run {', '.join(self.runs)}"
+        if self.status == "skipped":
+            return f"skipped {self.name}: {self.message}"
+        return f"refused {self.message}"
+
+
+def _single(fn):
+    def read(unit: Unit, limits: Limits) -> Iterator[Batch]:
+        with open(unit.paths[0], "rb") as fp:
+            yield from fn(fp, unit.name, limits, unit.detected)
+    return read
+
+
+def _read_text(fn):
+    from analysis.ingest.textio import open_text
+
+    def inner(fp, name, limits, det):
+        return fn(open_text(fp, name, limits, det.gz), name, limits, det)
+    return inner
+
+
+READERS: dict[str, Callable[[Unit, Limits], Iterator[Batch]]] = {
+    "parquet": _single(lambda fp, n, lim, det: long.read_parquet(fp, n, lim)),
+    "csv": _single(lambda fp, n, lim, det: long.read_csv(fp, n, lim)),
+    "jsonl": _single(_read_text(lambda fp, n, lim, det: long.read_jsonl_long(fp, n, lim, det.kind))),
+    "sequence-jsonl": _single(_read_text(lambda fp, n, lim, det: sequences.read_sequence_jsonl(fp, n, lim))),
+    "pt": _single(lambda fp, n, lim, det: tensors.read_tensor_dump(fp, n, lim, "pt")),
+    "safetensors": _single(lambda fp, n, lim, det: tensors.read_tensor_dump(fp, n, lim, "safetensors")),
+}
+
+# Folder adapters claim framework layouts (e.g. slime's rollout_data/ + train_data/) before the
+# file-by-file scan: each takes a folder and returns (units, paths it claimed).
+FOLDER_ADAPTERS: list[Callable[[Path, Limits], tuple[list[Unit], set[Path]]]] = []
+
+
+def file_unit(path: Path, name: str | None = None) -> Unit:
+    name = name or path.name
+    with open(path, "rb") as fp:
+        det = detect(fp, name)
+    reader = READERS.get(det.format)
+    if reader is None:
+        raise IngestError(name, None, f"format '{det.format}' is not supported here",
+                          "upload the files inside the archive, or a folder")
+    return Unit(name, [path], det, reader)
+
+
+def _run_json_config(folder: Path) -> dict | None:
+    f = folder / "run.json"
+    if f.is_file():
+        try:
+            meta = json.loads(f.read_text())
+            return meta.get("config") if isinstance(meta, dict) else None
+        except (ValueError, OSError):
+            return None
+    return None
+
+
+def expand(paths: Sequence[Path], limits: Limits) -> tuple[list[Unit], list[Outcome]]:
+    """Units for files and folders (recursively), plus outcomes for files that could not even be sniffed."""
+    units: list[Unit] = []
+    refused: list[Outcome] = []
+    for path in paths:
+        path = Path(path)
+        if path.is_dir():
+            claimed: set[Path] = set()
+            for adapter in FOLDER_ADAPTERS:
+                u, c = adapter(path, limits)
+                units.extend(u)
+                claimed |= c
+            for f in sorted(p for p in path.rglob("*") if p.is_file()):
+                if f in claimed or f.name.startswith(".") or f.name in ("run.json", "README.md", "STABLE"):
+                    continue
+                try:
+                    unit = file_unit(f, str(f.relative_to(path.parent)))
+                except IngestError as e:
+                    if "not a recognised log file" in str(e) or "is empty" in str(e):
+                        continue  # folders hold other files too; only log files are loaded
+                    refused.append(Outcome(str(f.relative_to(path.parent)), "refused", message=str(e)))
+                    continue
+                unit.config = _run_json_config(f.parent)
+                units.append(unit)
+        elif path.is_file():
+            try:
+                unit = file_unit(path)
+                unit.config = _run_json_config(path.parent)
+                units.append(unit)
+            except IngestError as e:
+                refused.append(Outcome(path.name, "refused", message=str(e)))
+        else:
+            refused.append(Outcome(str(path), "refused", message=f"{path}: no such file or folder"))
+    # tokens first, so routing rows given in the same call find their tokens whatever the order
+    units.sort(key=lambda u: u.detected.kind == "routing")
+    return units, refused
+
+
+def content_hash(paths: Sequence[Path]) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    for p in paths:
+        with open(p, "rb") as fp:
+            while chunk := fp.read(1 << 20):
+                h.update(chunk)
+                size += len(chunk)
+    return h.hexdigest(), size
+
+
+def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits | None = None,
+              config: dict | None = None) -> Outcome:
+    limits = limits or Limits.from_env()
+    fmt = unit.detected.format
+    sha, size = content_hash(unit.paths)
+    if store.is_loaded(sha, run):
+        return Outcome(unit.name, "skipped", fmt, message="same content already loaded")
+    rows = {"tokens": 0, "routing": 0, "sequences": 0}
+    try:
+        with store.transaction() as w:
+            if store.is_loaded(sha, run):  # another session loaded it while we waited for the lock
+                return Outcome(unit.name, "skipped", fmt, message="same content already loaded")
+            fid = w.new_file(sha, unit.name, size, fmt, run)
+            runs: set[str] = set()
+            for batch in unit.reader(unit, limits):
+                data = normalise(unit.name, batch, run, fid)
+                if data.num_rows == 0:
+                    continue
+                runs.update(pc.unique(data.column("run")).to_pylist())
+                w.insert_arrow(batch.table, data)
+                rows[batch.table] += data.num_rows
+            _check_file(w, unit.name, fid, rows)
+            if rows["routing"]:
+                w.add_expert_load(fid)
+            w.ensure_runs(sorted(runs), config or unit.config)
+            w.finish_file(fid, sum(rows.values()))
+    except IngestError as e:
+        return Outcome(unit.name, "refused", fmt, message=str(e))
+    except StoreError as e:
+        return Outcome(unit.name, "refused", fmt, message=f"{unit.name}: {e}")
+    except (MemoryError, RecursionError) as e:
+        return Outcome(unit.name, "refused", fmt, message=f"{unit.name}: too large to load ({type(e).__name__})")
+    except Exception as e:  # a reader bug must still never reach the user as a traceback
+        return Outcome(unit.name, "refused", fmt,
+                       message=f"{unit.name}: could not be read ({type(e).__name__}: {str(e)[:300]})")
+    return Outcome(unit.name, "loaded", fmt, rows, sorted(runs))
+
+
+def _check_file(w, name: str, fid: int, rows: dict[str, int]) -> None:
+    for table, cols in (("tokens", "run, step, sample, pos"), ("routing", "run, step, sample, pos, layer"),
+                        ("sequences", "run, step, sample")):
+        if rows[table]:
+            dup = w.first_duplicate(table, fid)
+            if dup:
+                key = ", ".join(f"{c}={v!r}" for c, v in zip(cols.split(", "), dup))
+                raise DuplicateKey(name, f"{table} key ({key})", f"this key appears more than once "
+                                   f"(in this file or already in the database)",
+                                   "each key may be loaded once; remove the repeated rows or use another run name")
+    if rows["routing"]:
+        orphan = w.first_orphan_routing(fid)
+        if orphan:
+            key = ", ".join(f"{c}={v!r}" for c, v in zip(("run", "step", "sample", "pos", "layer"), orphan))
+            raise OrphanRouting(name, f"routing row ({key})", "no token with this (run, step, sample, pos) exists",
+                                "load the tokens file first or in the same call, and check the run name")
+        conflict = w.first_k_conflict(fid)
+        if conflict:
+            run, step, layer, k_new, k_old = conflict
+            raise BadExperts(name, f"run {run!r}, step {step}, layer {layer}",
+                             f"top-k has {k_new} experts here but {k_old} in rows already loaded",
+                             "every routing row of a layer needs the same k")
+
+
+def ingest_paths(store: Store, paths: Sequence[str | Path], run: str | None = None, config: dict | None = None,
+                 limits: Limits | None = None,
+                 progress: Callable[[int, int, str], None] | None = None) -> list[Outcome]:
+    """Load files and folders; one Outcome per file (or joined framework unit), in load order."""
+    limits = limits or Limits.from_env()
+    try:
+        units, outcomes = expand([Path(p) for p in paths], limits)
+    except IngestError as e:
+        return [Outcome("?", "refused", message=str(e))]
+    for i, unit in enumerate(units):
+        if progress:
+            progress(i, len(units), unit.name)
+        outcomes.append(load_unit(store, unit, run, limits, config))
+    if progress:
+        progress(len(units), len(units), "")
+    return outcomes
+
+
+__all__ = ["Outcome", "Unit", "ingest_paths", "load_unit", "expand", "READERS", "FOLDER_ADAPTERS", "CorruptFile"]

@@ -1,0 +1,132 @@
+"""Long tables: Parquet, CSV and JSON Lines with one token (or one routing row) per record."""
+from __future__ import annotations
+
+import io
+from typing import BinaryIO, Iterator
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from analysis.ingest.errors import CorruptFile, UnknownFormat
+from analysis.ingest.limits import Limits
+from analysis.ingest.textio import iter_lines
+from analysis.ingest.validate import Batch, row_where
+
+
+def table_kind(columns: list[str] | set[str]) -> str | None:
+    """'routing' if the columns hold routing rows, 'tokens' if token log-probs, else None."""
+    cols = set(columns)
+    if {"layer", "sampler_experts"} <= cols:
+        return "routing"
+    if {"sampler_logprob", "trainer_logprob"} & cols:
+        return "tokens"
+    return None
+
+
+def _kind_or_refuse(name: str, columns) -> str:
+    kind = table_kind(columns)
+    if kind is None:
+        raise UnknownFormat(name, None, f"a long table needs 'sampler_logprob' and 'trainer_logprob' (tokens) "
+                            f"or 'layer' and 'sampler_experts' (routing); found columns {sorted(columns)}",
+                            "see SCHEMA.md, 'Accepted files'")
+    return kind
+
+
+def read_parquet(fp: BinaryIO, name: str, limits: Limits) -> Iterator[Batch]:
+    try:
+        pf = pq.ParquetFile(fp)
+    except (pa.ArrowException, OSError) as e:
+        raise CorruptFile(name, None, f"not a readable Parquet file ({e})", "re-export the file") from None
+    kind = _kind_or_refuse(name, pf.schema_arrow.names)
+    offset = 0
+    try:
+        for rb in pf.iter_batches(batch_size=limits.batch_rows):
+            yield Batch(kind, pa.Table.from_batches([rb]), row_where(offset))
+            offset += rb.num_rows
+    except (pa.ArrowException, OSError) as e:
+        raise CorruptFile(name, f"after row {offset}", f"Parquet data cannot be read ({e})",
+                          "the file is corrupt or truncated; re-export it") from None
+
+
+def read_csv(fp: BinaryIO, name: str, limits: Limits) -> Iterator[Batch]:
+    list_cols = ("sampler_experts", "trainer_experts", "sampler_weights", "trainer_weights")
+    try:
+        reader = pacsv.open_csv(fp, read_options=pacsv.ReadOptions(block_size=16 * 1024 * 1024),
+                                convert_options=pacsv.ConvertOptions(
+                                    column_types={c: pa.string() for c in list_cols + ("run", "token")}))
+    except (pa.ArrowException, OSError) as e:
+        raise CorruptFile(name, "header", f"not a readable CSV file ({e})", "check the delimiter and header") from None
+    kind = _kind_or_refuse(name, reader.schema.names)
+    offset = 0
+    try:
+        for rb in reader:
+            t = pa.Table.from_batches([rb])
+            for c in list_cols:  # lists are written as JSON arrays inside a CSV cell: "[3, 7]"
+                if c in t.column_names:
+                    t = t.set_column(t.column_names.index(c), c, _parse_json_lists(name, t.column(c), c, offset))
+            yield Batch(kind, t, row_where(offset))
+            offset += rb.num_rows
+    except (pa.ArrowException, OSError) as e:
+        raise CorruptFile(name, f"near row {offset + 1}", f"CSV cannot be parsed ({e})",
+                          "every row needs the header's number of fields") from None
+
+
+def _parse_json_lists(name: str, col: pa.ChunkedArray, cname: str, offset: int) -> pa.Array:
+    import json
+    from analysis.ingest.errors import WrongType
+    out = []
+    for i, v in enumerate(col.to_pylist()):
+        if v is None or v == "":
+            out.append(None)
+            continue
+        try:
+            parsed = json.loads(v)
+        except ValueError:
+            raise WrongType(name, f"row {offset + i + 1}, column '{cname}'", f"expected a JSON list like [3, 7], "
+                            f"got {v!r}", "write lists as JSON arrays") from None
+        if not isinstance(parsed, list):
+            raise WrongType(name, f"row {offset + i + 1}, column '{cname}'", f"expected a list, got {v!r}",
+                            "write lists as JSON arrays")
+        out.append(parsed)
+    try:
+        return pa.array(out)
+    except (pa.ArrowException, TypeError) as e:
+        raise WrongType(name, f"column '{cname}'", f"list values are not numbers ({e})", "use numeric ids") from None
+
+
+def read_jsonl_long(fp: BinaryIO, name: str, limits: Limits, kind: str) -> Iterator[Batch]:
+    """JSON Lines long table, parsed in chunks of lines (a line longer than the cap is refused)."""
+    chunk: list[bytes] = []
+    size = 0
+    first_line = 1
+    line_no = 0
+    for line_no, line in iter_lines(fp, name, limits):
+        if not line.strip():
+            continue
+        if not chunk:
+            first_line = line_no
+        chunk.append(line if line.endswith(b"\n") else line + b"\n")
+        size += len(line)
+        if len(chunk) >= limits.batch_rows or size > 64 * 1024 * 1024:
+            yield _jsonl_batch(name, chunk, first_line, kind)
+            chunk, size = [], 0
+    if chunk:
+        yield _jsonl_batch(name, chunk, first_line, kind)
+
+
+def _jsonl_batch(name: str, lines: list[bytes], first_line: int, kind: str) -> Batch:
+    try:
+        t = pajson.read_json(io.BytesIO(b"".join(lines)))
+    except pa.ArrowException as e:
+        import json
+        for j, line in enumerate(lines):  # locate the bad line for the message
+            try:
+                json.loads(line)
+            except ValueError as e2:
+                raise CorruptFile(name, f"line {first_line + j}", f"invalid JSON ({e2})",
+                                  "each line must be one JSON object") from None
+        raise CorruptFile(name, f"lines {first_line}-{first_line + len(lines) - 1}",
+                          f"records do not form a table ({e})", "use the same type for a key on every line") from None
+    return Batch(kind, t, lambda i: f"line {first_line + i}")

@@ -1,0 +1,190 @@
+"""Sequence JSON Lines (plain or gzip): one sequence per line, arrays indexed by token (SCHEMA.md family 2)."""
+from __future__ import annotations
+
+import json
+from typing import BinaryIO, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from analysis.ingest.errors import BadExperts, CorruptFile, LengthMismatch, MissingColumn, WrongType
+from analysis.ingest.limits import Limits
+from analysis.ingest.textio import iter_lines
+from analysis.ingest.validate import Batch
+
+SEQ_REQUIRED = ("step", "sample", "sampler_logprobs", "trainer_logprobs")
+# per-token arrays: key in the file -> tokens column
+TOKEN_ARRAYS = {"sampler_logprobs": "sampler_logprob", "trainer_logprobs": "trainer_logprob",
+                "token_ids": "token_id", "tokens": "token",
+                "sampler_entropies": "sampler_entropy", "trainer_entropies": "trainer_entropy"}
+SCALARS = {"sampler_version": "sampler_version", "trainer_version": "trainer_version"}
+SEQ_FIELDS = ("reward", "advantage", "prompt", "response_length")
+
+
+def is_sequence_record(obj: dict) -> bool:
+    return isinstance(obj, dict) and isinstance(obj.get("sampler_logprobs"), list)
+
+
+class _Chunk:
+    """Per-line column parts (dict of equal-length Arrow arrays), joined into batches on flush."""
+
+    def __init__(self):
+        self.tok: list[dict[str, pa.Array]] = []
+        self.tok_where: list[tuple[int, int]] = []  # (line, token index) per token row
+        self.rt: list[dict[str, pa.Array]] = []
+        self.rt_where: list[tuple[int, int]] = []
+        self.seq: list[dict] = []
+        self.seq_where: list[int] = []
+        self.meta: dict[int, str] = {}  # line -> "step s, sample x"
+        self.n_tokens = 0
+
+
+def read_sequence_jsonl(fp: BinaryIO, name: str, limits: Limits) -> Iterator[Batch]:
+    chunk = _Chunk()
+    for line_no, line in iter_lines(fp, name, limits):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise CorruptFile(name, f"line {line_no}", f"invalid JSON ({e})",
+                              "each line must be one complete JSON object; the file may be truncated") from None
+        _add_sequence(name, line_no, obj, chunk)
+        if chunk.n_tokens >= limits.batch_rows:
+            yield from _flush(chunk)
+            chunk = _Chunk()
+    yield from _flush(chunk)
+
+
+def _where(lines: list[tuple[int, int]], meta: dict[int, str]):
+    return lambda i: f"line {lines[i][0]} ({meta[lines[i][0]]}, token {lines[i][1]})"
+
+
+def _join(parts: list[dict[str, pa.Array]]) -> pa.Table:
+    cols = list(dict.fromkeys(c for p in parts for c in p))
+    lengths = [len(next(iter(p.values()))) for p in parts]
+    return pa.table({c: _concat([p[c] if c in p else pa.nulls(n) for p, n in zip(parts, lengths)]) for c in cols})
+
+
+def _flush(chunk: _Chunk) -> Iterator[Batch]:
+    meta = chunk.meta
+    if chunk.tok_where:
+        yield Batch("tokens", _join(chunk.tok), _where(chunk.tok_where, meta))
+    if chunk.rt_where:
+        yield Batch("routing", _join(chunk.rt), _where(chunk.rt_where, meta))
+    if chunk.seq:
+        lines = chunk.seq_where
+        yield Batch("sequences", pa.Table.from_pylist(chunk.seq),
+                    lambda i: f"line {lines[i]} ({meta.get(lines[i], '')})")
+
+
+def _concat(parts: list) -> pa.Array:
+    arrays = [p if isinstance(p, pa.Array) else pa.array(p) for p in parts]
+    if not arrays:
+        return pa.array([])
+    types = {a.type for a in arrays if a.type != pa.null()}
+    if len(types) > 1:
+        # e.g. ints on one line, floats on another: let the validator cast to the canonical type
+        target = pa.float64() if all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in types) else pa.string()
+        arrays = [a.cast(target) for a in arrays]
+    elif types:
+        t = types.pop()
+        arrays = [a.cast(t) if a.type == pa.null() else a for a in arrays]
+    return pa.concat_arrays(arrays)
+
+
+def _add_sequence(name: str, line_no: int, obj, chunk: _Chunk) -> None:
+    if not isinstance(obj, dict):
+        raise WrongType(name, f"line {line_no}", f"expected a JSON object, got {type(obj).__name__}",
+                        "one sequence object per line")
+    for key in SEQ_REQUIRED:
+        if key not in obj:
+            raise MissingColumn(name, f"line {line_no}", f"required key '{key}' is missing",
+                                "see SCHEMA.md, sequence JSON Lines")
+    step, sample = obj["step"], obj["sample"]
+    label = f"step {step}, sample {sample}"
+    chunk.meta[line_no] = label
+    where = f"line {line_no} ({label})"
+    n = len(obj["sampler_logprobs"])
+    arrays = {}
+    for key, col in TOKEN_ARRAYS.items():
+        if key in obj and obj[key] is not None:
+            v = obj[key]
+            if not isinstance(v, list):
+                raise WrongType(name, where, f"'{key}' must be a list, got {type(v).__name__}", "one value per token")
+            if len(v) != n:
+                raise LengthMismatch(name, where, f"'{key}' has {len(v)} values but 'sampler_logprobs' has {n}",
+                                     "every per-token array needs one value per response token")
+            arrays[col] = v
+    mask = obj.get("loss_mask")
+    keep = np.arange(n)
+    if mask is not None:
+        if not isinstance(mask, list) or len(mask) != n:
+            raise LengthMismatch(name, where, f"'loss_mask' has {len(mask) if isinstance(mask, list) else '?'} "
+                                 f"values but 'sampler_logprobs' has {n}", "one mask value per token")
+        keep = np.flatnonzero(np.asarray(mask, dtype=bool))
+    m = len(keep)
+    part: dict[str, pa.Array] = {}
+    for col, v in arrays.items():
+        try:
+            arr = pa.array(v)
+        except (pa.ArrowException, TypeError, OverflowError) as e:
+            raise WrongType(name, where, f"'{col}' values have mixed or wrong types ({e})",
+                            "numbers for log-probs and ids, strings for tokens") from None
+        part[col] = arr.take(pa.array(keep)) if mask is not None else arr
+    base = {"run": obj.get("run"), "step": step, "sample": sample}
+    for col, value in base.items():
+        part[col] = pa.array([value] * m)
+    part["pos"] = pa.array(keep.astype(np.int64))
+    for key, col in SCALARS.items():
+        if key in obj:
+            part[col] = pa.array([obj[key]] * m)
+    if m:
+        chunk.tok.append(part)
+    chunk.tok_where.extend((line_no, int(j)) for j in keep)
+    chunk.n_tokens += m
+    _add_routing(name, where, line_no, obj, n, keep, base, chunk)
+    seq = {k: obj[k] for k in SEQ_FIELDS if k in obj}
+    if seq:
+        chunk.seq.append({**base, **seq})
+        chunk.seq_where.append(line_no)
+
+
+def _add_routing(name, where, line_no, obj, n, keep, base, chunk: _Chunk) -> None:
+    if obj.get("sampler_experts") is None:
+        if obj.get("trainer_experts") is not None:
+            raise MissingColumn(name, where, "'trainer_experts' given without 'sampler_experts'",
+                                "routing needs the sampler's experts")
+        return
+    sides = {}
+    for key in ("sampler_experts", "trainer_experts"):
+        v = obj.get(key)
+        if v is None:
+            continue
+        try:
+            arr = np.asarray(v, dtype=np.int64)
+        except (ValueError, TypeError):
+            raise BadExperts(name, where, f"'{key}' is ragged or not integers",
+                             "index it [token][layer][rank] with the same number of layers and k everywhere") from None
+        if arr.ndim != 3 or arr.shape[0] != n:
+            raise LengthMismatch(name, where, f"'{key}' has shape {list(arr.shape)}, expected [{n}, layers, k]",
+                                 "one [layer][rank] block per response token")
+        sides[key] = arr[keep]
+    S = sides["sampler_experts"]
+    T = sides.get("trainer_experts")
+    if T is not None and T.shape[1:] != S.shape[1:]:
+        raise LengthMismatch(name, where, f"trainer_experts has [layers, k] = {list(T.shape[1:])}, "
+                             f"sampler_experts has {list(S.shape[1:])}", "both sides need the same layers and k")
+    m, L, K = S.shape
+    rows = m * L
+    if not rows:
+        return
+    offsets = pa.array(np.arange(0, rows * K + 1, K, dtype=np.int32))
+    part = {"run": pa.array([base["run"]] * rows), "step": pa.array([base["step"]] * rows),
+            "sample": pa.array([base["sample"]] * rows), "pos": pa.array(np.repeat(keep, L)),
+            "layer": pa.array(np.tile(np.arange(L), m)),
+            "sampler_experts": pa.ListArray.from_arrays(offsets, pa.array(S.reshape(-1).astype(np.int32)))}
+    if T is not None:
+        part["trainer_experts"] = pa.ListArray.from_arrays(offsets, pa.array(T.reshape(-1).astype(np.int32)))
+    chunk.rt.append(part)
+    chunk.rt_where.extend((line_no, int(j)) for j in np.repeat(keep, L))

@@ -1,0 +1,156 @@
+"""Tensor dumps (`.pt` via torch.save, `.safetensors`): one step's [B, T] tensors with RL-framework names.
+
+torch is imported here only, lazily: the metrics side of the library never pays for it.
+`.pt` files are loaded with `weights_only=True`; a file that needs pickle to load is refused.
+"""
+from __future__ import annotations
+
+from typing import Any, BinaryIO, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from analysis.ingest.errors import CorruptFile, LengthMismatch, MissingColumn, TooLarge, UnsafeFile, WrongType
+from analysis.ingest.limits import Limits
+from analysis.ingest.validate import Batch
+
+SAMPLER_KEYS = ("rollout_log_probs", "sampler_logprobs")
+TRAINER_KEYS = ("old_log_probs", "trainer_logprobs")
+MASK_KEYS = ("response_mask", "loss_mask")
+STEP_KEYS = ("step", "global_steps")
+
+
+def load_tensor_file(fp: BinaryIO, name: str, limits: Limits, fmt: str) -> dict[str, Any]:
+    import torch
+
+    data = fp.read(limits.max_tensor_file_bytes + 1)
+    if len(data) > limits.max_tensor_file_bytes:
+        raise TooLarge(name, None, f"tensor file exceeds the cap of {limits.max_tensor_file_bytes >> 20} MiB",
+                       "dump one step per file, or raise DRIFT_MAX_TENSOR_FILE_MB")
+    if fmt == "safetensors":
+        from safetensors.torch import load as st_load
+        try:
+            return dict(st_load(data))
+        except Exception as e:  # safetensors raises its own SafetensorError/ValueError types
+            raise CorruptFile(name, None, f"not a readable safetensors file ({e})", "re-save the tensors") from None
+    import io
+    import pickle
+    try:
+        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0][:300]
+        raise UnsafeFile(name, None, "this file needs pickle to load, and pickle can run code, so it is refused "
+                         f"({first})", "save plain tensors, lists, numbers and strings; for numpy arrays use "
+                         "torch.as_tensor before torch.save (see README, 'Files that need pickle')") from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as e:
+        raise CorruptFile(name, None, f"not a readable torch file ({str(e).splitlines()[0][:200]})",
+                          "the file may be truncated; save it again with torch.save") from None
+    if not isinstance(obj, dict):
+        raise WrongType(name, None, f"expected a dict of tensors, got {type(obj).__name__}",
+                        "torch.save a dict such as {'rollout_log_probs': ..., 'old_log_probs': ..., ...}")
+    return obj
+
+
+def _pick(d: dict, keys: tuple[str, ...]):
+    for k in keys:
+        if k in d:
+            return k, d[k]
+    return None, None
+
+
+def _scalar(name: str, d: dict, keys: tuple[str, ...]) -> int | None:
+    import torch
+    k, v = _pick(d, keys)
+    if v is None:
+        return None
+    if isinstance(v, torch.Tensor):
+        if v.numel() != 1:
+            raise WrongType(name, f"key '{k}'", f"expected a scalar, got shape {list(v.shape)}", "store one number")
+        v = v.item()
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise WrongType(name, f"key '{k}'", f"expected an integer, got {v!r}", "store the step as an int")
+    return v
+
+
+def read_tensor_dump(fp: BinaryIO, name: str, limits: Limits, fmt: str) -> Iterator[Batch]:
+    yield from tensor_dict_batches(name, load_tensor_file(fp, name, limits, fmt))
+
+
+def tensor_dict_batches(name: str, d: dict) -> Iterator[Batch]:
+    """Batches from a dict of [B, T] tensors in SCHEMA.md's names (experts already aligned to tokens)."""
+    import torch
+
+    sk, s = _pick(d, SAMPLER_KEYS)
+    tk, t = _pick(d, TRAINER_KEYS)
+    mk, mask = _pick(d, MASK_KEYS)
+    for key, v in ((SAMPLER_KEYS[0], s), (TRAINER_KEYS[0], t), (MASK_KEYS[0], mask)):
+        if v is None:
+            raise MissingColumn(name, None, f"required tensor '{key}' is missing (keys found: {', '.join(sorted(map(str, d)))})",
+                                "see SCHEMA.md, tensor dumps")
+        if not isinstance(v, torch.Tensor) or v.ndim != 2:
+            raise WrongType(name, f"key '{key}'", f"expected a [B, T] tensor, got {getattr(v, 'shape', type(v).__name__)}",
+                            "store one row per sequence")
+    if s.shape != t.shape or s.shape != mask.shape:
+        raise LengthMismatch(name, None, f"shapes differ: {sk} {list(s.shape)}, {tk} {list(t.shape)}, "
+                             f"{mk} {list(mask.shape)}", "all [B, T] tensors must share B and T")
+    step = _scalar(name, d, STEP_KEYS)
+    if step is None:
+        raise MissingColumn(name, None, "no 'step' (or 'global_steps') scalar in the dump",
+                            "add the trainer step: torch.save({..., 'step': step}, path)")
+    # Padding is wherever the mask is 0, whatever value it holds there (0.0, -9999, NaN).
+    b_idx, t_idx = torch.nonzero(mask.bool(), as_tuple=True)
+    b = b_idx.numpy().astype(np.int64)
+    pos = t_idx.numpy().astype(np.int32)
+    where = lambda i: f"sequence {int(b[i])} (batch row), token {int(pos[i])}"  # noqa: E731
+    cols: dict[str, Any] = {"step": np.full(len(b), step, dtype=np.int64), "sample": b, "pos": pos,
+                            "sampler_logprob": s[b_idx, t_idx].double().numpy(),
+                            "trainer_logprob": t[b_idx, t_idx].double().numpy()}
+    if "run" in d and isinstance(d["run"], str):
+        cols["run"] = np.full(len(b), d["run"], dtype=object)
+    if "responses" in d and isinstance(d["responses"], torch.Tensor) and d["responses"].shape == s.shape:
+        cols["token_id"] = d["responses"][b_idx, t_idx].numpy().astype(np.int64)
+    for key in ("sampler_version", "trainer_version"):
+        v = _scalar(name, d, (key,))
+        if v is not None:
+            cols[key] = np.full(len(b), v, dtype=np.int64)
+    yield Batch("tokens", pa.table(cols), where)
+    experts = {k: d[k] for k in ("sampler_experts", "trainer_experts") if k in d}
+    if experts:
+        yield routing_batch(name, b_idx, t_idx, step, experts, s.shape, run=cols.get("run"))
+
+
+def routing_batch(name: str, b_idx, t_idx, step: int, experts: dict, bt_shape, run=None) -> Batch:
+    """Routing rows for the masked tokens from [B, T, L, K] expert tensors (token-aligned)."""
+    import torch
+
+    if "sampler_experts" not in experts:
+        raise MissingColumn(name, None, "'trainer_experts' given without 'sampler_experts'",
+                            "routing needs the sampler's experts")
+    mats = {}
+    for k, v in experts.items():
+        if not isinstance(v, torch.Tensor) or v.ndim != 4 or tuple(v.shape[:2]) != tuple(bt_shape):
+            raise LengthMismatch(name, f"key '{k}'", f"expected [B, T, L, K] = [{bt_shape[0]}, {bt_shape[1]}, L, K], "
+                                 f"got {list(getattr(v, 'shape', []))}", "index experts [sequence][token][layer][rank]")
+        if v.dtype.is_floating_point:
+            raise WrongType(name, f"key '{k}'", f"expert ids must be integers, got {v.dtype}", "store int ids")
+        mats[k] = v[b_idx, t_idx].to(torch.int32).numpy()  # (n, L, K)
+    S = mats["sampler_experts"]
+    if "trainer_experts" in mats and mats["trainer_experts"].shape != S.shape:
+        raise LengthMismatch(name, None, f"trainer_experts has [L, K] {list(mats['trainer_experts'].shape[1:])}, "
+                             f"sampler_experts {list(S.shape[1:])}", "both sides need the same layers and k")
+    n, L, K = S.shape
+    rows = n * L
+    b = np.repeat(b_idx.numpy().astype(np.int64), L)
+    p = np.repeat(t_idx.numpy().astype(np.int32), L)
+    offsets = pa.array(np.arange(0, rows * K + 1, K, dtype=np.int32))
+    cols: dict[str, Any] = {"step": np.full(rows, step, dtype=np.int64), "sample": b, "pos": p,
+                            "layer": np.tile(np.arange(L, dtype=np.int32), n)}
+    if run is not None:
+        cols["run"] = np.repeat(run, L)
+    for k, M in mats.items():
+        cols[k] = pa.ListArray.from_arrays(offsets, pa.array(M.reshape(-1)))
+    return Batch("routing", pa.table(cols), lambda i: f"sequence {int(b[i])} (batch row), token {int(p[i])}, "
+                                                      f"layer {i % L}")
+

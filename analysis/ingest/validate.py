@@ -1,0 +1,202 @@
+"""Turn a reader's batch into canonical Arrow columns and check SCHEMA.md's rules, vectorised.
+
+Routing batches also get their derived set columns (k, flip, top1_flip, n_common) here, so that
+set comparisons are paid once at ingest and never at query time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analysis import schema
+from analysis.ingest.errors import BadExperts, BadValue, LengthMismatch, MissingColumn, WrongType
+
+ARROW_TYPES = {
+    "VARCHAR": pa.string(), "BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(),
+    "INTEGER[]": pa.list_(pa.int32()), "DOUBLE[]": pa.list_(pa.float64()),
+}
+FIX_COLUMNS = "see SCHEMA.md for the column names"
+
+
+@dataclass
+class Batch:
+    """A slice of one input file, in one canonical table's column names.
+
+    `where(i)` describes row i of this batch for messages (e.g. "row 17" or "line 3 (step 2, sample 5)").
+    """
+    table: str  # "tokens" | "routing" | "sequences"
+    data: pa.Table
+    where: Callable[[int], str] = field(default=lambda i: f"row {i + 1}")
+
+
+def row_where(offset: int) -> Callable[[int], str]:
+    return lambda i: f"row {offset + i + 1}"
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def _cast(file: str, batch: Batch, name: str, target: pa.DataType) -> pa.Array:
+    col = batch.data.column(name)
+    if col.type == target:
+        return col.combine_chunks()
+    try:
+        return pc.cast(col, target, safe=True).combine_chunks()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        pass
+    # find the first value that does not convert, for the message
+    values = col.to_pylist()
+    for i, v in enumerate(values):
+        try:
+            pc.cast(pa.array([v]), target, safe=True)
+        except Exception:
+            raise WrongType(file, f"{batch.where(i)}, column '{name}'",
+                            f"expected {target}, got {v!r}", "fix the value or the column's type") from None
+    raise WrongType(file, f"column '{name}'", f"expected {target}, got column of type {col.type}",
+                    "store this column with the type SCHEMA.md gives")
+
+
+def normalise(file: str, batch: Batch, run: str | None, file_id: int) -> pa.Table:
+    """Canonical, checked Arrow table for `batch.table`, with file_id (and derived routing columns)."""
+    cols = schema.TABLES[batch.table]
+    present = set(batch.data.column_names)
+    n = batch.data.num_rows
+    out: dict[str, pa.Array] = {}
+    for c in cols:
+        if c.name == "run" and run is not None:
+            out["run"] = pa.array(np.full(n, run, dtype=object), pa.string())
+            continue
+        if c.name not in present:
+            if c.required:
+                hint = "pass --run NAME (or fill the run field in the upload form)" if c.name == "run" \
+                    else FIX_COLUMNS
+                raise MissingColumn(file, None, f"required column '{c.name}' is missing from the {batch.table} "
+                                    f"data (columns found: {', '.join(sorted(present)) or 'none'})", hint)
+            continue
+        arr = _cast(file, batch, c.name, ARROW_TYPES[c.sql_type])
+        if c.required and arr.null_count:
+            i = _first(np.asarray(arr.is_null()))
+            raise BadValue(file, f"{batch.where(i)}, column '{c.name}'", "required value is missing (null)",
+                           "every row needs a value here")
+        out[c.name] = arr
+    if batch.table == "tokens":
+        _check_tokens(file, batch, out)
+    elif batch.table == "routing":
+        _check_routing(file, batch, out)
+    if batch.table in ("tokens", "routing", "sequences"):
+        _check_keys(file, batch, out)
+    out["file_id"] = pa.array(np.full(n, file_id, dtype=np.int32))
+    return pa.table(out)
+
+
+def _check_keys(file: str, batch: Batch, out: dict) -> None:
+    for name in ("step", "sample", "pos", "layer"):
+        if name in out:
+            v = out[name].to_numpy(zero_copy_only=False)
+            bad = v < 0
+            if bad.any():
+                i = _first(bad)
+                raise BadValue(file, batch.where(i), f"{name} must be >= 0, got {v[i]}",
+                               "keys are 0-based indices")
+
+
+def _check_tokens(file: str, batch: Batch, out: dict) -> None:
+    for name in ("sampler_logprob", "trainer_logprob"):
+        v = out[name].to_numpy(zero_copy_only=False)
+        bad = ~np.isfinite(v) | (v > 0)
+        if bad.any():
+            i = _first(bad)
+            rule = "must be finite" if not np.isfinite(v[i]) else "must be <= 0"
+            raise BadValue(file, f"{batch.where(i)}, column '{name}'", f"log-probability {rule}, got {v[i]!r}",
+                           "log-probs are natural-log probabilities of the sampled token; "
+                           "drop untrained/padded tokens rather than writing placeholders")
+
+
+def _experts_matrix(file: str, batch: Batch, name: str, arr: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
+    """(valid rows, [n_valid, k] ids) for a list column whose rows all have the same length."""
+    valid = ~np.asarray(arr.is_null())
+    lengths = pc.list_value_length(arr).fill_null(0).to_numpy()
+    vals = arr.flatten()
+    if vals.null_count:
+        pos = np.repeat(np.arange(len(arr)), lengths)
+        i = int(pos[_first(np.asarray(vals.is_null()))])
+        raise BadExperts(file, f"{batch.where(i)}, column '{name}'", "expert id is null", "ids are integers >= 0")
+    flat = vals.to_numpy(zero_copy_only=False)
+    k = lengths[valid]
+    if len(k) and (k != k[0]).any():
+        i = int(np.flatnonzero(valid)[_first(k != k[0])])
+        raise BadExperts(file, f"{batch.where(i)}, column '{name}'",
+                         f"top-k has {lengths[i]} experts where earlier rows have {k[0]}",
+                         "every routing row needs the same k")
+    kk = int(k[0]) if len(k) else 0
+    if len(k) and kk == 0:
+        i = int(np.flatnonzero(valid)[0])
+        raise BadExperts(file, f"{batch.where(i)}, column '{name}'", "empty top-k list", "record at least one expert")
+    return valid, flat.reshape(-1, kk) if kk else flat.reshape(0, 0)
+
+
+def _check_routing(file: str, batch: Batch, out: dict) -> None:
+    n = batch.data.num_rows
+    s_valid, S = _experts_matrix(file, batch, "sampler_experts", out["sampler_experts"])
+    for name, M, valid in (("sampler_experts", S, s_valid),):
+        _check_ids(file, batch, name, M, np.flatnonzero(valid))
+    k = S.shape[1]
+    out["k"] = pa.array(np.full(n, k, dtype=np.int16))
+    flip = np.zeros(n, dtype=bool)
+    top1 = np.zeros(n, dtype=bool)
+    common = np.zeros(n, dtype=np.int16)
+    has_t = np.zeros(n, dtype=bool)
+    if "trainer_experts" in out:
+        t_valid, T = _experts_matrix(file, batch, "trainer_experts", out["trainer_experts"])
+        rows = np.flatnonzero(t_valid)
+        _check_ids(file, batch, "trainer_experts", T, rows)
+        if len(rows) and T.shape[1] != k:
+            raise BadExperts(file, f"{batch.where(int(rows[0]))}", f"trainer top-k has {T.shape[1]} experts, "
+                             f"sampler top-k has {k}", "both sides must record the same k")
+        Ss = np.sort(S[rows], axis=1)
+        Ts = np.sort(T, axis=1)
+        flip[rows] = (Ss != Ts).any(axis=1)
+        top1[rows] = S[rows, 0] != T[:, 0]
+        # |E_s ∩ E_t|: ids are distinct within a side, so pairwise equalities count the intersection
+        for lo in range(0, len(rows), 262144):
+            hi = lo + 262144
+            common[rows[lo:hi]] = (Ss[lo:hi, :, None] == Ts[lo:hi, None, :]).sum(axis=(1, 2))
+        has_t[rows] = True
+    for name, side in (("sampler_weights", "sampler_experts"), ("trainer_weights", "trainer_experts")):
+        if name in out:
+            w = out[name]
+            wl = pc.list_value_length(w).to_numpy(zero_copy_only=False)
+            el = pc.list_value_length(out[side]).to_numpy(zero_copy_only=False) if side in out else None
+            wv = ~np.asarray(w.is_null())
+            bad = wv & ((el is None) | (np.nan_to_num(wl, nan=-1) != np.nan_to_num(el, nan=-2)))
+            if bad.any():
+                i = _first(bad)
+                raise LengthMismatch(file, f"{batch.where(i)}, column '{name}'",
+                                     f"{int(wl[i])} weights for {0 if el is None else el[i]} experts",
+                                     f"give one weight per id of {side}, in the same order")
+    mask = ~has_t
+    out["flip"] = pa.array(flip, mask=mask)
+    out["top1_flip"] = pa.array(top1, mask=mask)
+    out["n_common"] = pa.array(common, mask=mask)
+
+
+def _check_ids(file: str, batch: Batch, name: str, M: np.ndarray, rows: np.ndarray) -> None:
+    if M.size == 0:
+        return
+    neg = (M < 0).any(axis=1)
+    if neg.any():
+        i = int(rows[_first(neg)])
+        raise BadExperts(file, f"{batch.where(i)}, column '{name}'", f"negative expert id in {M[_first(neg)].tolist()}",
+                         "expert ids are 0-based")
+    srt = np.sort(M, axis=1)
+    dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
+    if dup.any():
+        j = _first(dup)
+        raise BadExperts(file, f"{batch.where(int(rows[j]))}, column '{name}'",
+                         f"expert ids repeat within one top-k: {M[j].tolist()}",
+                         "a top-k holds distinct experts; check the layer/rank axes of the dump")

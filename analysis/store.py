@@ -1,0 +1,270 @@
+"""The only module that talks to DuckDB: opens the database, creates tables, runs parameterised SQL,
+serialises writes, and turns DuckDB errors into the project's own `StoreError`."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import duckdb
+import polars as pl
+
+from analysis import schema
+
+DEFAULT_DB = Path(__file__).resolve().parent.parent / "data" / "drift.duckdb"
+
+
+class StoreError(Exception):
+    """A database problem explained for the user (never a raw DuckDB traceback)."""
+
+
+def default_db_path() -> Path:
+    return Path(os.environ.get("DRIFT_DB") or DEFAULT_DB)
+
+
+def _ddl() -> list[str]:
+    stmts = [
+        """CREATE TABLE IF NOT EXISTS runs (
+               run VARCHAR PRIMARY KEY, created TIMESTAMP DEFAULT current_timestamp, config VARCHAR)""",
+        """CREATE TABLE IF NOT EXISTS files (
+               file_id INTEGER PRIMARY KEY, sha256 VARCHAR NOT NULL, name VARCHAR, size BIGINT,
+               format VARCHAR, run_override VARCHAR, rows BIGINT, loaded_at TIMESTAMP DEFAULT current_timestamp)""",
+        "CREATE SEQUENCE IF NOT EXISTS file_ids START 1",
+        # Expert load per (step, layer, expert) is aggregated at ingest: a load profile then never has to
+        # unnest millions of top-k lists at query time.
+        """CREATE TABLE IF NOT EXISTS expert_load (
+               run VARCHAR, step BIGINT, layer INTEGER, expert INTEGER,
+               n_sampler BIGINT, n_trainer BIGINT, file_id INTEGER)""",
+    ]
+    for table in schema.TABLES:
+        cols = ", ".join(f"{c.name} {c.sql_type}" for c in schema.stored_columns(table))
+        stmts.append(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
+    return stmts
+
+
+class Store:
+    """A DuckDB file with one writer at a time and one cursor per thread for readers.
+
+    `memory_limit` / `threads` default to the DRIFT_MEMORY_LIMIT / DRIFT_THREADS environment variables.
+    """
+
+    def __init__(self, path: str | Path | None = None, *, read_only: bool = False,
+                 memory_limit: str | None = None, threads: int | None = None):
+        self.path = Path(path) if path is not None else default_db_path()
+        self.read_only = read_only
+        config: dict[str, Any] = {}
+        memory_limit = memory_limit or os.environ.get("DRIFT_MEMORY_LIMIT")
+        threads = threads or os.environ.get("DRIFT_THREADS")
+        if memory_limit:
+            config["memory_limit"] = str(memory_limit)
+        if threads:
+            config["threads"] = int(threads)
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._con = duckdb.connect(str(self.path), read_only=read_only, config=config)
+        except duckdb.Error as e:
+            raise StoreError(f"cannot open database {self.path}: {e}") from None
+        self._local = threading.local()
+        self.write_lock = threading.RLock()
+        if not read_only:
+            with self.write_lock:
+                for stmt in _ddl():
+                    self._con.execute(stmt)
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """This thread's own cursor (a DuckDB connection is not safe to share between threads)."""
+        cur = getattr(self._local, "cur", None)
+        if cur is None:
+            cur = self._con.cursor()
+            self._local.cur = cur
+        return cur
+
+    # -- reads -------------------------------------------------------------------------------------
+    def sql(self, query: str, params: Sequence[Any] | dict | None = None) -> pl.DataFrame:
+        """Run a read query with bound parameters and return a polars DataFrame."""
+        try:
+            return self.cursor().sql(query, params=params).pl()
+        except duckdb.Error as e:
+            raise StoreError(f"query failed: {e}") from None
+
+    def rows(self, query: str, params: Sequence[Any] | dict | None = None) -> list[tuple]:
+        try:
+            return self.cursor().execute(query, params or []).fetchall()
+        except duckdb.Error as e:
+            raise StoreError(f"query failed: {e}") from None
+
+    def scalar(self, query: str, params: Sequence[Any] | dict | None = None) -> Any:
+        rows = self.rows(query, params)
+        return rows[0][0] if rows else None
+
+    # -- writes ------------------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator["Writer"]:
+        """One all-or-nothing unit of work: commits on success, rolls back on any exception."""
+        if self.read_only:
+            raise StoreError("the database is open read-only")
+        with self.write_lock:
+            cur = self.cursor()
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                yield Writer(cur)
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            else:
+                try:
+                    cur.execute("COMMIT")
+                except duckdb.Error as e:
+                    raise StoreError(f"could not commit: {e}") from None
+
+    # -- runs and files ----------------------------------------------------------------------------
+    def runs(self) -> pl.DataFrame:
+        """One row per run: size, steps, whether it has routing, and its config JSON."""
+        return self.sql("""
+            WITH t AS (SELECT run, count(*) AS n_tokens, count(DISTINCT step) AS n_steps,
+                              count(DISTINCT (step, sample)) AS n_sequences,
+                              min(step) AS first_step, max(step) AS last_step
+                       FROM tokens GROUP BY run),
+                 r AS (SELECT DISTINCT run FROM routing),
+                 rt AS (SELECT DISTINCT run FROM routing WHERE trainer_experts IS NOT NULL)
+            SELECT runs.run, coalesce(t.n_tokens, 0) AS n_tokens, coalesce(t.n_steps, 0) AS n_steps,
+                   coalesce(t.n_sequences, 0) AS n_sequences, r.run IS NOT NULL AS has_routing,
+                   rt.run IS NOT NULL AS has_trainer_routing,
+                   t.first_step, t.last_step, runs.config
+            FROM runs LEFT JOIN t USING (run) LEFT JOIN r USING (run) LEFT JOIN rt USING (run)
+            ORDER BY runs.created, runs.run""")
+
+    def run_names(self) -> list[str]:
+        return [r[0] for r in self.rows("SELECT run FROM runs ORDER BY created, run")]
+
+    def run_config(self, run: str) -> dict:
+        text = self.scalar("SELECT config FROM runs WHERE run = ?", [run])
+        return json.loads(text) if text else {}
+
+    def set_run_config(self, run: str, config: dict) -> None:
+        with self.transaction() as w:
+            w.execute("UPDATE runs SET config = ? WHERE run = ?", [json.dumps(config, sort_keys=True), run])
+
+    def delete_run(self, run: str) -> None:
+        """Remove a run and everything loaded for it, including the record of its files."""
+        with self.transaction() as w:
+            ids = [r[0] for r in w.execute(
+                "SELECT DISTINCT file_id FROM tokens WHERE run = ? UNION SELECT DISTINCT file_id FROM routing "
+                "WHERE run = ? UNION SELECT DISTINCT file_id FROM sequences WHERE run = ?",
+                [run, run, run]).fetchall()]
+            for table in ("tokens", "routing", "sequences", "expert_load", "runs"):
+                w.execute(f"DELETE FROM {table} WHERE run = ?", [run])
+            # a file that held several runs keeps its record while any of its rows remain
+            for fid in ids:
+                left = w.execute("SELECT (SELECT count(*) FROM tokens WHERE file_id = ?) + "
+                                 "(SELECT count(*) FROM routing WHERE file_id = ?)", [fid, fid]).fetchone()[0]
+                if not left:
+                    w.execute("DELETE FROM files WHERE file_id = ?", [fid])
+
+    def files(self) -> pl.DataFrame:
+        return self.sql("SELECT file_id, name, format, size, rows, run_override, loaded_at, sha256 "
+                        "FROM files ORDER BY file_id")
+
+    def is_loaded(self, sha256: str, run_override: str | None) -> bool:
+        return bool(self.scalar("SELECT count(*) FROM files WHERE sha256 = ? AND run_override IS NOT DISTINCT FROM ?",
+                                [sha256, run_override]))
+
+
+class Writer:
+    """SQL for one ingest transaction; every statement takes its values as parameters."""
+
+    def __init__(self, cur: duckdb.DuckDBPyConnection):
+        self.cur = cur
+
+    def execute(self, query: str, params: Sequence[Any] | None = None):
+        return self.cur.execute(query, params or [])
+
+    def new_file(self, sha256: str, name: str, size: int, fmt: str, run_override: str | None) -> int:
+        fid = self.cur.execute("SELECT nextval('file_ids')").fetchone()[0]
+        self.cur.execute("INSERT INTO files (file_id, sha256, name, size, format, run_override, rows) "
+                         "VALUES (?, ?, ?, ?, ?, ?, 0)", [fid, sha256, name, size, fmt, run_override])
+        return fid
+
+    def finish_file(self, file_id: int, rows: int) -> None:
+        self.cur.execute("UPDATE files SET rows = ? WHERE file_id = ?", [rows, file_id])
+
+    def insert_arrow(self, table: str, data) -> None:
+        """Append a pyarrow Table whose columns are a subset of the stored columns of `table`."""
+        if table not in schema.TABLES and table != "expert_load":
+            raise ValueError(f"unknown table {table}")
+        cols = ", ".join(data.column_names)
+        self.cur.register("_ingest_batch", data)
+        try:
+            self.cur.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _ingest_batch")
+        finally:
+            self.cur.unregister("_ingest_batch")
+
+    def ensure_runs(self, runs: Sequence[str], config: dict | None = None) -> None:
+        for run in runs:
+            self.cur.execute("INSERT INTO runs (run, config) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                             [run, json.dumps(config or {}, sort_keys=True)])
+            if config:
+                self.cur.execute("UPDATE runs SET config = ? WHERE run = ? AND (config IS NULL OR config = '{}')",
+                                 [json.dumps(config, sort_keys=True), run])
+
+    def first_duplicate(self, table: str, file_id: int) -> tuple | None:
+        """A key of `table` that this file's rows hold twice, or share with rows already stored."""
+        key = schema.KEYS[table]
+        cols = ", ".join(key)
+        # within the file
+        row = self.cur.execute(
+            f"SELECT {cols} FROM {table} WHERE file_id = ? GROUP BY ALL HAVING count(*) > 1 LIMIT 1",
+            [file_id]).fetchone()
+        if row:
+            return row
+        # against earlier files: only (run, step) pairs that both hold can collide
+        row = self.cur.execute(
+            f"""WITH mine AS (SELECT DISTINCT run, step FROM {table} WHERE file_id = ?),
+                    theirs AS (SELECT DISTINCT run, step FROM {table} WHERE file_id <> ?
+                               AND (run, step) IN (SELECT (run, step) FROM mine))
+                SELECT {cols} FROM {table} a
+                WHERE file_id = ? AND (run, step) IN (SELECT (run, step) FROM theirs)
+                  AND EXISTS (SELECT 1 FROM {table} b WHERE b.file_id <> ? AND """
+            + " AND ".join(f"b.{c} = a.{c}" for c in key) + ") LIMIT 1",
+            [file_id, file_id, file_id, file_id]).fetchone()
+        return row
+
+    def first_orphan_routing(self, file_id: int) -> tuple | None:
+        """A routing row of this file whose token is not in `tokens`."""
+        return self.cur.execute(
+            """SELECT r.run, r.step, r.sample, r.pos, r.layer FROM routing r
+               ANTI JOIN tokens t ON t.run = r.run AND t.step = r.step AND t.sample = r.sample AND t.pos = r.pos
+               WHERE r.file_id = ? LIMIT 1""", [file_id]).fetchone()
+
+    def first_k_conflict(self, file_id: int) -> tuple | None:
+        """A (run, step, layer) where this file's k differs from rows already stored."""
+        return self.cur.execute(
+            """SELECT a.run, a.step, a.layer, a.k, b.k FROM
+                 (SELECT DISTINCT run, step, layer, k FROM routing WHERE file_id = ?) a
+               JOIN (SELECT DISTINCT run, step, layer, k FROM routing WHERE file_id <> ?) b
+                 ON a.run = b.run AND a.step = b.step AND a.layer = b.layer AND a.k <> b.k LIMIT 1""",
+            [file_id, file_id]).fetchone()
+
+    def add_expert_load(self, file_id: int) -> None:
+        self.cur.execute(
+            """INSERT INTO expert_load
+               SELECT run, step, layer, expert, sum(ns), sum(nt), ? FROM (
+                   SELECT run, step, layer, unnest(sampler_experts) AS expert, 1 AS ns, 0 AS nt
+                   FROM routing WHERE file_id = ?
+                   UNION ALL
+                   SELECT run, step, layer, unnest(trainer_experts), 0, 1
+                   FROM routing WHERE file_id = ? AND trainer_experts IS NOT NULL)
+               GROUP BY ALL""", [file_id, file_id, file_id])
