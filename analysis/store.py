@@ -170,7 +170,7 @@ class Store:
             # a file that held several runs keeps its record while any of its rows remain
             for fid in ids:
                 left = w.execute("SELECT (SELECT count(*) FROM tokens WHERE file_id = ?) + "
-                                 "(SELECT count(*) FROM routing WHERE file_id = ?)", [fid, fid]).fetchone()[0]
+                                 "(SELECT count(*) FROM routing WHERE file_id = ?)", [fid, fid]).fetchall()[0][0]
                 if not left:
                     w.execute("DELETE FROM files WHERE file_id = ?", [fid])
 
@@ -193,7 +193,7 @@ class Writer:
         return self.cur.execute(query, params or [])
 
     def new_file(self, sha256: str, name: str, size: int, fmt: str, run_override: str | None) -> int:
-        fid = self.cur.execute("SELECT nextval('file_ids')").fetchone()[0]
+        fid = self.cur.execute("SELECT nextval('file_ids')").fetchall()[0][0]
         self.cur.execute("INSERT INTO files (file_id, sha256, name, size, format, run_override, rows) "
                          "VALUES (?, ?, ?, ?, ?, ?, 0)", [fid, sha256, name, size, fmt, run_override])
         return fid
@@ -220,45 +220,74 @@ class Writer:
                 self.cur.execute("UPDATE runs SET config = ? WHERE run = ? AND (config IS NULL OR config = '{}')",
                                  [json.dumps(config, sort_keys=True), run])
 
-    def first_duplicate(self, table: str, file_id: int) -> tuple | None:
-        """A key of `table` that this file's rows hold twice, or share with rows already stored."""
+    def first_duplicate(self, table: str, file_id: int, within: bool = True) -> tuple[tuple, str] | None:
+        """(key, where) of a key this file's rows hold twice, or share with rows already stored.
+
+        `within=False` skips the in-file check (the caller proved the file's keys strictly increasing)."""
         key = schema.KEYS[table]
         cols = ", ".join(key)
-        # within the file
         row = self.cur.execute(
             f"SELECT {cols} FROM {table} WHERE file_id = ? GROUP BY ALL HAVING count(*) > 1 LIMIT 1",
-            [file_id]).fetchone()
+            [file_id]).fetchall() if within else None
+        row = row[0] if row else None
         if row:
-            return row
+            return row, "appears twice in this file"
         # against earlier files: only (run, step) pairs that both hold can collide
+        mine = f"(SELECT DISTINCT run, step FROM {table} WHERE file_id = ?)"
+        overlap = self.cur.execute(
+            f"SELECT count(*) FROM {table} WHERE file_id <> ? AND (run, step) IN (SELECT (run, step) FROM {mine})",
+            [file_id, file_id]).fetchall()[0][0]
+        if not overlap:
+            return None
         row = self.cur.execute(
-            f"""WITH mine AS (SELECT DISTINCT run, step FROM {table} WHERE file_id = ?),
-                    theirs AS (SELECT DISTINCT run, step FROM {table} WHERE file_id <> ?
-                               AND (run, step) IN (SELECT (run, step) FROM mine))
-                SELECT {cols} FROM {table} a
-                WHERE file_id = ? AND (run, step) IN (SELECT (run, step) FROM theirs)
-                  AND EXISTS (SELECT 1 FROM {table} b WHERE b.file_id <> ? AND """
-            + " AND ".join(f"b.{c} = a.{c}" for c in key) + ") LIMIT 1",
-            [file_id, file_id, file_id, file_id]).fetchone()
-        return row
+            f"""SELECT {', '.join('a.' + c for c in key)}, f.name FROM {table} a JOIN {table} b USING ({cols})
+                JOIN files f ON f.file_id = b.file_id
+                WHERE a.file_id = ? AND b.file_id <> ? LIMIT 1""", [file_id, file_id]).fetchall()
+        row = row[0] if row else None
+        if row:
+            return row[:-1], f"is already loaded from {row[-1]}"
+        return None
 
-    def first_orphan_routing(self, file_id: int) -> tuple | None:
-        """A routing row of this file whose token is not in `tokens`."""
-        return self.cur.execute(
+    def first_orphan_routing(self, file_id: int, token_keys=None) -> tuple | None:
+        """A routing row of this file whose token is not in `tokens`.
+
+        `token_keys`: optional Arrow table of the distinct (run, step, sample, pos) the file's routing rows
+        refer to; checking those instead of every (token, layer) row is `layers` times less work."""
+        if token_keys is not None:
+            self.cur.register("_routing_tokens", token_keys)
+            try:
+                row = self.cur.execute(
+                    """SELECT r.run, r.step, r.sample, r.pos, NULL FROM _routing_tokens r
+                       ANTI JOIN (SELECT run, step, sample, pos FROM tokens
+                                  WHERE step BETWEEN (SELECT min(step) FROM _routing_tokens)
+                                                 AND (SELECT max(step) FROM _routing_tokens)) t
+                         ON t.run = r.run AND t.step = r.step AND t.sample = r.sample AND t.pos = r.pos
+                       LIMIT 1""").fetchall()
+            finally:
+                self.cur.unregister("_routing_tokens")
+            return row[0] if row else None
+        rows = self.cur.execute(
             """SELECT r.run, r.step, r.sample, r.pos, r.layer FROM routing r
                ANTI JOIN tokens t ON t.run = r.run AND t.step = r.step AND t.sample = r.sample AND t.pos = r.pos
-               WHERE r.file_id = ? LIMIT 1""", [file_id]).fetchone()
+               WHERE r.file_id = ? LIMIT 1""", [file_id]).fetchall()
+        return rows[0] if rows else None
 
     def first_k_conflict(self, file_id: int) -> tuple | None:
         """A (run, step, layer) where this file's k differs from rows already stored."""
-        return self.cur.execute(
+        rows = self.cur.execute(
             """SELECT a.run, a.step, a.layer, a.k, b.k FROM
                  (SELECT DISTINCT run, step, layer, k FROM routing WHERE file_id = ?) a
                JOIN (SELECT DISTINCT run, step, layer, k FROM routing WHERE file_id <> ?) b
                  ON a.run = b.run AND a.step = b.step AND a.layer = b.layer AND a.k <> b.k LIMIT 1""",
-            [file_id, file_id]).fetchone()
+            [file_id, file_id]).fetchall()
+        return rows[0] if rows else None
 
-    def add_expert_load(self, file_id: int) -> None:
+    def add_expert_load(self, file_id: int, counts=None) -> None:
+        """Per-expert token counts of this file's routing: from `counts` (Arrow, gathered during the load)
+        or, without it, by unnesting the stored lists."""
+        if counts is not None:
+            self.insert_arrow("expert_load", counts)
+            return
         self.cur.execute(
             """INSERT INTO expert_load
                SELECT run, step, layer, expert, sum(ns), sum(nt), ? FROM (

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import queue
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import pyarrow.compute as pc
 
-from analysis.ingest import long, sequences, tensors
+from analysis.ingest import frameworks, long, sequences, tensors
 from analysis.ingest.detect import Detected, detect
 from analysis.ingest.errors import DuplicateKey, IngestError, OrphanRouting, BadExperts, CorruptFile
+from analysis.ingest.keys import ExpertLoad, RoutingTokens, TableKeys
 from analysis.ingest.limits import Limits
 from analysis.ingest.validate import Batch, normalise
 from analysis.store import Store, StoreError
@@ -29,6 +32,7 @@ class Unit:
     detected: Detected
     reader: Callable[["Unit", Limits], Iterator[Batch]]
     config: dict | None = None
+    skip: str | None = None  # set by an adapter for a unit it recognised but must not load yet (the reason)
 
 
 @dataclass
@@ -71,11 +75,12 @@ READERS: dict[str, Callable[[Unit, Limits], Iterator[Batch]]] = {
     "sequence-jsonl": _single(_read_text(lambda fp, n, lim, det: sequences.read_sequence_jsonl(fp, n, lim))),
     "pt": _single(lambda fp, n, lim, det: tensors.read_tensor_dump(fp, n, lim, "pt")),
     "safetensors": _single(lambda fp, n, lim, det: tensors.read_tensor_dump(fp, n, lim, "safetensors")),
+    "prime-rl": frameworks.primerl.read_unit,
 }
 
 # Folder adapters claim framework layouts (e.g. slime's rollout_data/ + train_data/) before the
 # file-by-file scan: each takes a folder and returns (units, paths it claimed).
-FOLDER_ADAPTERS: list[Callable[[Path, Limits], tuple[list[Unit], set[Path]]]] = []
+FOLDER_ADAPTERS: list[Callable[[Path, Limits], tuple[list[Unit], set[Path]]]] = list(frameworks.FOLDER_ADAPTERS)
 
 
 def file_unit(path: Path, name: str | None = None) -> Unit:
@@ -153,6 +158,8 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
               config: dict | None = None) -> Outcome:
     limits = limits or Limits.from_env()
     fmt = unit.detected.format
+    if unit.skip:
+        return Outcome(unit.name, "skipped", fmt, message=unit.skip)
     sha, size = content_hash(unit.paths)
     if store.is_loaded(sha, run):
         return Outcome(unit.name, "skipped", fmt, message="same content already loaded")
@@ -163,16 +170,29 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
                 return Outcome(unit.name, "skipped", fmt, message="same content already loaded")
             fid = w.new_file(sha, unit.name, size, fmt, run)
             runs: set[str] = set()
-            for batch in unit.reader(unit, limits):
-                data = normalise(unit.name, batch, run, fid)
-                if data.num_rows == 0:
-                    continue
-                runs.update(pc.unique(data.column("run")).to_pylist())
-                w.insert_arrow(batch.table, data)
-                rows[batch.table] += data.num_rows
-            _check_file(w, unit.name, fid, rows)
+            keys = {t: TableKeys(t) for t in rows}
+            routing_tokens, load = RoutingTokens(), ExpertLoad()
+
+            def prepared():
+                for batch in unit.reader(unit, limits):
+                    data, experts = normalise(unit.name, batch, run, fid)
+                    if data.num_rows == 0:
+                        continue
+                    runs.update(pc.unique(data.column("run")).to_pylist())
+                    keys[batch.table].add(data)
+                    if experts is not None:
+                        load.add(data, experts.S, experts.T, experts.t_rows)
+                        if keys["routing"].ordered:
+                            routing_tokens.add(data)
+                    yield batch.table, data
+
+            # reading and checking batch i+1 overlaps with DuckDB inserting batch i (both release the GIL)
+            for table, data in prefetch(prepared()):
+                w.insert_arrow(table, data)
+                rows[table] += data.num_rows
+            _check_file(w, unit.name, fid, rows, keys, routing_tokens)
             if rows["routing"]:
-                w.add_expert_load(fid)
+                w.add_expert_load(fid, load.table(fid))
             w.ensure_runs(sorted(runs), config or unit.config)
             w.finish_file(fid, sum(rows.values()))
     except IngestError as e:
@@ -187,20 +207,61 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
     return Outcome(unit.name, "loaded", fmt, rows, sorted(runs))
 
 
-def _check_file(w, name: str, fid: int, rows: dict[str, int]) -> None:
+def prefetch(gen: Iterator, depth: int = 2) -> Iterator:
+    """Run `gen` in a worker thread, `depth` items ahead (bounded memory); re-raise its errors here."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(msg) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(msg, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work():
+        try:
+            for item in gen:
+                if not put(("item", item)):
+                    return
+            put(("end", done))
+        except BaseException as e:  # handed to the consumer, which raises it in its own thread
+            put(("error", e))
+
+    t = threading.Thread(target=work, daemon=True, name="ingest-prefetch")
+    t.start()
+    try:
+        while True:
+            kind, item = q.get()
+            if kind == "item":
+                yield item
+            elif kind == "error":
+                raise item
+            else:
+                return
+    finally:
+        stop.set()
+        t.join()
+
+
+def _check_file(w, name: str, fid: int, rows: dict[str, int], keys: dict[str, TableKeys],
+                routing_tokens: RoutingTokens) -> None:
     for table, cols in (("tokens", "run, step, sample, pos"), ("routing", "run, step, sample, pos, layer"),
                         ("sequences", "run, step, sample")):
         if rows[table]:
-            dup = w.first_duplicate(table, fid)
+            dup = w.first_duplicate(table, fid, within=not keys[table].ordered)
             if dup:
-                key = ", ".join(f"{c}={v!r}" for c, v in zip(cols.split(", "), dup))
-                raise DuplicateKey(name, f"{table} key ({key})", f"this key appears more than once "
-                                   f"(in this file or already in the database)",
+                key = ", ".join(f"{c}={v!r}" for c, v in zip(cols.split(", "), dup[0]))
+                raise DuplicateKey(name, f"{table} key ({key})", f"duplicate key: this key {dup[1]}",
                                    "each key may be loaded once; remove the repeated rows or use another run name")
     if rows["routing"]:
-        orphan = w.first_orphan_routing(fid)
+        orphan = w.first_orphan_routing(fid, routing_tokens.table() if keys["routing"].ordered else None)
         if orphan:
-            key = ", ".join(f"{c}={v!r}" for c, v in zip(("run", "step", "sample", "pos", "layer"), orphan))
+            key = ", ".join(f"{c}={v!r}" for c, v in zip(("run", "step", "sample", "pos", "layer"), orphan)
+                            if v is not None)
             raise OrphanRouting(name, f"routing row ({key})", "no token with this (run, step, sample, pos) exists",
                                 "load the tokens file first or in the same call, and check the run name")
         conflict = w.first_k_conflict(fid)

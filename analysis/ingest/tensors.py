@@ -75,7 +75,10 @@ def _scalar(name: str, d: dict, keys: tuple[str, ...]) -> int | None:
 
 
 def read_tensor_dump(fp: BinaryIO, name: str, limits: Limits, fmt: str) -> Iterator[Batch]:
-    yield from tensor_dict_batches(name, load_tensor_file(fp, name, limits, fmt))
+    from analysis.ingest.frameworks import verl  # verl's padded batch layout needs its own alignment
+
+    d = load_tensor_file(fp, name, limits, fmt)
+    yield from verl.dict_batches(name, d) if verl.is_verl_dict(d) else tensor_dict_batches(name, d)
 
 
 def tensor_dict_batches(name: str, d: dict) -> Iterator[Batch]:

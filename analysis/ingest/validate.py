@@ -61,8 +61,9 @@ def _cast(file: str, batch: Batch, name: str, target: pa.DataType) -> pa.Array:
                     "store this column with the type SCHEMA.md gives")
 
 
-def normalise(file: str, batch: Batch, run: str | None, file_id: int) -> pa.Table:
-    """Canonical, checked Arrow table for `batch.table`, with file_id (and derived routing columns)."""
+def normalise(file: str, batch: Batch, run: str | None, file_id: int) -> tuple[pa.Table, "RoutingMatrices | None"]:
+    """Canonical, checked Arrow table for `batch.table` with file_id and, for routing, derived set columns
+    plus the expert-id matrices (for load counts)."""
     cols = schema.TABLES[batch.table]
     present = set(batch.data.column_names)
     n = batch.data.num_rows
@@ -73,7 +74,7 @@ def normalise(file: str, batch: Batch, run: str | None, file_id: int) -> pa.Tabl
             continue
         if c.name not in present:
             if c.required:
-                hint = "pass --run NAME (or fill the run field in the upload form)" if c.name == "run" \
+                hint = "pass --run NAME, or fill in the run name when uploading" if c.name == "run" \
                     else FIX_COLUMNS
                 raise MissingColumn(file, None, f"required column '{c.name}' is missing from the {batch.table} "
                                     f"data (columns found: {', '.join(sorted(present)) or 'none'})", hint)
@@ -84,14 +85,15 @@ def normalise(file: str, batch: Batch, run: str | None, file_id: int) -> pa.Tabl
             raise BadValue(file, f"{batch.where(i)}, column '{c.name}'", "required value is missing (null)",
                            "every row needs a value here")
         out[c.name] = arr
+    matrices = None
     if batch.table == "tokens":
         _check_tokens(file, batch, out)
     elif batch.table == "routing":
-        _check_routing(file, batch, out)
+        matrices = _check_routing(file, batch, out)
     if batch.table in ("tokens", "routing", "sequences"):
         _check_keys(file, batch, out)
     out["file_id"] = pa.array(np.full(n, file_id, dtype=np.int32))
-    return pa.table(out)
+    return pa.table(out), matrices
 
 
 def _check_keys(file: str, batch: Batch, out: dict) -> None:
@@ -140,32 +142,36 @@ def _experts_matrix(file: str, batch: Batch, name: str, arr: pa.ListArray) -> tu
     return valid, flat.reshape(-1, kk) if kk else flat.reshape(0, 0)
 
 
-def _check_routing(file: str, batch: Batch, out: dict) -> None:
+def _check_routing(file: str, batch: Batch, out: dict) -> "RoutingMatrices":
     n = batch.data.num_rows
-    s_valid, S = _experts_matrix(file, batch, "sampler_experts", out["sampler_experts"])
-    for name, M, valid in (("sampler_experts", S, s_valid),):
-        _check_ids(file, batch, name, M, np.flatnonzero(valid))
+    _, S = _experts_matrix(file, batch, "sampler_experts", out["sampler_experts"])
     k = S.shape[1]
+    s_mask = _check_ids(file, batch, "sampler_experts", S, np.arange(n))
     out["k"] = pa.array(np.full(n, k, dtype=np.int16))
     flip = np.zeros(n, dtype=bool)
     top1 = np.zeros(n, dtype=bool)
     common = np.zeros(n, dtype=np.int16)
     has_t = np.zeros(n, dtype=bool)
+    T, rows = None, np.zeros(0, dtype=np.int64)
     if "trainer_experts" in out:
         t_valid, T = _experts_matrix(file, batch, "trainer_experts", out["trainer_experts"])
         rows = np.flatnonzero(t_valid)
-        _check_ids(file, batch, "trainer_experts", T, rows)
         if len(rows) and T.shape[1] != k:
             raise BadExperts(file, f"{batch.where(int(rows[0]))}", f"trainer top-k has {T.shape[1]} experts, "
                              f"sampler top-k has {k}", "both sides must record the same k")
-        Ss = np.sort(S[rows], axis=1)
-        Ts = np.sort(T, axis=1)
-        flip[rows] = (Ss != Ts).any(axis=1)
+        t_mask = _check_ids(file, batch, "trainer_experts", T, rows)
+        if s_mask is not None and t_mask is not None:
+            # sets as 64-bit masks: equality is set equality, popcount of the AND is |E_s ∩ E_t|
+            sm = s_mask[rows]
+            flip[rows] = sm != t_mask
+            common[rows] = np.bitwise_count(sm & t_mask)
+        else:
+            Ss, Ts = np.sort(S[rows], axis=1), np.sort(T, axis=1)
+            flip[rows] = (Ss != Ts).any(axis=1)
+            for lo in range(0, len(rows), 262144):  # bounded (n, k, k) temporaries
+                hi = lo + 262144
+                common[rows[lo:hi]] = (Ss[lo:hi, :, None] == Ts[lo:hi, None, :]).sum(axis=(1, 2))
         top1[rows] = S[rows, 0] != T[:, 0]
-        # |E_s ∩ E_t|: ids are distinct within a side, so pairwise equalities count the intersection
-        for lo in range(0, len(rows), 262144):
-            hi = lo + 262144
-            common[rows[lo:hi]] = (Ss[lo:hi, :, None] == Ts[lo:hi, None, :]).sum(axis=(1, 2))
         has_t[rows] = True
     for name, side in (("sampler_weights", "sampler_experts"), ("trainer_weights", "trainer_experts")):
         if name in out:
@@ -183,20 +189,37 @@ def _check_routing(file: str, batch: Batch, out: dict) -> None:
     out["flip"] = pa.array(flip, mask=mask)
     out["top1_flip"] = pa.array(top1, mask=mask)
     out["n_common"] = pa.array(common, mask=mask)
+    return RoutingMatrices(S, T, rows)
 
 
-def _check_ids(file: str, batch: Batch, name: str, M: np.ndarray, rows: np.ndarray) -> None:
+@dataclass
+class RoutingMatrices:
+    """Expert ids of a routing batch: S [n, k]; T [len(t_rows), k] for the rows that have a trainer side."""
+    S: np.ndarray
+    T: np.ndarray | None
+    t_rows: np.ndarray
+
+
+def _check_ids(file: str, batch: Batch, name: str, M: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
+    """Refuse negative or repeated ids; return the rows' 64-bit set masks when every id is < 64."""
     if M.size == 0:
-        return
-    neg = (M < 0).any(axis=1)
-    if neg.any():
-        i = int(rows[_first(neg)])
-        raise BadExperts(file, f"{batch.where(i)}, column '{name}'", f"negative expert id in {M[_first(neg)].tolist()}",
-                         "expert ids are 0-based")
-    srt = np.sort(M, axis=1)
-    dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
+        return np.zeros(0, dtype=np.uint64)
+    if M.min() < 0:
+        j = _first((M < 0).any(axis=1))
+        raise BadExperts(file, f"{batch.where(int(rows[j]))}, column '{name}'",
+                         f"negative expert id in {M[j].tolist()}", "expert ids are 0-based")
+    if M.max() < 64:
+        mask = np.zeros(len(M), dtype=np.uint64)
+        for c in range(M.shape[1]):
+            mask |= np.left_shift(np.uint64(1), M[:, c].astype(np.uint64))
+        dup = np.bitwise_count(mask) != M.shape[1]
+    else:
+        mask = None
+        srt = np.sort(M, axis=1)
+        dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
     if dup.any():
         j = _first(dup)
         raise BadExperts(file, f"{batch.where(int(rows[j]))}, column '{name}'",
                          f"expert ids repeat within one top-k: {M[j].tolist()}",
                          "a top-k holds distinct experts; check the layer/rank axes of the dump")
+    return mask

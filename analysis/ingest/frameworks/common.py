@@ -1,0 +1,138 @@
+"""Pieces the framework importers share: safe `.pt` loading, dense-layer detection, canonical batches."""
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from analysis.ingest.errors import CorruptFile, TooLarge, UnsafeFile, WrongType
+from analysis.ingest.limits import Limits
+from analysis.ingest.validate import Batch
+
+# A sample id must stay unique within (run, step): prime-rl packs (rank, export_sequence_idx) into one
+# BIGINT as rank * SAMPLE_STRIDE + export_sequence_idx, readable in decimal (2000017 = rank 2, record 17).
+SAMPLE_STRIDE = 1_000_000
+
+
+def load_pt(path: Path, name: str, limits: Limits, *, pickle_fix: str | None = None) -> Any:
+    """`torch.load(weights_only=True)` of a user file, memory-mapped so big dumps are not read whole.
+
+    A file that needs pickle is refused; `pickle_fix` replaces the generic fix in that message.
+    """
+    import torch
+
+    size = os.path.getsize(path)
+    if size > limits.max_tensor_file_bytes:
+        raise TooLarge(name, None, f"{path.name} is {size >> 20} MiB, over the cap of "
+                       f"{limits.max_tensor_file_bytes >> 20} MiB", "raise DRIFT_MAX_TENSOR_FILE_MB to load it")
+    try:
+        try:
+            return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e):
+                raise
+            # legacy (non-zip) torch.save files cannot be memory-mapped
+            return torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        reason = next((ln for ln in lines if "Unsupported global" in ln), lines[0] if lines else "")[:300]
+        raise UnsafeFile(name, path.name, f"this file needs pickle to load, and pickle can run code, so it is "
+                         f"refused ({reason})", pickle_fix or "save plain tensors, lists, numbers and strings "
+                         "(torch.as_tensor for numpy arrays) before torch.save") from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as e:
+        raise CorruptFile(name, path.name, f"not a readable torch file ({str(e).splitlines()[0][:200]})",
+                          "the file may be truncated or still being written; save it again") from None
+
+
+def need_dict(obj: Any, name: str, where: str, example: str) -> dict:
+    if not isinstance(obj, dict):
+        raise WrongType(name, where, f"expected a dict, got {type(obj).__name__}", example)
+    return obj
+
+
+def scalar_config(items: dict, keys: Sequence[str] | None = None) -> dict:
+    """The JSON-able scalar entries of `items` (optionally only `keys`), for a run's config."""
+    out = {}
+    for k, v in items.items():
+        if keys is not None and k not in keys:
+            continue
+        if hasattr(v, "item") and getattr(v, "ndim", 1) == 0:
+            v = v.item()
+        if isinstance(v, (bool, int, float, str)) and not (isinstance(v, float) and not np.isfinite(v)):
+            out[str(k)] = v
+    return out
+
+
+class Columns:
+    """Column parts for one canonical table, joined into one Arrow batch on `flush`."""
+
+    def __init__(self, table: str):
+        self.table = table
+        self.parts: list[dict[str, Any]] = []
+        self.where: list[Callable[[int], str]] = []
+        self.sizes: list[int] = []
+
+    @property
+    def rows(self) -> int:
+        return sum(self.sizes)
+
+    def add(self, cols: dict[str, Any], where: Callable[[int], str]) -> None:
+        n = len(next(iter(cols.values())))
+        if n:
+            self.parts.append(cols)
+            self.where.append(where)
+            self.sizes.append(n)
+
+    def flush(self) -> Batch | None:
+        if not self.parts:
+            return None
+        names = list(dict.fromkeys(c for p in self.parts for c in p))
+        data = {}
+        for c in names:
+            chunks = [_arrow(p[c]) if c in p else None for p in self.parts]
+            typ = next(a.type for a in chunks if a is not None and a.type != pa.null()) \
+                if any(a is not None and a.type != pa.null() for a in chunks) else pa.null()
+            data[c] = pa.concat_arrays([a.cast(typ) if a is not None else pa.nulls(n, typ)
+                                        for a, n in zip(chunks, self.sizes)])
+        starts = np.cumsum([0] + self.sizes)
+        wheres = self.where
+
+        def where(i: int) -> str:
+            part = int(np.searchsorted(starts, i, side="right") - 1)
+            return wheres[part](i - int(starts[part]))
+
+        batch = Batch(self.table, pa.table(data), where)
+        self.parts, self.where, self.sizes = [], [], []
+        return batch
+
+
+def _arrow(v: Any) -> pa.Array:
+    if isinstance(v, (pa.Array, pa.ChunkedArray)):
+        return v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v
+    return pa.array(v)
+
+
+def experts_column(M: np.ndarray) -> pa.ListArray:
+    """[N, K] integer ids -> list<int32> column of N rows."""
+    N, K = M.shape
+    offsets = pa.array(np.arange(0, (N + 1) * K, K, dtype=np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(M).reshape(-1).astype(np.int32)))
+
+
+def routing_part(run: str | None, step: int, sample: np.ndarray, pos: np.ndarray, experts: np.ndarray) -> dict:
+    """Routing columns (sampler side only: trainer_experts stays NULL) for tokens (sample, pos) with
+    experts [n, L, K], one row per (token, layer), layers numbered 0..L-1 in order."""
+    n, L, K = experts.shape
+    rows = n * L
+    cols: dict[str, Any] = {"step": np.full(rows, step, dtype=np.int64),
+                            "sample": np.repeat(np.asarray(sample, dtype=np.int64), L),
+                            "pos": np.repeat(np.asarray(pos, dtype=np.int32), L),
+                            "layer": np.tile(np.arange(L, dtype=np.int32), n),
+                            "sampler_experts": experts_column(experts.reshape(rows, K))}
+    if run is not None:
+        cols["run"] = pa.array([run] * rows, pa.string())
+    return cols

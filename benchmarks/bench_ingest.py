@@ -1,0 +1,132 @@
+"""Ingest benchmark: `ingest_paths` vs DuckDB's own CREATE TABLE AS SELECT * FROM read_parquet(...), same files, same run.
+
+    python benchmarks/bench_ingest.py [--tokens 5000000] [--routing-tokens 250000] [--layers 32] [--repeat 1]
+
+Writes the Parquet inputs once under benchmarks/work/ (git-ignored), then, for each repeat, loads them
+(a) with plain DuckDB CTAS into a fresh database and (b) with Driftscope's validated, all-or-nothing ingest
+into another fresh database, each in its own subprocess so peak RSS is measured per side.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "benchmarks" / "work" / "ingest"
+
+
+def make_inputs(n_tokens: int, routing_tokens: int, layers: int, n_files: int) -> list[Path]:
+    import duckdb
+
+    tag = f"v2_t{n_tokens}_r{routing_tokens}_l{layers}_f{n_files}"
+    out = WORK / tag
+    done = out / "DONE"
+    if done.exists():
+        return sorted(out.glob("*.parquet"))
+    out.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect()
+    per = n_tokens // n_files
+    seq_len = 500
+    for f in range(n_files):
+        # tokens: run 'bench', one step per file, sequences of 500 tokens; t = s + small noise, kept <= 0
+        con.execute(f"""COPY (
+            SELECT run, step, sample, pos, token_id, s AS sampler_logprob,
+                   least(0.0, s + (random() - 0.5) * 0.02) AS trainer_logprob
+            FROM (SELECT 'bench' AS run, {f} AS step, (i // {seq_len})::BIGINT AS sample,
+                         (i % {seq_len})::INTEGER AS pos, (hash(i, {f}) % 50000)::INTEGER AS token_id,
+                         -(random() * 5) AS s
+                  FROM range({per}) t(i))) TO '{out}/tokens_{f:02d}.parquet' (FORMAT parquet)""")
+    # routing: `routing_tokens` tokens of step 0..n_files-1 spread evenly, `layers` layers, top-8 of 64
+    per_r = routing_tokens // n_files
+    for f in range(n_files):
+        con.execute(f"""COPY (
+            WITH base AS (
+                SELECT 'bench' AS run, {f} AS step, (i // {seq_len})::BIGINT AS sample, (i % {seq_len})::INTEGER AS pos,
+                       l::INTEGER AS layer,
+                       list_transform(range(8), lambda e: (e * 8 + hash(i, l, e, {f}) % 8)::INTEGER) AS se,
+                       hash(i, l, {f}, 7) % 100 < 3 AS flip
+                FROM range({per_r}) t(i), range({layers}) u(l))
+            SELECT run, step, sample, pos, layer, se AS sampler_experts,
+                   CASE WHEN flip THEN list_transform(range(8), lambda e:
+                        CASE WHEN e = 0 THEN ((se[1] + 1) % 8)::INTEGER ELSE se[e + 1] END)
+                        ELSE se END AS trainer_experts
+            FROM base ORDER BY sample, pos, layer) TO '{out}/routing_{f:02d}.parquet' (FORMAT parquet)""")
+    done.touch()
+    return sorted(out.glob("*.parquet"))
+
+
+def side(which: str, db: str, files: list[str]) -> None:
+    """Child process: load the files one way, print JSON {seconds, peak_rss_mb}."""
+    t0 = time.perf_counter()
+    if which == "duckdb":
+        import duckdb
+        con = duckdb.connect(db)
+        tok = [f for f in files if Path(f).name.startswith("tokens")]
+        rt = [f for f in files if Path(f).name.startswith("routing")]
+        con.execute("CREATE TABLE tokens AS SELECT * FROM read_parquet(?)", [tok])
+        con.execute("CREATE TABLE routing AS SELECT * FROM read_parquet(?)", [rt])
+        con.close()
+    else:
+        sys.path.insert(0, str(ROOT))
+        from analysis.ingest import ingest_paths
+        from analysis.store import Store
+        store = Store(db)
+        outcomes = ingest_paths(store, files, run=None)
+        bad = [o for o in outcomes if o.status != "loaded"]
+        if bad:
+            raise SystemExit(f"ingest refused: {bad[0].message}")
+        store.close()
+    secs = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"seconds": secs, "peak_rss_mb": rss}))
+
+
+def run_side(which: str, files: list[Path]) -> dict:
+    db = WORK / f"{which}.duckdb"
+    for p in (db, Path(f"{db}.wal")):
+        p.unlink(missing_ok=True)
+    out = subprocess.run([sys.executable, __file__, "--side", which, "--db", str(db), *map(str, files)],
+                         check=True, capture_output=True, text=True)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    res["db_mb"] = db.stat().st_size / 2**20
+    db.unlink(missing_ok=True)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=5_000_000)
+    ap.add_argument("--routing-tokens", type=int, default=250_000)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--files", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--side", choices=("duckdb", "driftscope"))
+    ap.add_argument("--db")
+    ap.add_argument("inputs", nargs="*")
+    a = ap.parse_args()
+    if a.side:
+        side(a.side, a.db, a.inputs)
+        return
+    t0 = time.perf_counter()
+    files = make_inputs(a.tokens, a.routing_tokens, a.layers, a.files)
+    print(f"inputs: {len(files)} files, {sum(f.stat().st_size for f in files) / 2**20:.0f} MiB "
+          f"({time.perf_counter() - t0:.1f} s to prepare)")
+    print(f"{a.tokens:,} tokens + {a.routing_tokens * a.layers:,} routing rows (top-8 of 64); "
+          f"python {platform.python_version()}, {os.cpu_count()} cpus")
+    for r in range(a.repeat):
+        base = run_side("duckdb", files)
+        ours = run_side("driftscope", files)
+        print(f"repeat {r + 1}: duckdb CTAS {base['seconds']:.2f} s, {base['peak_rss_mb']:.0f} MB peak | "
+              f"driftscope ingest {ours['seconds']:.2f} s, {ours['peak_rss_mb']:.0f} MB peak | "
+              f"ratio {ours['seconds'] / base['seconds']:.2f}x | db size {base['db_mb']:.0f} vs {ours['db_mb']:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
