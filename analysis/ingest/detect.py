@@ -37,7 +37,7 @@ def detect(fp: BinaryIO, name: str) -> Detected:
     fp.seek(0)
     try:
         if not head:
-            raise UnknownFormat(name, None, "the file is empty", "upload a log file (see SCHEMA.md)")
+            raise UnknownFormat(name, None, "the file is empty", "upload a log file; SCHEMA.md lists the accepted ones")
         if head[:4] == b"PAR1":
             try:
                 cols = pq.ParquetFile(fp).schema_arrow.names

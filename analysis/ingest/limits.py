@@ -23,3 +23,7 @@ class Limits:
         return cls(max_line_bytes=_env_mib("DRIFT_MAX_LINE_MB", 64),
                    max_decompressed_bytes=_env_mib("DRIFT_MAX_DECOMPRESSED_MB", 4096),
                    max_tensor_file_bytes=_env_mib("DRIFT_MAX_TENSOR_FILE_MB", 2048))
+
+
+def human_size(n: int) -> str:
+    return f"{n / MiB:g} MiB" if n >= MiB else f"{n:,} bytes"

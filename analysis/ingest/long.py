@@ -55,6 +55,8 @@ def read_csv(fp: BinaryIO, name: str, limits: Limits) -> Iterator[Batch]:
     try:
         reader = pacsv.open_csv(fp, read_options=pacsv.ReadOptions(block_size=16 * 1024 * 1024),
                                 convert_options=pacsv.ConvertOptions(
+                                    # only an empty cell is missing: "nan" must stay a (refused) NaN, not a null
+                                    null_values=[""], strings_can_be_null=True,
                                     column_types={c: pa.string() for c in list_cols + ("run", "token")}))
     except (pa.ArrowException, OSError) as e:
         raise CorruptFile(name, "header", f"not a readable CSV file ({e})", "check the delimiter and header") from None

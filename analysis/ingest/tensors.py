@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from analysis.ingest.errors import CorruptFile, LengthMismatch, MissingColumn, TooLarge, UnsafeFile, WrongType
-from analysis.ingest.limits import Limits
+from analysis.ingest.limits import Limits, human_size
 from analysis.ingest.validate import Batch
 
 SAMPLER_KEYS = ("rollout_log_probs", "sampler_logprobs")
@@ -25,7 +25,7 @@ def load_tensor_file(fp: BinaryIO, name: str, limits: Limits, fmt: str) -> dict[
 
     data = fp.read(limits.max_tensor_file_bytes + 1)
     if len(data) > limits.max_tensor_file_bytes:
-        raise TooLarge(name, None, f"tensor file exceeds the cap of {limits.max_tensor_file_bytes >> 20} MiB",
+        raise TooLarge(name, None, f"tensor file exceeds the cap of {human_size(limits.max_tensor_file_bytes)}",
                        "dump one step per file, or raise DRIFT_MAX_TENSOR_FILE_MB")
     if fmt == "safetensors":
         from safetensors.torch import load as st_load
@@ -35,13 +35,15 @@ def load_tensor_file(fp: BinaryIO, name: str, limits: Limits, fmt: str) -> dict[
             raise CorruptFile(name, None, f"not a readable safetensors file ({e})", "re-save the tensors") from None
     import io
     import pickle
+    import re
     try:
         obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0][:300]
-        raise UnsafeFile(name, None, "this file needs pickle to load, and pickle can run code, so it is refused "
-                         f"({first})", "save plain tensors, lists, numbers and strings; for numpy arrays use "
-                         "torch.as_tensor before torch.save (see README, 'Files that need pickle')") from None
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        what = f"it holds a {found.group(1)} object" if found else "it is not a plain tensor file"
+        raise UnsafeFile(name, None, f"refused: loading it would need pickle, which can run code ({what})",
+                         "save plain tensors, lists, numbers and strings; for numpy arrays use torch.as_tensor "
+                         "before torch.save (see README, 'Files that need pickle')") from None
     except (RuntimeError, EOFError, OSError, ValueError, KeyError) as e:
         raise CorruptFile(name, None, f"not a readable torch file ({str(e).splitlines()[0][:200]})",
                           "the file may be truncated; save it again with torch.save") from None

@@ -5,7 +5,7 @@ import gzip
 from typing import BinaryIO, Iterator
 
 from analysis.ingest.errors import CorruptFile, TooLarge
-from analysis.ingest.limits import Limits
+from analysis.ingest.limits import Limits, human_size
 
 
 class CappedReader:
@@ -27,7 +27,7 @@ class CappedReader:
     def _add(self, n: int) -> None:
         self.count += n
         if self.count > self.cap:
-            raise TooLarge(self.name, None, f"decompressed content exceeds the cap of {self.cap >> 20} MiB",
+            raise TooLarge(self.name, None, f"decompressed content exceeds the cap of {human_size(self.cap)}",
                            "split the file, or raise DRIFT_MAX_DECOMPRESSED_MB if you host the app")
 
 
@@ -50,6 +50,6 @@ def iter_lines(fp: BinaryIO, name: str, limits: Limits) -> Iterator[tuple[int, b
             return
         n += 1
         if len(line) > limits.max_line_bytes and not line.endswith(b"\n"):
-            raise TooLarge(name, f"line {n}", f"a line is longer than the cap of {limits.max_line_bytes >> 20} MiB",
+            raise TooLarge(name, f"line {n}", f"a line is longer than the cap of {human_size(limits.max_line_bytes)}",
                            "write one sequence per line, or raise DRIFT_MAX_LINE_MB")
         yield n, line

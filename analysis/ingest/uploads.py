@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
 
 from analysis.ingest.errors import TooLarge, UnsafeFile
-from analysis.ingest.limits import Limits
+from analysis.ingest.limits import Limits, human_size
 from analysis.ingest.load import Outcome, expand, load_unit
 from analysis.store import Store
 
@@ -34,7 +34,7 @@ def _spool(fp: BinaryIO, dest: Path, cap: int | None) -> int:
         while chunk := fp.read(1 << 20):
             size += len(chunk)
             if cap is not None and size > cap:
-                raise TooLarge(dest.name, None, f"upload exceeds the cap of {cap >> 20} MiB", "split the upload")
+                raise TooLarge(dest.name, None, f"upload exceeds the cap of {human_size(cap)}", "split the upload")
             out.write(chunk)
     return size
 
@@ -51,7 +51,7 @@ def _extract_zip(path: Path, label: str, dest: Path, limits: Limits) -> None:
                                  "zip the folder with relative paths")
             total += info.file_size
             if total > limits.max_decompressed_bytes:
-                raise TooLarge(label, None, f"archive expands beyond {limits.max_decompressed_bytes >> 20} MiB",
+                raise TooLarge(label, None, f"archive expands beyond {human_size(limits.max_decompressed_bytes)}",
                                "upload fewer files at once")
             target = dest.joinpath(*[display_name(p) for p in parts])
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -114,7 +114,7 @@ def _check_tokens(file: str, batch: Batch, out: dict) -> None:
         if bad.any():
             i = _first(bad)
             rule = "must be finite" if not np.isfinite(v[i]) else "must be <= 0"
-            raise BadValue(file, f"{batch.where(i)}, column '{name}'", f"log-probability {rule}, got {v[i]!r}",
+            raise BadValue(file, f"{batch.where(i)}, column '{name}'", f"log-probability {rule}, got {float(v[i])!r}",
                            "log-probs are natural-log probabilities of the sampled token; "
                            "drop untrained/padded tokens rather than writing placeholders")
 
