@@ -5,6 +5,7 @@ import gzip
 import json
 import struct
 import zipfile
+import zlib
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -48,7 +49,7 @@ def detect(fp: BinaryIO, name: str) -> Detected:
         if head[:2] == b"\x1f\x8b":
             try:
                 line = _first_line(gzip.GzipFile(fileobj=fp, mode="rb"))
-            except (OSError, EOFError) as e:
+            except (OSError, EOFError, zlib.error) as e:
                 raise CorruptFile(name, None, f"gzip stream cannot be read ({e})", "the file is truncated") from None
             return _json_kind(name, line, gz=True)
         if head[:4] == b"PK\x03\x04":

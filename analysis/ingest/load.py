@@ -86,7 +86,13 @@ FOLDER_ADAPTERS: list[Callable[[Path, Limits], tuple[list[Unit], set[Path]]]] = 
 def file_unit(path: Path, name: str | None = None) -> Unit:
     name = name or path.name
     with open(path, "rb") as fp:
-        det = detect(fp, name)
+        try:
+            det = detect(fp, name)
+        except IngestError:
+            raise
+        except Exception as e:  # a malformed header must still end in a message, not a traceback
+            raise CorruptFile(name, None, f"cannot be read ({type(e).__name__}: {str(e)[:200]})",
+                              "the file is corrupt or truncated") from None
     reader = READERS.get(det.format)
     if reader is None:
         raise IngestError(name, None, f"format '{det.format}' is not supported here",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import zlib
 from typing import BinaryIO, Iterator
 
 from analysis.ingest.errors import CorruptFile, TooLarge
@@ -43,7 +44,7 @@ def iter_lines(fp: BinaryIO, name: str, limits: Limits) -> Iterator[tuple[int, b
     while True:
         try:
             line = fp.readline(limits.max_line_bytes + 1)
-        except (OSError, EOFError, gzip.BadGzipFile) as e:
+        except (OSError, EOFError, zlib.error) as e:
             raise CorruptFile(name, f"after line {n}", f"stream cannot be read ({e})",
                               "the file is truncated or not valid gzip") from None
         if not line:
