@@ -51,12 +51,16 @@ def _export_dirs(path: Path) -> list[Path]:
     return sorted(d for d in path.rglob(EXPORT_DIR) if d.is_dir())
 
 
-def _in_progress(step_dir: Path) -> bool:
+def _any_stable(export: Path) -> bool:
+    return any((d / "STABLE").exists() for d in export.iterdir() if d.is_dir() and _STEP_DIR.fullmatch(d.name))
+
+
+def _in_progress(step_dir: Path, any_stable: bool | None = None) -> bool:
     """A step folder without STABLE while another step of the same export has one is still being written.
     Exports from before 2026-06-10 have no STABLE anywhere and are complete as found."""
     if (step_dir / "STABLE").exists():
         return False
-    return any((d / "STABLE").exists() for d in step_dir.parent.iterdir() if d.is_dir())
+    return _any_stable(step_dir.parent) if any_stable is None else any_stable
 
 
 def adapter(path: Path, limits: Limits) -> tuple[list, set[Path]]:
@@ -70,6 +74,7 @@ def adapter(path: Path, limits: Limits) -> tuple[list, set[Path]]:
     for export in _export_dirs(path):
         run = export.parent.name or None
         config = {"framework": "prime-rl"}
+        any_stable = _any_stable(export)
         base = path.parent
         for d in sorted((d for d in export.iterdir() if d.is_dir() and _STEP_DIR.fullmatch(d.name)),
                         key=lambda d: int(d.name[5:])):
@@ -81,26 +86,27 @@ def adapter(path: Path, limits: Limits) -> tuple[list, set[Path]]:
             if not files:
                 continue
             skip = None
-            if _in_progress(d):
+            if _in_progress(d, any_stable):
                 skip = (f"{d.name} has no STABLE marker while other steps do: the trainer is still writing it; "
                         "load the folder again once the step is finished")
             units.append(Unit(str(d.relative_to(base)), files, Detected(FORMAT, "tokens"),
-                              partial(read_unit, run=run), dict(config), skip=skip))
+                              partial(read_unit, run=run, check_stable=False), dict(config), skip=skip))
         if only_step is None:
             for f in sorted(f for f in export.iterdir() if f.is_file() and _RANK_FILE.fullmatch(f.name)):
                 claimed.add(f)
                 units.append(Unit(str(f.relative_to(base)), [f], Detected(FORMAT, "tokens"),
-                                  partial(read_unit, run=run), dict(config)))
+                                  partial(read_unit, run=run, check_stable=False), dict(config)))
     return units, claimed
 
 
-def read_unit(unit, limits: Limits, run: str | None = None) -> Iterator[Batch]:
-    """Reader for a unit of rank files (READERS['prime-rl'] for a single file found by content)."""
+def read_unit(unit, limits: Limits, run: str | None = None, check_stable: bool = True) -> Iterator[Batch]:
+    """Reader for a unit of rank files (READERS['prime-rl'] for a single file found by content; the folder
+    adapter has already checked STABLE for its units)."""
     tokens, seqs = Columns("tokens"), Columns("sequences")
     for path in unit.paths:
         if run is None:
             run = run_for(path)
-        if path.parent.parent.name == EXPORT_DIR and _STEP_DIR.fullmatch(path.parent.name) \
+        if check_stable and path.parent.parent.name == EXPORT_DIR and _STEP_DIR.fullmatch(path.parent.name) \
                 and _in_progress(path.parent):
             raise IngestError(unit.name, None, f"{path.parent.name} has no STABLE marker while other steps do: "
                               "the trainer is still writing it", "load it again once the step is finished")

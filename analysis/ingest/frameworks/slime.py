@@ -93,6 +93,15 @@ def _weight_version(versions: Any) -> int | None:
     return min(ints) if ints else None
 
 
+def _as_int(v: Any) -> int | None:
+    """Python, numpy or 0-dim tensor integers as int; anything else None."""
+    if isinstance(v, bool):
+        return None
+    if hasattr(v, "ndim") and getattr(v, "ndim") == 0 and hasattr(v, "item"):
+        v = v.item()
+    return v if isinstance(v, int) else (int(v) if isinstance(v, np.integer) else None)
+
+
 def _np(v: Any) -> np.ndarray:
     return v.numpy() if hasattr(v, "numpy") else np.asarray(v)
 
@@ -104,19 +113,20 @@ def _read_unit(unit, limits: Limits, dump: Path, rid: int, run: str | None) -> I
     train_where = f"train_data/{rid}.pt"
     train_obj = load_pt(train_path, name, limits)
     train = _samples(train_obj, name, train_where)
-    step = train_obj.get("rollout_id", rid)
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise WrongType(name, train_where, f"'rollout_id' must be an int >= 0, got {step!r}", "use slime's dump")
+    step = _as_int(train_obj.get("rollout_id", rid))
+    if step is None or step < 0:
+        raise WrongType(name, train_where, f"'rollout_id' must be an int >= 0, got {train_obj.get('rollout_id')!r}",
+                        "use slime's dump unchanged")
     rollout: list | None = None
     if rollout_path.is_file():
         rollout_obj = load_pt(rollout_path, name, limits, pickle_fix=CONVERT)
         rollout = _samples(rollout_obj, name, f"rollout_data/{rid}.pt")
-        if rollout_obj.get("rollout_id", step) != step:
+        if _as_int(rollout_obj.get("rollout_id", step)) != step:
             raise BadValue(name, None, f"rollout_data/{rid}.pt holds rollout {rollout_obj.get('rollout_id')!r} but "
                            f"train_data/{rid}.pt holds rollout {step}", "keep the two dumps of one run together")
     config: dict = {"framework": "slime"}
     moe = _moe_layers(name, rollout) if rollout is not None else None
-    if moe is not None:
+    if moe is not None and moe.any():
         config["routing"] = "sampler (rollout engine, rollout_routed_experts)"
         config["moe_layers"] = np.flatnonzero(moe).tolist()
     if rollout:
@@ -174,17 +184,20 @@ def _sample(name, where, ts, rollout, step, run, moe, tokens: Columns, routing: 
     trained = np.flatnonzero(mask != 0)
     if not len(trained):
         return  # removed sample (remove_sample=True): all-zero loss mask, trained on nothing
-    R, total = int(ts["response_lengths"]), int(ts["total_lengths"])
+    R, total = _as_int(ts["response_lengths"]), _as_int(ts["total_lengths"])
+    if R is None or total is None or not 0 < R <= total:
+        raise WrongType(name, where, f"response_lengths {ts['response_lengths']!r} / total_lengths "
+                        f"{ts['total_lengths']!r} are not lengths", "use slime's dump unchanged")
     P = total - R
-    pos_r = ts.get("rollout_position")
+    pos_r = _as_int(ts.get("rollout_position"))
     rs = None
     if rollout is not None:
-        if not isinstance(pos_r, int) or not 0 <= pos_r < len(rollout):
+        if pos_r is None or not 0 <= pos_r < len(rollout):
             raise BadValue(name, where, f"rollout_position {pos_r!r} does not index the rollout dump's "
                            f"{len(rollout)} samples", "keep the two dumps of one rollout together")
         rs = need_dict(rollout[pos_r], name, f"rollout_data sample {pos_r}", "rollout samples are dicts")
-    sample = pos_r if isinstance(pos_r, int) else ts.get("sample_index")
-    if not isinstance(sample, int):
+    sample = pos_r if pos_r is not None else _as_int(ts.get("sample_index"))
+    if sample is None:
         raise MissingColumn(name, where, "no 'rollout_position' (nor 'sample_index') to identify the sample",
                             "use the train dump of a current slime (format_version 2)")
     t = _np(ts["log_probs"]).astype(np.float64).reshape(-1)
