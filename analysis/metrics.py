@@ -1,0 +1,208 @@
+"""Token-level sampler/trainer mismatch metrics of METRICS.md, aggregated in DuckDB.
+
+Notation: per token `s` = sampler log-prob, `t` = trainer log-prob, Δ = t − s, r = exp(clamp(Δ, −20, 20)).
+Tokens are sampled from the sampler, so token means estimate expectations under π_sampler and
+kl_k1 / kl_k3 estimate KL(π_sampler ‖ π_trainer).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import polars as pl
+
+from analysis.store import Store
+
+CLAMP = 20.0  # |Δ| bound inside exp(): keeps r and r² finite (e^40 < 1.8e308) for any log-prob pair
+
+TOKEN_METRICS = (
+    "n_tokens", "n_sequences", "kl_k1", "kl_k2", "kl_k3", "log_ratio_abs_mean", "log_ratio_abs_max",
+    "prob_abs_diff_mean", "prob_abs_diff_max", "prob_pearson", "ratio_mean", "ratio_std", "ratio_min",
+    "ratio_max", "chi2_token", "ratio_frac_high", "ratio_frac_low", "clip_frac", "ess", "ppl_ratio", "chi2_seq",
+    "seq_log_ratio_abs_max",
+)
+
+
+# -- shared SQL helpers (used by buckets, distributions, routing, inspect) ------------------------------
+
+def check_runs(runs: Sequence[str] | str) -> list[str]:
+    """`runs` as a list; a single string is accepted for convenience."""
+    if isinstance(runs, str):
+        return [runs]
+    runs = list(runs)
+    for r in runs:
+        if not isinstance(r, str):
+            raise TypeError(f"run names are strings, got {r!r}")
+    return runs
+
+
+def run_filter(runs: Sequence[str], steps: tuple[int, int] | None = None, alias: str = "",
+               prefix: str = "", by_run: bool = True) -> tuple[str, dict]:
+    """A WHERE fragment selecting `runs` (and the inclusive step range) plus its named parameters.
+
+    Only placeholders are formatted into the SQL; run names and steps travel as parameters.
+    An IN-list of placeholders (rather than a list parameter) lets DuckDB push the filter into the scan.
+    `by_run=False` leaves out the run predicate (for callers that know every run of the table is selected).
+    """
+    a = f"{alias}." if alias else ""
+    params: dict = {}
+    if not runs:
+        return "FALSE", params
+    preds = []
+    if by_run:
+        names = []
+        for i, r in enumerate(runs):
+            params[f"{prefix}run{i}"] = r
+            names.append(f"${prefix}run{i}")
+        preds.append(f"{a}run IN ({', '.join(names)})")
+    if steps is not None:
+        lo, hi = steps
+        if lo is not None:
+            params[f"{prefix}step_lo"] = int(lo)
+            preds.append(f"{a}step >= ${prefix}step_lo")
+        if hi is not None:
+            params[f"{prefix}step_hi"] = int(hi)
+            preds.append(f"{a}step <= ${prefix}step_hi")
+    return " AND ".join(preds) or "TRUE", params
+
+
+def check_cap_clip(cap: float, clip: float) -> None:
+    if not cap > 1.0:
+        raise ValueError(f"cap C must be > 1, got {cap}")
+    if not clip > 0.0:
+        raise ValueError(f"clip epsilon must be > 0, got {clip}")
+
+
+def ratio_sql(d: str = "d") -> str:
+    """SQL for r = exp(clamp(Δ, −20, 20)) given the SQL of Δ."""
+    return f"exp(least(greatest({d}, -{CLAMP}), {CLAMP}))"
+
+
+def token_aggregates_sql(keys: Sequence[str], cap_param: str = "$cap", clip_param: str = "$clip") -> str:
+    """Select-list of the per-token aggregates over a relation with columns s, t, d, r, ps, pt.
+
+    Exactness on identical log-probs: Δ = 0 gives r = exp(0) = 1 exactly, so every sum below is of exact
+    zeros/ones. Spreads that could come out as rounding noise are guarded with min = max.
+    """
+    k = ", ".join(keys)
+    w = f"least(greatest(r, 1.0 / {cap_param}), {cap_param})"
+    return f"""{k}{',' if k else ''}
+        count(*) AS n_tokens,
+        avg(s - t) AS kl_k1,
+        avg(0.5 * d * d) AS kl_k2,
+        avg(r - 1.0 - d) AS kl_k3,
+        avg(abs(d)) AS log_ratio_abs_mean,
+        max(abs(d)) AS log_ratio_abs_max,
+        avg(abs(pt - ps)) AS prob_abs_diff_mean,
+        max(abs(pt - ps)) AS prob_abs_diff_max,
+        CASE WHEN min(pt) = max(pt) OR min(ps) = max(ps) THEN NULL ELSE corr(pt, ps) END AS prob_pearson,
+        avg(r) AS ratio_mean,
+        CASE WHEN min(r) = max(r) THEN 0.0 ELSE stddev_pop(r) END AS ratio_std,
+        min(r) AS ratio_min,
+        max(r) AS ratio_max,
+        avg(r * r) - 1.0 AS chi2_token,
+        count_if(r > {cap_param})::DOUBLE / count(*) AS ratio_frac_high,
+        count_if(r < 1.0 / {cap_param})::DOUBLE / count(*) AS ratio_frac_low,
+        count_if(abs(r - 1.0) > {clip_param})::DOUBLE / count(*) AS clip_frac,
+        CASE WHEN min({w}) = max({w}) THEN 1.0 ELSE avg({w}) * avg({w}) / avg({w} * {w}) END AS ess"""
+
+
+def grouped_token_metrics_sql(src: str, keys: Sequence[str]) -> str:
+    """Full METRICS.md token table over `src` (columns: keys..., step, sample, s, t), grouped by `keys`.
+
+    Two GROUP BYs over the same filtered tokens: one per group for the token aggregates, one per sequence
+    (run, step, sample) within the group, whose results are then averaged per group. Every query has
+    at least one key, so an empty selection gives no row (a global aggregate would give a row of NULLs).
+    """
+    keys = list(keys)
+    if not keys:
+        raise ValueError("grouped_token_metrics_sql needs at least one group key")
+    extra = [c for c in ("run", "step", "sample") if c not in keys]
+    seq_keys = ", ".join(keys + extra)
+    k = ", ".join(keys)
+    on = " AND ".join(f"tok.{c} IS NOT DISTINCT FROM sq.{c}" for c in keys)
+    token_cols = ", ".join(f"{'sq' if m == 'n_sequences' else 'tok'}.{m}" for m in TOKEN_METRICS
+                           if m not in ("ppl_ratio", "chi2_seq", "seq_log_ratio_abs_max"))
+    return f"""
+    WITH base AS (SELECT {seq_keys}, s, t, t - s AS d, {ratio_sql('t - s')} AS r, exp(s) AS ps, exp(t) AS pt
+                  FROM ({src}) src_),
+    tok AS (SELECT {token_aggregates_sql(keys)} FROM base GROUP BY {k}),
+    seq AS (SELECT {seq_keys}, sum(d) AS sum_d, avg(s - t) AS mean_s_minus_t FROM base GROUP BY {seq_keys}),
+    sq AS (SELECT {k}, count(*) AS n_sequences,
+                  avg(exp(mean_s_minus_t)) AS ppl_ratio,
+                  avg(exp(2.0 * least(greatest(sum_d, -{CLAMP}), {CLAMP})) - 1.0) AS chi2_seq,
+                  max(abs(sum_d)) AS seq_log_ratio_abs_max
+           FROM seq GROUP BY {k})
+    SELECT {', '.join('tok.' + c for c in keys)}, {token_cols}, sq.ppl_ratio, sq.chi2_seq, sq.seq_log_ratio_abs_max
+    FROM tok JOIN sq ON {on}
+    ORDER BY {', '.join('tok.' + c for c in keys)}"""
+
+
+# -- public metrics ----------------------------------------------------------------------------------
+
+def token_metrics(store: Store, runs: list[str], by: str = "step", cap: float = 2.0, clip: float = 0.2,
+                  steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    r"""Token mismatch metrics of METRICS.md per (run, step) (`by="step"`) or per run (`by="run"`).
+
+    With Δ = t − s and r = exp(clamp(Δ, −20, 20)), over the tokens of the group (sampled from π_sampler):
+
+    .. math::
+        kl\_k1 = \overline{s - t},\quad kl\_k2 = \overline{\Delta^2/2},\quad kl\_k3 = \overline{r - 1 - \Delta}
+
+    kl_k1 (unbiased, may be negative) and kl_k3 (≥ 0, low variance) estimate KL(π_sampler ‖ π_trainer);
+    ratio_* describe r = π_trainer/π_sampler (ratio_std is the population std); chi2_token = mean(r²) − 1;
+    ratio_frac_high/low = fraction with r > C / r < 1/C; clip_frac = fraction with |r − 1| > ε;
+    ess = (mean w)² / mean(w²) with w = clamp(r, 1/C, C); prob_pearson = corr(exp t, exp s), null when either
+    column is constant (and for one token). Per sequence (run, step, sample), then averaged over sequences:
+    ppl_ratio = exp(mean s − mean t), chi2_seq = exp(2·clamp(ΣΔ, −20, 20)) − 1; seq_log_ratio_abs_max = max |ΣΔ|.
+
+    Returns one row per non-empty group: [run, (step,) n_tokens, n_sequences, kl_k1, ..., seq_log_ratio_abs_max].
+
+    Example: one token with s = log 0.5, t = log 0.25 gives kl_k1 = log 2 ≈ 0.693, ratio_mean = 0.5,
+    kl_k3 = 0.5 − 1 + log 2 ≈ 0.193, ratio_frac_low = 0 for C = 2 (0.5 is not < 1/2).
+    """
+    if by not in ("step", "run"):
+        raise ValueError(f"by must be 'step' or 'run', got {by!r}")
+    check_cap_clip(cap, clip)
+    runs = check_runs(runs)
+    where, params = run_filter(runs, steps)
+    keys = ["run", "step"] if by == "step" else ["run"]
+    src = f"SELECT run, step, sample, sampler_logprob AS s, trainer_logprob AS t FROM tokens WHERE {where}"
+    params.update(cap=float(cap), clip=float(clip))
+    return store.sql(grouped_token_metrics_sql(src, keys), params)
+
+
+def default_taus() -> list[float]:
+    """Log grid from 1.01 to 1000 (49 points): the thresholds of the extreme-token curve."""
+    return [float(x) for x in np.geomspace(1.01, 1000.0, 49)]
+
+
+def extreme_token_curve(store: Store, runs: list[str], taus: Sequence[float] | None = None,
+                        steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """R3's extreme-token curve F(τ) = fraction of tokens with max(r, 1/r) > τ, per run.
+
+    r = exp(clamp(Δ, −20, 20)) is the importance ratio π_trainer/π_sampler; max(r, 1/r) measures the
+    mismatch in either direction. One pass over the tokens counts every threshold at once.
+    Returns [run, tau, frac], taus ascending; runs without tokens in range give no rows.
+
+    Example: tokens with r = 1, 1.5, 4 give F(1.2) = 2/3, F(2) = 1/3, F(5) = 0.
+    """
+    runs = check_runs(runs)
+    taus = sorted(float(x) for x in (default_taus() if taus is None else taus))
+    if not taus:
+        return pl.DataFrame(schema={"run": pl.String, "tau": pl.Float64, "frac": pl.Float64})
+    where, params = run_filter(runs, steps)
+    counts = []
+    for i, tau in enumerate(taus):
+        params[f"tau{i}"] = tau
+        counts.append(f"count_if(m > $tau{i})::DOUBLE / count(*) AS f{i}")
+    wide = store.sql(f"""
+        SELECT run, {', '.join(counts)}
+        FROM (SELECT run, greatest(r, 1.0 / r) AS m
+              FROM (SELECT run, {ratio_sql('trainer_logprob - sampler_logprob')} AS r FROM tokens WHERE {where}))
+        GROUP BY run ORDER BY run""", params)
+    if wide.height == 0:
+        return pl.DataFrame(schema={"run": pl.String, "tau": pl.Float64, "frac": pl.Float64})
+    tau_map = pl.DataFrame({"key": [f"f{i}" for i in range(len(taus))], "tau": taus})
+    return (wide.unpivot(index="run", variable_name="key", value_name="frac")
+            .join(tau_map, on="key").select("run", "tau", "frac").sort("run", "tau"))

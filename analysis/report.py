@@ -1,0 +1,35 @@
+"""The CLI's metrics table: one call that picks the right analysis for `--by`."""
+from __future__ import annotations
+
+import polars as pl
+
+from analysis.metrics import check_runs, run_filter, token_metrics
+from analysis.routing import routing_metrics, token_flip_stats
+from analysis.store import Store
+
+
+def has_trainer_routing(store: Store, runs: list[str]) -> bool:
+    """Whether any routing row of `runs` recorded both sides (so flip metrics exist)."""
+    where, params = run_filter(check_runs(runs))
+    return bool(store.scalar(f"SELECT EXISTS (SELECT 1 FROM routing WHERE {where} AND flip IS NOT NULL)", params))
+
+
+def metrics_table(store: Store, runs: list[str], by: str = "step", cap: float = 2.0, clip: float = 0.2) -> pl.DataFrame:
+    """The table `python -m analysis metrics --by ...` prints; columns use METRICS.md names.
+
+    by="step": `metrics.token_metrics(by="step")`; by="layer": `routing.routing_metrics(by="layer")`;
+    by="run": `metrics.token_metrics(by="run")` plus token_any_flip_rate and flipped_layers_per_token
+    (see `routing.token_flip_stats`) when any of the runs has trainer routing, null for runs without.
+    """
+    runs = check_runs(runs)
+    if by == "step":
+        return token_metrics(store, runs, by="step", cap=cap, clip=clip)
+    if by == "layer":
+        return routing_metrics(store, runs, by="layer")
+    if by != "run":
+        raise ValueError(f"by must be 'step', 'layer' or 'run', got {by!r}")
+    df = token_metrics(store, runs, by="run", cap=cap, clip=clip)
+    if not has_trainer_routing(store, runs):
+        return df
+    flips = token_flip_stats(store, runs, by="run").select("run", "token_any_flip_rate", "flipped_layers_per_token")
+    return df.join(flips, on="run", how="left").sort("run")

@@ -1,0 +1,197 @@
+"""MoE routing agreement between sampler and trainer (METRICS.md, "Routing").
+
+Every set comparison was paid once at ingest: `routing.flip` = 𝟙[E_s ≠ E_t] (as sets), `top1_flip` =
+𝟙[first-ranked experts differ], `n_common` = |E_s ∩ E_t|, all NULL where the trainer side was not recorded.
+Queries here only aggregate those small columns and the per-expert `expert_load` table.
+"""
+from __future__ import annotations
+
+import polars as pl
+
+from analysis.metrics import check_runs, ratio_sql, run_filter
+from analysis.store import Store
+
+# Per (run, step, layer): counts over rows with both sides, so that coarser groups can re-aggregate exactly.
+_LAYER_COUNTS = """
+    SELECT run, step, layer, count(flip) AS n, count_if(flip) AS n_flip, count_if(top1_flip) AS n_top1,
+           sum(n_common::DOUBLE / k) AS sum_overlap
+    FROM routing WHERE {where} GROUP BY run, step, layer"""
+
+# load_max_vio per side: (max − mean) / mean of token counts over the experts seen on that side
+# (count > 0) at this (step, layer); NULL when that side has no rows. expert_load holds one row per
+# file and expert, hence the SUM first.
+_LAYER_LOAD = """
+    SELECT run, step, layer,
+           (max(ns) FILTER (WHERE ns > 0) - avg(ns) FILTER (WHERE ns > 0)) / avg(ns) FILTER (WHERE ns > 0)
+               AS load_max_vio_sampler,
+           (max(nt) FILTER (WHERE nt > 0) - avg(nt) FILTER (WHERE nt > 0)) / avg(nt) FILTER (WHERE nt > 0)
+               AS load_max_vio_trainer
+    FROM (SELECT run, step, layer, expert, sum(n_sampler) AS ns, sum(n_trainer) AS nt
+          FROM expert_load WHERE {where} GROUP BY run, step, layer, expert)
+    GROUP BY run, step, layer"""
+
+# One row per token with trainer routing: did any layer flip, how many, and the first one that did.
+_TOKEN_FLIPS = """
+    SELECT run, step, sample, pos, bool_or(flip) AS any_flip, count_if(flip)::BIGINT AS n_flipped,
+           min(layer) FILTER (WHERE flip) AS first_flip
+    FROM routing WHERE {where} AND flip IS NOT NULL GROUP BY run, step, sample, pos"""
+
+_RATES = """sum(n)::BIGINT AS n_rows,
+           sum(n_flip)::DOUBLE / nullif(sum(n), 0) AS flip_rate,
+           sum(n_top1)::DOUBLE / nullif(sum(n), 0) AS top1_flip_rate,
+           sum(sum_overlap) / nullif(sum(n), 0) AS overlap,
+           avg(load_max_vio_sampler) AS load_max_vio_sampler,
+           avg(load_max_vio_trainer) AS load_max_vio_trainer"""
+
+
+def _filter(store: Store, runs: list[str], steps: tuple[int, int] | None) -> tuple[str, dict]:
+    """run_filter for the routing table, without the run predicate when every run with routing is selected.
+
+    Comparing the VARCHAR run of 8M rows is most of a by-layer query's time; expert_load (one row per expert,
+    not per token) says cheaply which runs have routing at all.
+    """
+    have = {r[0] for r in store.rows("SELECT DISTINCT run FROM expert_load")}
+    return run_filter(runs, steps, by_run=not (runs and have <= set(runs)))
+
+
+def _check_by(by: str, allowed: tuple[str, ...]) -> None:
+    if by not in allowed:
+        raise ValueError(f"by must be one of {', '.join(map(repr, allowed))}, got {by!r}")
+
+
+def routing_metrics(store: Store, runs: list[str], by: str = "layer",
+                    steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """Router agreement per (run, step, layer) (`by="layer"`), per (run, step) or per run.
+
+    Over routing rows where both sides were recorded (E_s, E_t = top-k expert sets):
+    flip_rate = mean 𝟙[E_s ≠ E_t]; top1_flip_rate = mean 𝟙[first-ranked experts differ];
+    overlap = mean |E_s ∩ E_t| / k. load_max_vio_<side> = (max_e n_e − mean_e n_e) / mean_e n_e over the
+    experts e with n_e > 0 tokens on that side (prime-rl `max_vio`); rows with the sampler side only still
+    count here. by="layer": n_tokens = tokens with both sides at this layer (0 for sampler-only layers, whose
+    flip columns are then null).
+
+    by="step" / "run": flip_rate, top1_flip_rate and overlap pool all (token, layer) rows (n_rows of them);
+    load_max_vio_* is the mean of the per-(step, layer) values; n_tokens = tokens with trainer routing;
+    token_any_flip_rate = mean over those tokens of 𝟙[some layer flips]; flipped_layers_per_token = mean
+    number of flipped layers.
+
+    Example: a token whose sampler picked [3, 7] and trainer [7, 3] is not a flip (same set) but a top-1 flip;
+    trainer [3, 5] gives a flip with overlap 1/2.
+    """
+    _check_by(by, ("layer", "step", "run"))
+    runs = check_runs(runs)
+    where, params = _filter(store, runs, steps)
+    layers = f"""
+        WITH c AS ({_LAYER_COUNTS.format(where=where)}),
+             l AS ({_LAYER_LOAD.format(where=where)})
+        SELECT c.run, c.step, c.layer, c.n, c.n_flip, c.n_top1, c.sum_overlap,
+               l.load_max_vio_sampler, l.load_max_vio_trainer
+        FROM c LEFT JOIN l ON c.run = l.run AND c.step = l.step AND c.layer = l.layer"""
+    if by == "layer":
+        return store.sql(f"""
+            SELECT run, step, layer, n AS n_tokens,
+                   n_flip::DOUBLE / nullif(n, 0) AS flip_rate,
+                   n_top1::DOUBLE / nullif(n, 0) AS top1_flip_rate,
+                   sum_overlap / nullif(n, 0) AS overlap,
+                   load_max_vio_sampler, load_max_vio_trainer
+            FROM ({layers}) ORDER BY run, step, layer""", params)
+    keys = "run, step" if by == "step" else "run"
+    on = " AND ".join(f"g.{k} = tf.{k}" for k in keys.split(", "))
+    return store.sql(f"""
+        WITH g AS (SELECT {keys}, {_RATES} FROM ({layers}) GROUP BY {keys}),
+             tf AS (SELECT {keys}, count(*) AS n_tokens, avg(any_flip::DOUBLE) AS token_any_flip_rate,
+                           avg(n_flipped::DOUBLE) AS flipped_layers_per_token
+                    FROM ({_TOKEN_FLIPS.format(where=where)}) GROUP BY {keys})
+        SELECT {', '.join('g.' + k for k in keys.split(', '))}, coalesce(tf.n_tokens, 0) AS n_tokens,
+               g.flip_rate, g.top1_flip_rate, g.overlap, g.load_max_vio_sampler, g.load_max_vio_trainer,
+               tf.token_any_flip_rate, tf.flipped_layers_per_token, g.n_rows
+        FROM g LEFT JOIN tf ON {on} ORDER BY {keys}""", params)
+
+
+def layer_profile(store: Store, runs: list[str], steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """flip_rate, top1_flip_rate and overlap per (run, layer), pooled over steps (rows with both sides only).
+
+    Same definitions as `routing_metrics`; layers without trainer routing give no row.
+    Returns [run, layer, n_tokens, flip_rate, top1_flip_rate, overlap].
+    """
+    runs = check_runs(runs)
+    where, params = _filter(store, runs, steps)
+    return store.sql(f"""
+        SELECT run, layer, count(*) AS n_tokens, avg(flip::DOUBLE) AS flip_rate,
+               avg(top1_flip::DOUBLE) AS top1_flip_rate, avg(n_common::DOUBLE / k) AS overlap
+        FROM routing WHERE {where} AND flip IS NOT NULL
+        GROUP BY run, layer ORDER BY run, layer""", params)
+
+
+def token_flip_stats(store: Store, runs: list[str], by: str = "step",
+                     steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """Per-token flip statistics per (run, step) or per run, over tokens with trainer routing.
+
+    token_any_flip_rate = mean over tokens of 𝟙[∃ layer: E_s ≠ E_t] (R3 reports 94%);
+    flipped_layers_per_token = mean over tokens of #{layers with E_s ≠ E_t} (R3: ~6).
+    Returns [run, (step,) n_tokens, token_any_flip_rate, flipped_layers_per_token]; groups without trainer
+    routing give no row.
+
+    Example: two tokens over 4 layers, one flipping at layers 1 and 3, the other never:
+    token_any_flip_rate = 0.5, flipped_layers_per_token = 1.0.
+    """
+    _check_by(by, ("step", "run"))
+    runs = check_runs(runs)
+    where, params = _filter(store, runs, steps)
+    keys = "run, step" if by == "step" else "run"
+    return store.sql(f"""
+        SELECT {keys}, count(*) AS n_tokens, avg(any_flip::DOUBLE) AS token_any_flip_rate,
+               avg(n_flipped::DOUBLE) AS flipped_layers_per_token
+        FROM ({_TOKEN_FLIPS.format(where=where)}) GROUP BY {keys} ORDER BY {keys}""", params)
+
+
+def first_flip_layer(store: Store, runs: list[str], steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """Distribution of the first (lowest-index) flipped layer over tokens with at least one flip.
+
+    frac = n_tokens / (tokens of the run with a flip), so the fracs of a run sum to 1.
+    Returns [run, first_flip_layer, n_tokens, frac].
+    """
+    runs = check_runs(runs)
+    where, params = _filter(store, runs, steps)
+    return store.sql(f"""
+        SELECT run, first_flip AS first_flip_layer, count(*) AS n_tokens,
+               count(*)::DOUBLE / sum(count(*)) OVER (PARTITION BY run) AS frac
+        FROM ({_TOKEN_FLIPS.format(where=where)}) WHERE any_flip
+        GROUP BY run, first_flip ORDER BY run, first_flip_layer""", params)
+
+
+def expert_load(store: Store, run: str, step: int, layer: int) -> pl.DataFrame:
+    """Tokens routed to each expert at one (run, step, layer), per side.
+
+    frac_<side> = n_<side> / Σ_e n_<side> (share of that side's top-k slots; null when the side has no rows).
+    Returns [expert, n_sampler, n_trainer, frac_sampler, frac_trainer], experts ascending.
+    """
+    return store.sql("""
+        SELECT expert, n_sampler, n_trainer,
+               n_sampler::DOUBLE / nullif(sum(n_sampler) OVER (), 0) AS frac_sampler,
+               n_trainer::DOUBLE / nullif(sum(n_trainer) OVER (), 0) AS frac_trainer
+        FROM (SELECT expert, sum(n_sampler)::BIGINT AS n_sampler, sum(n_trainer)::BIGINT AS n_trainer
+              FROM expert_load WHERE run = $run AND step = $step AND layer = $layer GROUP BY expert)
+        ORDER BY expert""", {"run": run, "step": int(step), "layer": int(layer)})
+
+
+def flip_mismatch(store: Store, runs: list[str], steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """Token mismatch of tokens whose routing flipped at some layer versus tokens that never flipped.
+
+    Over tokens with trainer routing, split by flipped = 𝟙[∃ layer: E_s ≠ E_t]:
+    log_ratio_abs_mean = mean |Δ|, kl_k3 = mean(r − 1 − Δ) (estimates KL(π_sampler ‖ π_trainer)),
+    Δ = t − s, r = exp(clamp(Δ, −20, 20)). Returns [run, flipped, n_tokens, log_ratio_abs_mean, kl_k3];
+    an empty group gives no row.
+    """
+    runs = check_runs(runs)
+    where, params = _filter(store, runs, steps)
+    twhere, tparams = run_filter(runs, steps, alias="t")
+    params.update(tparams)
+    return store.sql(f"""
+        SELECT f.run, f.any_flip AS flipped, count(*) AS n_tokens, avg(abs(d)) AS log_ratio_abs_mean,
+               avg({ratio_sql('d')} - 1.0 - d) AS kl_k3
+        FROM ({_TOKEN_FLIPS.format(where=where)}) f
+        JOIN (SELECT run, step, sample, pos, trainer_logprob - sampler_logprob AS d FROM tokens t
+              WHERE {twhere}) t
+          ON f.run = t.run AND f.step = t.step AND f.sample = t.sample AND f.pos = t.pos
+        GROUP BY f.run, f.any_flip ORDER BY f.run, flipped""", params)

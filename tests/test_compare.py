@@ -1,0 +1,67 @@
+"""compare.config_diff / metric_deltas, and report.metrics_table's routing columns."""
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from analysis import compare, report
+from analysis.metrics import token_metrics
+from analysis.routing import routing_metrics
+from conftest import metrics_make_routing, metrics_make_tokens
+
+
+@pytest.fixture
+def two_runs(metrics_store_from):
+    tokens = metrics_make_tokens(seed=21, runs=("x", "y", "z"), steps=(0, 1), n_seq=3, max_len=10)
+    # run z has no routing at all
+    rt = metrics_make_routing(tokens.filter(pl.col("run") != "z"), seed=22, layers=2)
+    store = metrics_store_from(tokens, rt)
+    store.set_run_config("x", {"model": {"dtype": "bf16", "layers": 2}, "lr": 1e-5, "seed": 1})
+    store.set_run_config("y", {"model": {"dtype": "fp32", "layers": 2}, "lr": 1e-5})
+    return store
+
+
+def test_config_diff(two_runs):
+    df = compare.config_diff(two_runs, ["x", "y"])
+    assert df.columns == ["key", "x", "y"]
+    assert df.rows() == [("model.dtype", "bf16", "fp32"), ("seed", "1", None)]
+    full = compare.config_diff(two_runs, ["x", "y"], all_keys=True)
+    assert full["key"].to_list() == ["lr", "model.dtype", "model.layers", "seed"]
+
+
+def test_metric_deltas(two_runs):
+    df = compare.metric_deltas(two_runs, ["x", "y", "z"], baseline="x")
+    assert df.columns == ["metric", "baseline", "y", "z", "y_delta", "z_delta"]
+    tm = token_metrics(two_runs, ["x", "y", "z"], by="run")
+    rm = routing_metrics(two_runs, ["x", "y"], by="run")
+    rows = {r["metric"]: r for r in df.iter_rows(named=True)}
+    for m in ("kl_k3", "ess", "n_tokens", "chi2_seq"):
+        x, y = tm.filter(pl.col("run") == "x")[m][0], tm.filter(pl.col("run") == "y")[m][0]
+        assert rows[m]["baseline"] == x and rows[m]["y"] == y and rows[m]["y_delta"] == y - x
+    for m in ("flip_rate", "overlap", "token_any_flip_rate"):
+        assert rows[m]["y"] == rm.filter(pl.col("run") == "y")[m][0]
+        assert rows[m]["z"] is None and rows[m]["z_delta"] is None
+
+
+def test_metrics_table_by_run_adds_flip_columns_only_with_routing(two_runs):
+    df = report.metrics_table(two_runs, ["x", "z"], by="run")
+    assert df.columns[-2:] == ["token_any_flip_rate", "flipped_layers_per_token"]
+    assert df.filter(pl.col("run") == "z")["token_any_flip_rate"].to_list() == [None]
+    assert df.filter(pl.col("run") == "x")["token_any_flip_rate"][0] is not None
+    only_z = report.metrics_table(two_runs, ["z"], by="run")
+    assert "token_any_flip_rate" not in only_z.columns
+    assert report.metrics_table(two_runs, ["x"], by="layer").columns[:3] == ["run", "step", "layer"]
+    with pytest.raises(ValueError):
+        report.metrics_table(two_runs, ["x"], by="token")
+
+
+def test_flatten_doctest():
+    import doctest
+    assert doctest.testmod(compare).failed == 0
+
+
+def test_run_names_that_collide_with_columns_are_refused(two_runs):
+    with pytest.raises(ValueError, match="collide"):
+        compare.metric_deltas(two_runs, ["x", "metric"], baseline="x")
+    with pytest.raises(ValueError, match="collides"):
+        compare.config_diff(two_runs, ["x", "key"])

@@ -1,0 +1,185 @@
+"""routing.* against brute-force Python set comparisons on the same files, plus the edge cases."""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+import numpy as np
+import polars as pl
+import pytest
+
+from analysis import routing
+from conftest import metrics_make_routing, metrics_make_tokens
+from test_metrics_reference import (assert_close, assert_frame_matches, ratio, ref_routing_by_layer,
+                                    ref_routing_rows, ref_token_flips)
+
+LAYER_COLUMNS = ["run", "step", "layer", "n_tokens", "flip_rate", "top1_flip_rate", "overlap",
+                 "load_max_vio_sampler", "load_max_vio_trainer"]
+
+
+def test_by_layer_matches_reference(metrics_data):
+    store, data = metrics_data
+    df = routing.routing_metrics(store, ["a", "b"], by="layer")
+    assert df.columns == LAYER_COLUMNS
+    assert_frame_matches(df, ref_routing_by_layer(data.routing), ["run", "step", "layer"])
+
+
+def _ref_coarse(data, keys):
+    """by=step / by=run reference: pooled rates, mean of per-layer max_vio, per-token flip stats."""
+    by_layer = ref_routing_by_layer(data.routing)
+    rows = [r for r in ref_routing_rows(data.routing) if r[5]]
+    flips = ref_token_flips(data.routing)
+    idx = {"run": 0, "step": 1}
+    out = defaultdict(dict)
+    groups = defaultdict(list)
+    for r in rows:
+        groups[tuple(r[idx[k]] for k in keys)].append(r)
+    for key, rs in groups.items():
+        layer_vals = [v for (run, step, _), v in by_layer.items() if (run, step)[:len(keys)] == key]
+        toks = [v for tk, v in flips.items() if tuple(tk[idx[k]] for k in keys) == key]
+        out[key] = {
+            "n_tokens": len(toks),
+            "flip_rate": np.mean([r[6] for r in rs]), "top1_flip_rate": np.mean([r[7] for r in rs]),
+            "overlap": np.mean([r[8] for r in rs]),
+            "load_max_vio_sampler": np.mean([v["load_max_vio_sampler"] for v in layer_vals]),
+            "load_max_vio_trainer": np.mean([v["load_max_vio_trainer"] for v in layer_vals]),
+            "token_any_flip_rate": np.mean([v[0] for v in toks]),
+            "flipped_layers_per_token": np.mean([v[1] for v in toks]),
+        }
+    return out
+
+
+@pytest.mark.parametrize("by", ["step", "run"])
+def test_by_step_and_run_match_reference(metrics_data, by):
+    store, data = metrics_data
+    keys = ["run", "step"] if by == "step" else ["run"]
+    df = routing.routing_metrics(store, ["a", "b"], by=by)
+    assert df.columns[:len(keys) + 8] == keys + ["n_tokens", "flip_rate", "top1_flip_rate", "overlap",
+                                                  "load_max_vio_sampler", "load_max_vio_trainer",
+                                                  "token_any_flip_rate", "flipped_layers_per_token"]
+    assert_frame_matches(df, _ref_coarse(data, keys), keys)
+    stats = routing.token_flip_stats(store, ["a", "b"], by=by)
+    assert stats.columns == keys + ["n_tokens", "token_any_flip_rate", "flipped_layers_per_token"]
+    assert_frame_matches(stats, _ref_coarse(data, keys), keys,
+                         ["n_tokens", "token_any_flip_rate", "flipped_layers_per_token"])
+
+
+def test_layer_profile_matches_reference(metrics_data):
+    store, data = metrics_data
+    df = routing.layer_profile(store, ["a"])
+    assert df.columns == ["run", "layer", "n_tokens", "flip_rate", "top1_flip_rate", "overlap"]
+    rows = [r for r in ref_routing_rows(data.routing) if r[5] and r[0] == "a"]
+    assert df.height == len({r[4] for r in rows})
+    for row in df.iter_rows(named=True):
+        rs = [r for r in rows if r[4] == row["layer"]]
+        assert row["n_tokens"] == len(rs)
+        for col, i in (("flip_rate", 6), ("top1_flip_rate", 7), ("overlap", 8)):
+            assert_close(row[col], float(np.mean([r[i] for r in rs])), col)
+
+
+def test_first_flip_layer_and_flip_mismatch_match_reference(metrics_data):
+    store, data = metrics_data
+    flips = ref_token_flips(data.routing)
+    first = routing.first_flip_layer(store, ["a", "b"])
+    assert first.columns == ["run", "first_flip_layer", "n_tokens", "frac"]
+    for run in ("a", "b"):
+        want = Counter(v[2] for k, v in flips.items() if k[0] == run and v[0])
+        got = first.filter(pl.col("run") == run)
+        assert dict(zip(got["first_flip_layer"], got["n_tokens"])) == dict(want)
+        assert got["frac"].sum() == pytest.approx(1.0, rel=1e-12)
+
+    mm = routing.flip_mismatch(store, ["a", "b"])
+    assert mm.columns == ["run", "flipped", "n_tokens", "log_ratio_abs_mean", "kl_k3"]
+    tok = {(r["run"], r["step"], r["sample"], r["pos"]): r["trainer_logprob"] - r["sampler_logprob"]
+           for r in data.tokens.iter_rows(named=True)}
+    for row in mm.iter_rows(named=True):
+        d = np.array([tok[k] for k, v in flips.items() if k[0] == row["run"] and v[0] == row["flipped"]])
+        assert row["n_tokens"] == len(d)
+        assert_close(row["log_ratio_abs_mean"], float(np.mean(np.abs(d))), "log_ratio_abs_mean")
+        assert_close(row["kl_k3"], float(np.mean(ratio(d) - 1 - d)), "kl_k3")
+
+
+def test_expert_load_matches_reference(metrics_data):
+    store, data = metrics_data
+    df = routing.expert_load(store, "b", 1, 2)
+    assert df.columns == ["expert", "n_sampler", "n_trainer", "frac_sampler", "frac_trainer"]
+    sub = data.routing.filter((pl.col("run") == "b") & (pl.col("step") == 1) & (pl.col("layer") == 2))
+    ns = Counter(e for x in sub["sampler_experts"] for e in x)
+    nt = Counter(e for x in sub["trainer_experts"] for e in x)
+    for row in df.iter_rows(named=True):
+        e = row["expert"]
+        assert (row["n_sampler"], row["n_trainer"]) == (ns[e], nt[e])
+        assert_close(row["frac_sampler"], ns[e] / sum(ns.values()))
+    assert set(df["expert"]) == set(ns) | set(nt)
+    assert routing.expert_load(store, "b", 99, 2).height == 0
+
+
+def _one_token_routing(experts_s, experts_t):
+    tokens = pl.DataFrame({"run": ["e"], "step": [0], "sample": [0], "pos": [0],
+                           "sampler_logprob": [-0.5], "trainer_logprob": [-0.5]})
+    n = len(experts_s)
+    rt = pl.DataFrame({"run": ["e"] * n, "step": [0] * n, "sample": [0] * n, "pos": [0] * n,
+                       "layer": list(range(n)),
+                       "sampler_experts": pl.Series(experts_s, dtype=pl.List(pl.Int32)),
+                       "trainer_experts": pl.Series(experts_t, dtype=pl.List(pl.Int32))})
+    return tokens, rt
+
+
+def test_unsorted_equal_sets_are_not_flips(metrics_store_from):
+    tokens, rt = _one_token_routing([[3, 7, 1], [0, 2, 4], [5, 6, 8]], [[7, 1, 3], [0, 2, 4], [6, 5, 9]])
+    store = metrics_store_from(tokens, rt)
+    df = routing.routing_metrics(store, ["e"], by="layer")
+    assert df["flip_rate"].to_list() == [0.0, 0.0, 1.0]
+    assert df["top1_flip_rate"].to_list() == [1.0, 0.0, 1.0]
+    assert df["overlap"].to_list() == [1.0, 1.0, pytest.approx(2 / 3)]
+    step = routing.routing_metrics(store, ["e"], by="step").row(0, named=True)
+    assert step["token_any_flip_rate"] == 1.0 and step["flipped_layers_per_token"] == 1.0
+    assert routing.first_flip_layer(store, ["e"])["first_flip_layer"].to_list() == [2]
+
+
+def test_identical_routing_gives_zero_flip_rates(metrics_store_from):
+    tokens, rt = _one_token_routing([[3, 7], [1, 2]], [[3, 7], [1, 2]])
+    store = metrics_store_from(tokens, rt)
+    df = routing.routing_metrics(store, ["e"], by="layer")
+    assert df["flip_rate"].to_list() == [0.0, 0.0] and df["top1_flip_rate"].to_list() == [0.0, 0.0]
+    assert df["overlap"].to_list() == [1.0, 1.0]
+    assert df["load_max_vio_sampler"].to_list() == [0.0, 0.0]
+    run = routing.routing_metrics(store, ["e"], by="run").row(0, named=True)
+    assert run["token_any_flip_rate"] == 0.0 and run["flipped_layers_per_token"] == 0.0
+    assert routing.first_flip_layer(store, ["e"]).height == 0
+    assert routing.flip_mismatch(store, ["e"])["flipped"].to_list() == [False]
+
+
+def test_sampler_only_routing_has_load_but_no_flips(metrics_store_from):
+    tokens = metrics_make_tokens(seed=11, runs=("s",), steps=(0,), n_seq=2, max_len=6, optional=False)
+    rt = metrics_make_routing(tokens, seed=12, layers=3, trainer=False)
+    store = metrics_store_from(tokens, rt)
+    df = routing.routing_metrics(store, ["s"], by="layer")
+    assert df.height == 3 and df["n_tokens"].to_list() == [0, 0, 0]
+    for col in ("flip_rate", "top1_flip_rate", "overlap", "load_max_vio_trainer"):
+        assert df[col].null_count() == 3, col
+    assert_frame_matches(df, ref_routing_by_layer(rt), ["run", "step", "layer"], ["load_max_vio_sampler"])
+    step = routing.routing_metrics(store, ["s"], by="step").row(0, named=True)
+    assert step["n_tokens"] == 0 and step["flip_rate"] is None and step["token_any_flip_rate"] is None
+    assert step["load_max_vio_sampler"] is not None
+    for fn in (routing.layer_profile, routing.token_flip_stats, routing.first_flip_layer, routing.flip_mismatch):
+        assert fn(store, ["s"]).height == 0, fn.__name__
+
+
+def test_mixed_sides_flip_columns_use_both_sided_rows_only(metrics_store_from):
+    tokens = metrics_make_tokens(seed=13, runs=("m",), steps=(0,), n_seq=3, max_len=8, optional=False)
+    rt = metrics_make_routing(tokens, seed=14, layers=2, flip_p=0.5)
+    # drop the trainer side of every other row: those rows feed the load columns only
+    t = rt["trainer_experts"].to_list()
+    rt = rt.with_columns(trainer_experts=pl.Series([x if i % 2 else None for i, x in enumerate(t)],
+                                                   dtype=pl.List(pl.Int32)))
+    store = metrics_store_from(tokens, rt)
+    df = routing.routing_metrics(store, ["m"], by="layer")
+    assert_frame_matches(df, ref_routing_by_layer(rt), ["run", "step", "layer"])
+
+
+def test_empty_step_range_gives_no_rows(metrics_data):
+    store, _ = metrics_data
+    for by in ("layer", "step", "run"):
+        assert routing.routing_metrics(store, ["a"], by=by, steps=(50, 60)).height == 0
+    with pytest.raises(ValueError, match="by must be one of"):
+        routing.routing_metrics(store, ["a"], by="token")
