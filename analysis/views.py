@@ -1,0 +1,112 @@
+"""Small combinations of the analysis functions that the dashboard pages show together.
+
+Pure like the rest of analysis/: a Store and parameters in, polars out; no SQL of its own and no formula
+beyond a display smoothing (a trailing moving average).
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Sequence
+
+import polars as pl
+
+from analysis import metrics, routing
+from analysis.store import Store
+
+
+def routing_kinds(store: Store, runs: Sequence[str]) -> dict[str, str]:
+    """{run: "both" | "sampler" | "none"}: which sides of MoE routing a run recorded."""
+    df = store.runs().filter(pl.col("run").is_in(list(runs)))
+    out = {}
+    for run, has, has_t in zip(df["run"].to_list(), df["has_routing"].to_list(), df["has_trainer_routing"].to_list()):
+        out[run] = "both" if has_t else ("sampler" if has else "none")
+    return out
+
+
+def _with_flips(store: Store, tok: pl.DataFrame, runs: Sequence[str], by: str,
+                steps: tuple[int, int] | None) -> pl.DataFrame:
+    keys = ["run"] if by == "run" else ["run", "step"]
+    flip_runs = [r for r, kind in routing_kinds(store, runs).items() if kind == "both"]
+    if not flip_runs or tok.is_empty():
+        return tok.with_columns(pl.lit(None, pl.Float64).alias("token_any_flip_rate"),
+                                pl.lit(None, pl.Float64).alias("flipped_layers_per_token"))
+    flips = routing.token_flip_stats(store, flip_runs, by=by, steps=steps)
+    flips = flips.select(*keys, "token_any_flip_rate", "flipped_layers_per_token")
+    return tok.join(flips.cast({k: tok.schema[k] for k in keys}), on=keys, how="left")
+
+
+def run_summary(store: Store, runs: Sequence[str], cap: float = 2.0, clip: float = 0.2,
+                steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """One row per run: token_metrics(by="run") plus token_any_flip_rate and flipped_layers_per_token
+    (null for runs without the trainer's routing)."""
+    tok = metrics.token_metrics(store, list(runs), by="run", cap=cap, clip=clip, steps=steps)
+    return _with_flips(store, tok, runs, "run", steps)
+
+
+def step_metrics(store: Store, runs: Sequence[str], cap: float = 2.0, clip: float = 0.2,
+                 steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """token_metrics(by="step") plus the per-step flip columns (null where the trainer's routing is missing)."""
+    tok = metrics.token_metrics(store, list(runs), by="step", cap=cap, clip=clip, steps=steps)
+    return _with_flips(store, tok, runs, "step", steps)
+
+
+def smooth(df: pl.DataFrame, columns: Sequence[str], window: int, by: str = "run",
+           order: str = "step") -> pl.DataFrame:
+    """Trailing moving average of `columns` over `window` rows per `by` group (window 1: unchanged).
+
+    >>> smooth(pl.DataFrame({"run": ["a"] * 3, "step": [0, 1, 2], "x": [0.0, 2.0, 4.0]}), ["x"], 2)["x"].to_list()
+    [0.0, 1.0, 3.0]
+    """
+    if window <= 1 or df.is_empty():
+        return df
+    cols = [c for c in columns if c in df.columns]
+    return df.sort(by, order).with_columns(
+        pl.col(c).rolling_mean(window, min_samples=1).over(by) for c in cols)
+
+
+def run_values(deltas: pl.DataFrame, runs: Sequence[str]) -> pl.DataFrame:
+    """compare.metric_deltas' table ([metric, baseline, <run>..., <run>_delta]) turned to one row per run and
+    one column per metric (the runs' own values, not the deltas): charts reuse it instead of a second query.
+
+    >>> d = pl.DataFrame({"metric": ["kl_k3"], "baseline": [0.1], "b": [0.3], "b_delta": [0.2]})
+    >>> run_values(d, ["a", "b"]).rows()
+    [('a', 0.1), ('b', 0.3)]
+    """
+    if deltas.is_empty():
+        return pl.DataFrame({"run": list(runs)})
+    metrics_ = deltas["metric"].to_list()
+    rows = []
+    for i, run in enumerate(runs):
+        col = "baseline" if i == 0 else run
+        rows.append([run] + deltas[col].cast(pl.Float64).to_list())
+    return pl.DataFrame(rows, schema=["run"] + metrics_, orient="row")
+
+
+def parse_config(text: str) -> dict:
+    """A run's config from the user's JSON text; ValueError says what is wrong and where."""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object like {{\"sampler_dtype\": \"bf16\"}}, got {type(value).__name__}")
+    return value
+
+
+def config_text(config: dict) -> str:
+    return json.dumps(config, indent=2, sort_keys=True)
+
+
+def unique_run_name(existing: Sequence[str], base: str) -> str:
+    """`base`, or `base-2`, `base-3`, … : the first name not in `existing`."""
+    base = re.sub(r"[^A-Za-z0-9._+=-]+", "-", base).strip(".-_") or "run"
+    taken = set(existing)
+    if base not in taken:
+        return base
+    n = 2
+    while f"{base}-{n}" in taken:
+        n += 1
+    return f"{base}-{n}"

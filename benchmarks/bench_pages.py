@@ -1,0 +1,210 @@
+"""Time each dashboard page in a real browser: from clicking its link in the sidebar to idle (script finished,
+every plotly chart drawn), on the demo database and on a large one (≥ 5M tokens).
+
+    python benchmarks/bench_pages.py [--only demo|large] [--rounds 2] [--prefetch on|off] [--think S] [--no-write]
+
+The large database reuses benchmarks/work/bench_metrics.duckdb (5M tokens, 8M routing rows, built with DuckDB
+SQL by bench_metrics.py; built here through it when missing) and adds a second run (the first 10 steps,
+1M tokens, renamed) so that Compare has two runs. Round 1 is cold (each page's first visit: every query runs);
+later rounds are warm (the app's per-data-version cache answers). With --prefetch on (the app's default) the
+app computes the other pages' default views in the background after each page; --think S waits S seconds on
+each page before the next click, as a reader would. Results go to benchmarks/RESULTS-pages.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import duckdb  # noqa: E402
+
+import browser_util as bu  # noqa: E402
+
+WORK = ROOT / "benchmarks" / "work"
+RESULTS = ROOT / "benchmarks" / "RESULTS-pages.md"
+LARGE = WORK / "pages_large.duckdb"
+DEMO = WORK / "pages_demo.duckdb"
+LARGE_VERSION = "1"
+TARGET_S = 2.0
+
+
+def build_large() -> None:
+    import bench_metrics
+
+    if not bench_metrics.is_built(bench_metrics.DB):
+        bench_metrics.build(bench_metrics.DB)
+    if LARGE.exists():
+        try:
+            con = duckdb.connect(str(LARGE), read_only=True)
+            ok = con.execute("SELECT version FROM pages_meta").fetchall()[0][0] == LARGE_VERSION
+            con.close()
+            if ok:
+                return
+        except duckdb.Error:
+            pass
+        LARGE.unlink()
+    t0 = time.perf_counter()
+    shutil.copy(bench_metrics.DB, LARGE)
+    con = duckdb.connect(str(LARGE))
+    con.execute("""INSERT INTO tokens SELECT * REPLACE ('bench-b' AS run) FROM tokens
+                   WHERE run = 'bench' AND step < 10""")
+    con.execute("""INSERT INTO routing SELECT * REPLACE ('bench-b' AS run) FROM routing
+                   WHERE run = 'bench' AND step < 10""")
+    con.execute("""INSERT INTO expert_load SELECT * REPLACE ('bench-b' AS run) FROM expert_load
+                   WHERE run = 'bench' AND step < 10""")
+    con.execute("""UPDATE runs SET config = '{"sampler_dtype": "bf16", "trainer_dtype": "fp32"}'
+                   WHERE run = 'bench'""")
+    con.execute("""INSERT INTO runs (run, config) VALUES
+                   ('bench-b', '{"sampler_dtype": "fp16", "trainer_dtype": "fp32"}')""")
+    con.execute("CREATE TABLE pages_meta AS SELECT ? AS version", [LARGE_VERSION])
+    con.execute("CHECKPOINT")
+    n = con.execute("SELECT count(*) FROM tokens").fetchall()[0][0]
+    r = con.execute("SELECT count(*) FROM routing").fetchall()[0][0]
+    con.close()
+    print(f"built {LARGE}: {n:,} tokens, {r:,} routing rows in {time.perf_counter() - t0:.1f}s")
+
+
+def measure(db: Path, rounds: int, env: dict, think: float = 0.0) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    out: dict = {"first_load": None, "pages": {label: [] for label, _, _ in bu.PAGES}}
+    with bu.streamlit_server(db, env=env, timeout=300, log=WORK / f"{db.stem}.server.log") as url, \
+            sync_playwright() as p:
+        browser = bu.launch_chromium(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        t0 = time.perf_counter()
+        page.goto(url)
+        bu.wait_idle(page, "Overview", timeout_ms=600_000)
+        out["first_load"] = time.perf_counter() - t0
+        page.wait_for_timeout(think * 1000)
+        order = bu.PAGES[1:] + bu.PAGES[:1]  # start away from the Overview the app opened on
+        for _ in range(rounds):
+            for label, title, _ in order:
+                seconds = bu.goto_page(page, label, title, timeout_ms=300_000)
+                if page.locator("[data-testid='stException'], [data-testid='stAlertContentError']").count():
+                    raise RuntimeError(f"{label} shows an error on {db.name}")
+                out["pages"][label].append(seconds)
+                print(f"  {db.stem:12s} {label:12s} {seconds:6.2f}s", flush=True)
+                page.wait_for_timeout(think * 1000)
+        browser.close()
+    return out
+
+
+def profile(db: Path) -> list[tuple[str, float]]:
+    """Seconds of each analysis call behind the pages' default views (what a cold page waits for), run
+    directly on the database (no app, no cache)."""
+    from analysis import views
+    from analysis.store import Store
+    from ui.prefetch import default_calls
+    from ui.state import Selection
+
+    store = Store(db, read_only=True)
+    try:
+        runs = store.run_names()
+        sel = Selection(runs=runs, steps=None, cap=2.0, clip=0.2)
+        out = []
+        for fn, args, kwargs in default_calls(sel, views.routing_kinds(store, runs)):
+            t0 = time.perf_counter()
+            fn(store, *args, **kwargs)
+            shown = ", ".join([repr(a) for a in args if isinstance(a, str) and a not in runs] +
+                              [f"{k}={v!r}" for k, v in kwargs.items() if k not in ("cap", "clip", "steps")])
+            out.append((f"{fn.__module__.split('.')[-1]}.{fn.__name__}({shown})", time.perf_counter() - t0))
+        return out
+    finally:
+        store.close()
+
+
+def sizes(db: Path) -> tuple[int, int, int]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return tuple(con.execute(q).fetchall()[0][0] for q in (
+            "SELECT count(*) FROM tokens", "SELECT count(*) FROM routing", "SELECT count(*) FROM runs"))
+    finally:
+        con.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", choices=("demo", "large"), default=None)
+    ap.add_argument("--rounds", type=int, default=2, help="visits per page: the first cold, the rest warm")
+    ap.add_argument("--prefetch", choices=("on", "off"), default="on",
+                    help="the app's background prefetch of other pages' default views (DRIFT_PREFETCH)")
+    ap.add_argument("--think", type=float, default=0.0, help="seconds spent on each page before the next click")
+    ap.add_argument("--profile", action="store_true", help="also time each analysis call on the large database")
+    ap.add_argument("--no-write", action="store_true", help="print only; do not append to RESULTS-pages.md")
+    args = ap.parse_args()
+    WORK.mkdir(parents=True, exist_ok=True)
+    results = {}
+    prefetch = "1" if args.prefetch == "on" else "0"
+    if args.only in (None, "demo"):
+        DEMO.unlink(missing_ok=True)  # the app loads the demo runs into the empty database on start
+        print("demo database")
+        results["demo"] = measure(DEMO, args.rounds, {"DRIFT_NO_DEMO": "", "DRIFT_PREFETCH": prefetch}, args.think)
+        results["demo"]["size"] = sizes(DEMO)
+    if args.only in (None, "large"):
+        build_large()
+        print("large database")
+        results["large"] = measure(LARGE, args.rounds, {"DRIFT_NO_DEMO": "1", "DRIFT_PREFETCH": prefetch},
+                                   args.think)
+        results["large"]["size"] = sizes(LARGE)
+        if args.profile:
+            results["large"]["profile"] = profile(LARGE)
+    report = render(results, args)
+    print(report)
+    if not args.no_write:
+        with open(RESULTS, "a", encoding="utf-8") as f:
+            f.write(report + "\n")
+    return 0
+
+
+def render(results: dict, args) -> str:
+    load = os.getloadavg()
+    cmd = "python benchmarks/bench_pages.py" + (f" --only {args.only}" if args.only else "") + \
+        (" --profile" if args.profile else "") + \
+        (f" --rounds {args.rounds}" if args.rounds != 2 else "") + f" --prefetch {args.prefetch}" + \
+        (f" --think {args.think:g}" if args.think else "")
+    lines = [f"## {dt.datetime.now():%Y-%m-%d %H:%M} — `{cmd}`", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+             f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (other jobs share the cores).",
+             ""]
+    for name, r in results.items():
+        n_tok, n_rout, n_runs = r["size"]
+        lines.append(f"- **{name}**: {n_tok:,} tokens, {n_rout:,} routing rows, {n_runs} runs; "
+                     f"first load (browser opens → Overview idle; the Overview's queries, and for demo the loading "
+                     f"of the demo runs, included) {r['first_load']:.2f} s")
+    lines += ["", "Seconds from clicking the page's link to idle (script done, all charts drawn). "
+              f"Cold = first visit (Overview: its first revisit, it was computed by the first load); warm = median "
+              f"of later visits. Target < {TARGET_S:.0f} s.", ""]
+    names = list(results)
+    head = "| page | " + " | ".join(f"{n} cold | {n} warm" for n in names) + " |"
+    lines += [head, "|---|" + "---:|---:|" * len(names)]
+    for label, _, _ in bu.PAGES:
+        cells = []
+        for n in names:
+            t = results[n]["pages"][label]
+            cold = t[0] if t else float("nan")
+            warm = statistics.median(t[1:]) if len(t) > 1 else float("nan")
+            cells += [f"{cold:.2f}", f"{warm:.2f}"]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for name, r in results.items():
+        if r.get("profile"):
+            lines += ["", f"Analysis calls behind the default views on **{name}** (direct, uncached, in order):", "",
+                      "| call | seconds |", "|---|---:|"]
+            lines += [f"| `{call}` | {sec:.2f} |" for call, sec in r["profile"]]
+            lines.append(f"| total | {sum(sec for _, sec in r['profile']):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

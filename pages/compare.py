@@ -1,0 +1,67 @@
+"""Compare: what differs between runs (configs), how much the mismatch changes, and the overlaid distributions."""
+import streamlit as st
+
+from analysis import compare, distributions, metrics, routing, views
+from ui import charts, glossary, routing_charts
+from ui import state as S
+
+st.title("Compare runs")
+st.caption("Put runs side by side: which settings differ (dtypes, engine, mitigation switches) and what that does "
+           "to the mismatch.")
+
+sel = S.selection()
+S.require_runs(sel, minimum=2, what="a comparison")
+colors = S.run_colors()
+
+st.subheader("Config differences")
+with S.guard("compare the configs"):
+    diff = S.cached(compare.config_diff, sel.runs)
+    if diff.is_empty():
+        st.info("The chosen runs' configs are identical (or carry none): differences in the numbers below come from "
+                "elsewhere (data, seeds, hardware). A run's config can be edited on the Data page.")
+    else:
+        st.dataframe(diff, hide_index=True, key="compare_cfg_table")
+
+st.subheader("Metric deltas")
+S.keep_choice("compare_baseline", sel.runs)
+baseline = st.selectbox("Baseline", sel.runs, key="compare_baseline",
+                        help="Deltas are each run's value minus the baseline's.")
+deltas = None
+with S.guard("compute the metric deltas"):
+    deltas = S.cached(compare.metric_deltas, sel.runs, baseline, cap=sel.cap, clip=sel.clip)
+    shown = deltas.rename({"baseline": f"{baseline} (baseline)"}) if baseline not in deltas.columns else deltas
+    st.dataframe(shown, hide_index=True, key="compare_delta_table", column_config=S.number_columns(shown))
+    st.caption(f"Run-level metrics over all steps (the step range does not apply here), C = {sel.cap:g}, "
+               f"ε = {sel.clip:g}.")
+
+if deltas is not None:
+    with S.guard("chart the run-level metrics"):
+        others = [r for r in sel.runs if r != baseline]
+        values = views.run_values(deltas, [baseline] + others)  # the same numbers as the table, no second query
+        options = [c for c in values.columns if c != "run" and values[c].drop_nulls().len()]
+        default = ["kl_k3", "log_ratio_abs_max", "ratio_frac_high", "ess", "token_any_flip_rate", "chi2_token"]
+        S.keep_choices("compare_metrics", options, default)
+        chosen = st.multiselect("Metrics to chart", options, key="compare_metrics")
+        if chosen:
+            st.plotly_chart(charts.run_bars(values, chosen, colors), key="compare_bars")
+            st.markdown("\n".join(f"- **{m}**: {glossary.describe(m)}" for m in chosen))
+
+st.subheader("Distributions")
+left, right = st.columns(2)
+with left, S.guard("bin Δ"):
+    df = S.cached(distributions.log_ratio_histogram, sel.runs, n_bins=80, steps=sel.steps)
+    st.plotly_chart(charts.histogram(df, colors, "Δ = t − s", log_y=True), key="compare_hist")
+with right, S.guard("compute the extreme-token curve"):
+    df = S.cached(metrics.extreme_token_curve, sel.runs, steps=sel.steps)
+    st.plotly_chart(charts.extreme_curve(df, colors), key="compare_extreme")
+
+with S.guard("compute the per-step kl_k3"):
+    per_step = S.cached(views.step_metrics, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)
+    st.plotly_chart(charts.step_curves(per_step, ["kl_k3", "ess"], colors), key="compare_steps")
+
+both = [r for r, kind in S.cached(views.routing_kinds, sel.runs).items() if kind == "both"]
+if both:
+    with S.guard("compare the layer profiles"):
+        st.markdown("**Routing flip rate per layer**")
+        df = S.cached(routing.layer_profile, both, steps=sel.steps)
+        st.plotly_chart(routing_charts.layer_profile(df, colors), key="compare_layers")

@@ -1,0 +1,131 @@
+"""Lab: run the torch drift lab (a tiny MoE GPT sampled with a KV cache and retrained) from the browser; the
+result is loaded as a new run."""
+import shutil
+import tempfile
+
+import streamlit as st
+
+from analysis import views
+from ui import access, nav
+from ui import state as S
+
+st.title("Drift lab")
+st.caption("A tiny mixture-of-experts GPT is sampled token by token (KV cache, the sampler's dtype) and then "
+           "recomputed in one forward pass (the trainer's dtype and batch), with Adam updates in between. All the "
+           "drift is real floating-point behaviour of torch; nothing is injected. Each run becomes a new run here.")
+
+if access.read_only():
+    st.info(access.VIEWER_MESSAGE, icon=":material/visibility:")
+    st.stop()
+
+PRESET_HELP = {
+    "bf16": "bf16 sampler, fp32 trainer: the common setup",
+    "fp16": "fp16 sampler, fp32 trainer: more mantissa than bf16, less range",
+    "fp32": "fp32 on both sides: only kernel/batch order differences remain (the near-zero baseline)",
+    "bf16-fp32-head": "bf16 with the LM head and log-softmax in fp32 on both sides",
+    "bf16-replay": "bf16 with routing replay: the trainer reuses the sampler's experts (R3)",
+    "bf16-async": "bf16 with one step of staleness: the trainer is one update ahead (asynchronous RL)",
+}
+ss = st.session_state
+
+with S.guard("load the drift lab"):
+    from analysis.lab import PRESETS, run_lab  # imports torch: only on this page
+
+    presets = list(PRESETS)
+    S.keep_choice("lab_preset", presets)
+    c1, c2 = st.columns([2, 3])
+    preset = c1.selectbox("Preset", presets, key="lab_preset", format_func=lambda p: p)
+    c2.markdown(f"**{preset}**: {PRESET_HELP.get(preset, '')}")
+    base = PRESETS[preset]
+    if ss.get("_lab_for") != preset:  # a new preset resets the switches to its values
+        ss.update(lab_sampler_dtype=base.sampler_dtype, lab_trainer_dtype=base.trainer_dtype,
+                  lab_fp32_head=base.fp32_head, lab_fp32_router=base.fp32_router, lab_replay=base.replay,
+                  lab_lag=base.lag)
+        ss["_lab_for"] = preset
+
+    st.markdown("**Switches**")
+    dtypes = ["bf16", "fp16", "fp32"]
+    c1, c2, c3 = st.columns(3)
+    sampler_dtype = c1.selectbox("Sampler dtype", dtypes, key="lab_sampler_dtype")
+    trainer_dtype = c2.selectbox("Trainer dtype", dtypes, key="lab_trainer_dtype")
+    lag = c3.number_input("Staleness (steps)", 0, 8, step=1, key="lab_lag",
+                          help="The trainer's weights are this many optimizer updates newer than the sampler's.")
+    c4, c5, c6 = st.columns(3)
+    fp32_head = c4.toggle("fp32 LM head", key="lab_fp32_head", help="LM head matmul + log-softmax in fp32, both sides.")
+    fp32_router = c5.toggle("fp32 router", key="lab_fp32_router", help="Router logits in fp32, both sides.")
+    replay = c6.toggle("Routing replay", key="lab_replay", help="The trainer uses the sampler's experts (R3).")
+
+    st.markdown("**Size**")
+    c1, c2, c3, c4, c5 = st.columns(5)
+    steps = c1.number_input("Steps", 1, 100, 3, key="lab_steps")
+    batch = c2.number_input("Sequences per step", 1, 256, 16, key="lab_batch")
+    response_len = c3.number_input("Response length", 2, 128, 16, key="lab_response_len")
+    seed = c4.number_input("Seed", 0, 2**31 - 1, 0, key="lab_seed")
+    devices = ["cpu"]
+    with S.guard("look for a GPU"):
+        import torch
+        if torch.cuda.is_available():
+            devices.append("cuda")
+    S.keep_choice("lab_device", devices)
+    device = c5.selectbox("Device", devices, key="lab_device")
+    names = S.run_names()
+    default_name = views.unique_run_name(names, f"lab-{preset}")
+    run_name = st.text_input("Run name", key="lab_run_name", placeholder=default_name,
+                             help=f"Empty: {default_name}. Letters, digits and ._+=- only.")
+    st.caption(f"{int(steps) * int(batch) * int(response_len):,} tokens; on 2 CPU cores a small run takes tens of "
+               "seconds.")
+
+    if st.button("Run the lab", type="primary", key="lab_start"):
+        name = (run_name or "").strip() or default_name
+        overrides = dict(sampler_dtype=sampler_dtype, trainer_dtype=trainer_dtype, lag=int(lag),
+                         fp32_head=bool(fp32_head), fp32_router=bool(fp32_router), replay=bool(replay),
+                         batch=int(batch), response_len=int(response_len))
+        if int(batch) < base.trainer_micro_batch:
+            overrides["trainer_micro_batch"] = int(batch)
+        if name in names:
+            st.error(f"A run named {name!r} exists already: choose another name (or delete it on the Data page).")
+        else:
+            out = tempfile.mkdtemp(prefix="driftscope-lab-")
+            try:
+                with st.status(f"Running {preset} as {name}…", expanded=True) as status:
+                    st.write(f"{int(steps)} steps × {int(batch)} sequences × {int(response_len)} tokens on {device}")
+                    summary = run_lab(preset, out_dir=out, steps=int(steps), seed=int(seed), device=device,
+                                      run=name, **overrides)
+                    st.write(f"Lab finished in {summary['seconds']:.1f} s; loading the logs…")
+                    from analysis.ingest import ingest_paths
+                    outcomes = ingest_paths(S.store(), [summary["out"]])
+                    S.data_changed()
+                    refused = [o for o in outcomes if o.status == "refused"]
+                    if refused:
+                        status.update(label="The lab ran but its logs were refused", state="error")
+                        for o in refused:
+                            st.error(o.message)
+                    else:
+                        status.update(label=f"{name} is ready", state="complete", expanded=False)
+                        ss["lab_result"] = summary
+                        S.select_runs_next([name], f"Lab run {name} loaded")
+            except ValueError as e:  # LabConfig invariants speak for themselves
+                st.error(f"The lab refused these settings: {e}")
+            finally:
+                shutil.rmtree(out, ignore_errors=True)
+
+    result = ss.get("lab_result")
+    if result:
+        st.subheader(f"Last lab run: {result['run']}")
+        c1, c2, c3, c4 = st.columns(4)
+        c1.metric("tokens", f"{result['n_tokens']:,}")
+        c2.metric("KL k3", f"{result['kl_k3']:.3g}", help="low-variance KL(π_sampler‖π_trainer) estimator")
+        c3.metric("tokens with a flip", f"{result['token_any_flip_rate']:.1%}")
+        c4.metric("reward first → last", f"{result['reward_first']:.3f} → {result['reward_last']:.3f}")
+        st.page_link(nav.OVERVIEW.path, label=f"Open {result['run']} on the Overview", icon=":material/arrow_forward:")
+        st.page_link(nav.ROUTING.path, label="See its routing flips", icon=nav.ROUTING.icon)
+
+with st.expander("What the switches do"):
+    st.markdown(
+        "- **Sampler / trainer dtype**: the precision of each side's weights and activations. bf16 keeps 8 bits of "
+        "mantissa, so the KV-cache decode and the one-pass recompute round differently.\n"
+        "- **fp32 LM head**: computes the final projection and log-softmax in fp32 on both sides; usually the "
+        "largest single fix.\n"
+        "- **fp32 router**: router logits in fp32, so near-tied experts flip less.\n"
+        "- **Routing replay**: the trainer reuses the sampler's top-k experts; flips vanish by construction.\n"
+        "- **Staleness**: the sampler uses weights that are several optimizer updates old, as in asynchronous RL.")

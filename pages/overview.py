@@ -1,0 +1,74 @@
+"""Overview: headline mismatch numbers per run, per-step curves, and the runs' configs."""
+import streamlit as st
+
+from analysis import compare, views
+from ui import charts, glossary
+from ui import state as S
+
+st.title("Overview")
+st.caption("How far the trainer's recomputed log-probs **t** drift from the log-probs **s** the sampler reported, "
+           "per run. Δ = t − s, r = exp(Δ) = π_trainer / π_sampler.")
+
+sel = S.selection()
+S.require_runs(sel, what="the overview")
+colors = S.run_colors()
+kinds = S.cached(views.routing_kinds, sel.runs)
+
+
+st.subheader("Headline numbers")
+with S.guard("compute the run summary"):
+    summary = S.cached(views.run_summary, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)
+    if summary.is_empty():
+        st.info("The chosen runs have no tokens in this step range: widen the **Step range** in the sidebar.")
+    for run in sel.runs:
+        rows = summary.filter(summary["run"] == run)
+        if rows.is_empty():
+            continue
+        row = rows.row(0, named=True)
+        with st.container(border=True):
+            note = f"{row['n_tokens']:,} tokens · {row['n_sequences']:,} sequences"
+            S.run_badge(run, colors.get(run, "#888"), note)
+            cols = st.columns(len(glossary.CARD_METRICS))
+            for col, (metric, label, _) in zip(cols, glossary.CARD_METRICS):
+                help_text = glossary.describe(metric)
+                if metric == "token_any_flip_rate" and kinds.get(run) != "both":
+                    help_text += (" — not available: this run has no MoE routing" if kinds.get(run) == "none"
+                                  else " — not available: only the sampler's routing was recorded")
+                col.metric(label, glossary.fmt_value(metric, row.get(metric)), help=help_text)
+    st.caption(f"C = {sel.cap:g}, ε = {sel.clip:g}" + (f", steps {sel.steps[0]}–{sel.steps[1]}" if sel.steps else "")
+               + ". Hover the ? next to a name for its definition.")
+    with st.expander("All run-level metrics"):
+        st.dataframe(summary, hide_index=True, key="overview_summary_table", column_config=S.number_columns(summary))
+
+st.subheader("Per step")
+with S.guard("compute the per-step metrics"):
+    per_step = S.cached(views.step_metrics, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)
+    options = [c for c in per_step.columns if c not in ("run", "step")
+               and (c not in ("token_any_flip_rate", "flipped_layers_per_token") or per_step[c].drop_nulls().len())]
+    default = ["kl_k3", "log_ratio_abs_max", "ratio_frac_high", "ess"]
+    if "token_any_flip_rate" in options:
+        default = default[:3] + ["token_any_flip_rate"]
+    S.keep_choices("overview_metrics", options, default)
+    c1, c2, c3 = st.columns([4, 2, 1])
+    chosen = c1.multiselect("Metrics", options, key="overview_metrics", help="One panel per metric; runs overlaid.")
+    window = c2.slider("Smoothing (moving average over steps)", 1, 25, 1, key="overview_smooth")
+    log_y = c3.toggle("Log y", key="overview_logy")
+    if per_step.is_empty():
+        st.info("No steps to plot in this range.")
+    elif not chosen:
+        st.info("Pick at least one metric to plot.")
+    else:
+        shown = views.smooth(per_step, chosen, window)
+        st.plotly_chart(charts.step_curves(shown, chosen, colors, log_y=log_y), key="overview_curves")
+        st.markdown("\n".join(f"- **{m}**: {glossary.describe(m)}" for m in chosen))
+
+st.subheader("Run configs")
+with S.guard("read the run configs"):
+    only_diff = st.toggle("Only keys that differ", value=len(sel.runs) > 1, key="overview_cfg_diff",
+                          disabled=len(sel.runs) < 2)
+    cfg = S.cached(compare.config_diff, sel.runs, all_keys=not only_diff)
+    if cfg.is_empty():
+        st.caption("The chosen runs carry no config (edit one on the Data page)" if not only_diff
+                   else "The chosen runs' configs are identical.")
+    else:
+        st.dataframe(cfg, hide_index=True, key="overview_cfg_table")

@@ -1,0 +1,213 @@
+"""Helpers shared by the page tests, the browser test and the page benchmark: a small seeded fixture
+database built through the real ingest path, a `streamlit run` subprocess, and a headless Chromium that
+waits until a page has finished running and its charts are drawn."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import polars as pl
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+# Token texts include markup on purpose: the Sequences page must show them as text, never as HTML.
+VOCAB = ["the", " cat", " sat", "<b>bold</b>", " &amp;", "<script>alert(1)</script>", "\n", " 42", "def", "(",
+         ")", ":", " return", " x", " +", " 1", "<img src=x onerror=alert(2)>", " é", "…", "."]
+
+RUN_BOTH = "moe-both"      # tokens + routing of both sides, token text, versions, entropy
+RUN_REPLAY = "moe-replay"  # tokens + the sampler's routing only
+RUN_DENSE = "dense"        # tokens only, no optional columns (JSON Lines)
+CONFIGS = {
+    RUN_BOTH: {"sampler_dtype": "bf16", "trainer_dtype": "fp32", "engine": "vllm", "replay": False},
+    RUN_REPLAY: {"sampler_dtype": "bf16", "trainer_dtype": "fp32", "engine": "vllm", "replay": True},
+    RUN_DENSE: {"sampler_dtype": "fp16", "trainer_dtype": "fp32", "engine": "sglang"},
+}
+
+
+def fixture_tokens(run: str, seed: int, steps: int = 4, n_seq: int = 6, max_len: int = 18, sd: float = 0.05,
+                   optional: bool = True) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    parts = []
+    for step in range(steps):
+        for sample in range(n_seq):
+            n = int(rng.integers(4, max_len + 1))
+            s = -rng.exponential(1.2, n)
+            d = rng.normal(0.0, sd * (1 + step), n)
+            d[rng.random(n) < 0.05] *= 15.0
+            t = np.minimum(s + d, 0.0)
+            ids = rng.integers(0, len(VOCAB), n)
+            cols = {"run": [run] * n, "step": [step] * n, "sample": [sample] * n, "pos": np.arange(n, dtype=np.int32),
+                    "sampler_logprob": s, "trainer_logprob": t}
+            if optional:
+                cols |= {"token_id": ids.astype(np.int32), "token": [VOCAB[i] for i in ids],
+                         "sampler_version": np.full(n, max(0, step - int(rng.integers(0, 2)))),
+                         "trainer_version": np.full(n, step), "sampler_entropy": rng.gamma(2.0, 0.6, n)}
+            parts.append(pl.DataFrame(cols))
+    return pl.concat(parts)
+
+
+def fixture_routing(tokens: pl.DataFrame, seed: int, layers: int = 4, k: int = 2, n_experts: int = 8,
+                    flip_p: float = 0.15, trainer: bool = True) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    keys = tokens.select("run", "step", "sample", "pos")
+    n = keys.height * layers
+    S = np.argsort(rng.random((n, n_experts)), axis=1)[:, :k].astype(np.int32)
+    T = S.copy()
+    flip = rng.random(n) < flip_p * np.tile(np.linspace(0.5, 1.5, layers), keys.height)
+    for i in np.flatnonzero(flip):
+        unused = np.setdiff1d(np.arange(n_experts), S[i])
+        T[i, rng.integers(0, k)] = rng.choice(unused)
+    rep = keys[np.repeat(np.arange(keys.height), layers)]
+    df = rep.with_columns(layer=pl.Series(np.tile(np.arange(layers, dtype=np.int32), keys.height)),
+                          sampler_experts=pl.Series(S.tolist(), dtype=pl.List(pl.Int32)))
+    if trainer:
+        df = df.with_columns(trainer_experts=pl.Series(T.tolist(), dtype=pl.List(pl.Int32)))
+    return df
+
+
+def write_fixture_logs(folder: Path) -> list[Path]:
+    """Three small runs as files an RL user would have: Parquet long tables and a JSON Lines one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    both = fixture_tokens(RUN_BOTH, 1)
+    replay = fixture_tokens(RUN_REPLAY, 2, sd=0.03)
+    dense = fixture_tokens(RUN_DENSE, 3, steps=5, sd=0.08, optional=False)
+    paths = {
+        "both-tokens.parquet": both, "both-routing.parquet": fixture_routing(both, 11),
+        "replay-tokens.parquet": replay, "replay-routing.parquet": fixture_routing(replay, 12, trainer=False),
+        "dense-tokens.jsonl": dense,
+    }
+    out = []
+    for name, df in paths.items():
+        p = folder / name
+        df.write_parquet(p) if name.endswith(".parquet") else df.write_ndjson(p)
+        out.append(p)
+    return out
+
+
+def build_fixture_db(db: Path, logs: Path) -> None:
+    """Ingest the fixture logs into a fresh database (then closed, so the app can open it)."""
+    from analysis.ingest import ingest_paths
+    from analysis.store import Store
+
+    store = Store(db)
+    try:
+        outcomes = ingest_paths(store, write_fixture_logs(logs))
+        bad = [o.line() for o in outcomes if o.status != "loaded"]
+        assert not bad, bad
+        for run, cfg in CONFIGS.items():
+            store.set_run_config(run, cfg)
+    finally:
+        store.close()
+
+
+# -- a streamlit server ------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def streamlit_server(db: Path, env: dict | None = None, timeout: float = 60.0,
+                     log: Path | None = None) -> Iterator[str]:
+    """`streamlit run app.py` on a free port with DRIFT_DB=db; yields the base URL once /_stcore/health answers."""
+    port = free_port()
+    full_env = os.environ | {"DRIFT_DB": str(db), "PYTHONUNBUFFERED": "1"} | (env or {})
+    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+           "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+           "--server.port", str(port), "--server.address", "127.0.0.1"]
+    out = open(log, "wb") if log else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"streamlit exited with {proc.returncode}" + (f"; see {log}" if log else ""))
+            try:
+                with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"streamlit did not answer on {url} within {timeout:.0f} s")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        if log:
+            out.close()
+
+
+def launch_chromium(playwright):
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+
+
+# A page is idle when the script has stopped running, the expected title is shown (not the previous page's),
+# no element is still a loading skeleton, and every plotly chart has drawn its SVG.
+_IDLE_JS = """([title]) => {
+  const app = document.querySelector("[data-testid='stApp']");
+  if (!app || app.getAttribute("data-test-script-state") !== "notRunning") return false;
+  const h1 = [...document.querySelectorAll("h1")].map(e => e.textContent.trim());
+  if (title && !h1.some(t => t.startsWith(title))) return false;
+  if (document.querySelector("[data-testid='stSkeleton']")) return false;
+  const charts = document.querySelectorAll("[data-testid='stPlotlyChart']");
+  for (const c of charts) { if (!c.querySelector(".main-svg")) return false; }
+  return true;
+}"""
+
+
+def wait_idle(page, title: str | None = None, timeout_ms: float = 60_000) -> None:
+    page.wait_for_function(_IDLE_JS, arg=[title], timeout=timeout_ms, polling=50)
+
+
+def goto_page(page, label: str, title: str, timeout_ms: float = 60_000) -> float:
+    """Click a sidebar navigation link; returns seconds until the page is idle with its charts drawn."""
+    link = page.locator("[data-testid='stSidebarNav'] a", has_text=label).first
+    t0 = time.perf_counter()
+    link.click()
+    wait_idle(page, title, timeout_ms)
+    return time.perf_counter() - t0
+
+
+PAGES = [  # (sidebar label, page title h1, screenshot name)
+    ("Overview", "Overview", "overview"),
+    ("Token drift", "Token drift", "token_drift"),
+    ("Routing", "Routing", "routing"),
+    ("Sequences", "Sequences", "sequences"),
+    ("Compare", "Compare runs", "compare"),
+    ("Data", "Data", "data"),
+    ("Lab", "Drift lab", "lab"),
+]
+
+
+
+
+def full_screenshot(page, path: Path, width: int = 1400) -> None:
+    """Screenshot of the whole page: Streamlit scrolls inside its main container, so grow the viewport first."""
+    height = page.evaluate("""() => {
+        const m = document.querySelector("[data-testid='stMain']");
+        return Math.max(m ? m.scrollHeight : 0, document.body.scrollHeight);
+    }""")
+    old = page.viewport_size
+    page.set_viewport_size({"width": width, "height": min(int(height) + 40, 12000)})
+    page.wait_for_timeout(400)  # plotly redraws on resize
+    page.screenshot(path=str(path), full_page=True)
+    page.set_viewport_size(old)

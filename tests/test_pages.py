@@ -1,0 +1,409 @@
+"""Every page headless with streamlit's AppTest on a small seeded database loaded through the real ingest path:
+no exception, no error box, widgets driven by key change what is shown, empty states say what to do."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from streamlit.runtime.pages_manager import PagesManager
+from streamlit.testing.v1 import AppTest, app_test
+
+import browser_util as bu
+
+APP = str(bu.ROOT / "app.py")
+TIMEOUT = 60  # seconds per script run: DuckDB pages on a loaded 2-core machine
+
+PAGES = {  # page file -> its title
+    "pages/overview.py": "Overview",
+    "pages/token_drift.py": "Token drift",
+    "pages/routing.py": "Routing",
+    "pages/sequences.py": "Sequences",
+    "pages/compare.py": "Compare runs",
+    "pages/data.py": "Data",
+    "pages/lab.py": "Drift lab",
+}
+
+
+class _NavigationOnly(PagesManager):
+    """AppTest resets PagesManager.uses_pages_directory before every run; with a pages/ folder next to app.py
+    it then takes the v1 path from the second run on and runs the page script without app.py (no sidebar).
+    A real server keeps the flag that st.navigation set, so pin it the same way here."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        PagesManager.uses_pages_directory = False
+
+
+@pytest.fixture(autouse=True)
+def _app_env(monkeypatch):
+    monkeypatch.setattr(app_test, "PagesManager", _NavigationOnly)
+    monkeypatch.setenv("DRIFT_NO_DEMO", "1")
+    monkeypatch.setenv("DRIFT_PREFETCH", "0")  # no background work between tests (one test turns it on)
+    monkeypatch.delenv("DRIFT_READ_ONLY", raising=False)
+
+
+@pytest.fixture(scope="module")
+def template_db(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("pages")
+    db = root / "template.duckdb"
+    bu.build_fixture_db(db, root / "logs")
+    return db
+
+
+@pytest.fixture(scope="module")
+def shared_db(template_db, tmp_path_factory) -> Path:
+    """Read-only use by many tests: one copy opened once by the app."""
+    db = tmp_path_factory.mktemp("shared") / "drift.duckdb"
+    shutil.copy(template_db, db)
+    return db
+
+
+@pytest.fixture
+def own_db(template_db, tmp_path) -> Path:
+    """A private copy for tests that write (config edit, delete, lab)."""
+    db = tmp_path / "drift.duckdb"
+    shutil.copy(template_db, db)
+    return db
+
+
+def open_app(monkeypatch, db: Path, page: str | None = None) -> AppTest:
+    monkeypatch.setenv("DRIFT_DB", str(db))
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    assert not at.exception, at.exception
+    if page:
+        at.switch_page(page).run()
+        assert not at.exception, at.exception
+    return at
+
+
+def errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def texts(elements) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+def charts(at: AppTest) -> int:
+    return sum(1 for e in at.get("plotly_chart"))
+
+
+def html_bodies(at: AppTest) -> str:
+    return "\n".join(e.proto.body for e in at.get("html"))
+
+
+# -- every page ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("page", list(PAGES))
+def test_every_page_runs_without_errors(monkeypatch, shared_db, page):
+    at = open_app(monkeypatch, shared_db, page)
+    assert at.title[0].value == PAGES[page]
+    assert not errors(at), errors(at)
+    assert at.multiselect(key="sidebar_runs").value == [bu.RUN_BOTH, bu.RUN_REPLAY, bu.RUN_DENSE]
+    if page not in ("pages/data.py", "pages/lab.py"):
+        assert charts(at) > 0
+
+
+# -- sidebar and overview -----------------------------------------------------------------------------
+def _card_values(at: AppTest) -> list[tuple[str, str]]:
+    return [(m.label, m.value) for m in at.metric]
+
+
+def test_overview_cards_follow_the_run_selection(monkeypatch, shared_db):
+    at = open_app(monkeypatch, shared_db)
+    cards = _card_values(at)
+    assert len(cards) == 5 * 3  # five cards per run
+    assert [label for label, _ in cards[:5]] == ["KL k3", "max |Δ|", "r > C", "ESS", "tokens with a flip"]
+    assert cards[4][1].endswith("%") and cards[9][1] == "—"  # flips only where the trainer's routing exists
+
+    at.multiselect(key="sidebar_runs").set_value([bu.RUN_DENSE]).run()
+    assert not at.exception
+    dense = _card_values(at)
+    assert len(dense) == 5
+    assert dense == cards[10:15]  # the dense run's cards, unchanged by what else was selected
+    assert dense[0] != cards[0]
+
+    at.multiselect(key="sidebar_runs").set_value([]).run()
+    assert "Choose a run in the sidebar" in texts(at.info)
+
+
+def test_sidebar_cap_and_step_range_change_the_numbers(monkeypatch, shared_db):
+    at = open_app(monkeypatch, shared_db)
+    at.multiselect(key="sidebar_runs").set_value([bu.RUN_BOTH]).run()
+    before = dict(_card_values(at))
+    at.number_input(key="sidebar_cap").set_value(1.05).run()
+    after = dict(_card_values(at))
+    assert float(after["r > C"].rstrip("%")) > float(before["r > C"].rstrip("%"))
+    assert after["KL k3"] == before["KL k3"]  # the cap does not enter kl_k3
+
+    assert at.slider(key="sidebar_steps").value == (0, 3)
+    at.slider(key="sidebar_steps").set_range(0, 0).run()
+    assert not at.exception
+    assert dict(_card_values(at))["KL k3"] != after["KL k3"]
+    assert "steps 0–0" in texts(at.caption)
+
+
+def test_overview_metric_picker_smoothing_and_configs(monkeypatch, shared_db):
+    at = open_app(monkeypatch, shared_db)
+    assert "token_any_flip_rate" in at.multiselect(key="overview_metrics").value
+    at.multiselect(key="overview_metrics").set_value(["kl_k1", "chi2_token"])
+    at.slider(key="overview_smooth").set_value(3)
+    at.toggle(key="overview_logy").set_value(True).run()
+    assert not at.exception and not errors(at)
+    assert "**kl_k1**" in texts(at.markdown) and "**chi2_token**" in texts(at.markdown)
+    cfg = at.dataframe[-1].value  # only the keys that differ
+    assert set(cfg["key"]) == {"engine", "replay", "sampler_dtype"}
+    at.toggle(key="overview_cfg_diff").set_value(False).run()
+    assert "trainer_dtype" in set(at.dataframe[-1].value["key"])
+
+
+# -- token drift --------------------------------------------------------------------------------------
+def test_token_drift_groupings_and_run_choice(monkeypatch, shared_db):
+    at = open_app(monkeypatch, shared_db, "pages/token_drift.py")
+    assert at.radio(key="tokens_dim").options == [
+        "sampler probability exp(s)", "position in the response", "response length", "sampler entropy",
+        "staleness (lag)"]
+    for dim in ("position", "length", "entropy", "lag"):
+        at.radio(key="tokens_dim").set_value(dim)
+        at.selectbox(key="tokens_bucket_metric").set_value("ratio_frac_high").run()
+        assert not at.exception and not errors(at), errors(at)
+        assert "**ratio_frac_high**" in texts(at.caption)
+    assert "Lag = trainer_version − sampler_version" in texts(at.caption)
+    at.selectbox(key="tokens_run").set_value(bu.RUN_DENSE)
+    at.toggle(key="tokens_density_log").set_value(True)
+    at.toggle(key="tokens_top_show").set_value(True)
+    at.slider(key="tokens_bins").set_value(40).run()
+    assert not at.exception and not errors(at)
+    assert "No token occurs at least 5 times" in texts(at.caption)  # the dense run logged no token ids
+    at.selectbox(key="tokens_run").set_value(bu.RUN_BOTH).run()
+    assert list(at.dataframe[0].value.columns)[:2] == ["token_id", "token"]
+    # a run without versions or entropy: those groupings disappear and the caption says why
+    at.multiselect(key="sidebar_runs").set_value([bu.RUN_DENSE]).run()
+    assert at.radio(key="tokens_dim").options == [
+        "sampler probability exp(s)", "position in the response", "response length"]
+    assert "no `sampler_version` / `trainer_version`" in texts(at.caption)
+
+
+# -- routing ------------------------------------------------------------------------------------------
+def test_routing_states_for_each_kind_of_run(monkeypatch, shared_db):
+    at = open_app(monkeypatch, shared_db, "pages/routing.py")
+    heads = [h.value for h in at.subheader]
+    assert heads[0] == "Flips per step and layer" and "Expert load" in heads
+    assert "Only the sampler's routing was recorded for moe-replay" in texts(at.warning)
+    at.radio(key="routing_layer_metric").set_value("overlap").run()
+    assert "**overlap**" in texts(at.caption)
+
+    at.selectbox(key="routing_load_run").set_value(bu.RUN_REPLAY).run()
+    at.selectbox(key="routing_load_step").set_value(2)
+    at.selectbox(key="routing_load_layer").set_value(3).run()
+    assert not at.exception and not errors(at), errors(at)
+    assert not texts(at.info)  # the replay run's expert load is drawn
+
+    at.multiselect(key="sidebar_runs").set_value([bu.RUN_REPLAY]).run()
+    heads = [h.value for h in at.subheader]
+    assert heads == ["Expert load"] and charts(at) == 1
+    assert "Flips need the trainer's side too" in texts(at.warning)
+
+    at.multiselect(key="sidebar_runs").set_value([bu.RUN_DENSE]).run()
+    assert "None of the chosen runs has MoE routing" in texts(at.info)
+    assert charts(at) == 0
+
+
+# -- sequences ----------------------------------------------------------------------------------------
+def test_sequences_ranking_text_and_escaping(monkeypatch, shared_db):
+    at = open_app(monkeypatch, shared_db, "pages/sequences.py")
+    table = at.dataframe[0].value
+    assert list(table["seq_log_ratio_abs"]) == sorted(table["seq_log_ratio_abs"], reverse=True)
+    at.selectbox(key="seq_step").set_value(2)
+    at.radio(key="seq_order").set_value("max_log_ratio_abs").run()
+    table = at.dataframe[0].value
+    assert list(table["max_log_ratio_abs"]) == sorted(table["max_log_ratio_abs"], reverse=True)
+    assert at.selectbox(key="seq_sample").value == table["sample"][0]
+    assert "Routing flips in this sequence" in [h.value for h in at.subheader]
+
+    # token text is user input: every sample of the run is rendered escaped, markup never passes through
+    seen_markup = False
+    for sample in at.selectbox(key="seq_sample").options:
+        at.selectbox(key="seq_sample").set_value(int(sample.split()[-1])).run()
+        body = html_bodies(at)
+        assert "<script" not in body and "<img" not in body and "<b>" not in body
+        seen_markup |= "&lt;script&gt;" in body or "&lt;img" in body or "&lt;b&gt;" in body
+    assert seen_markup
+
+    at.selectbox(key="seq_run").set_value(bu.RUN_DENSE).run()
+    assert not at.exception and not errors(at)
+    assert "Routing flips in this sequence" not in [h.value for h in at.subheader]
+
+
+# -- compare ------------------------------------------------------------------------------------------
+def test_compare_needs_two_runs_and_follows_the_baseline(monkeypatch, shared_db):
+    at = open_app(monkeypatch, shared_db, "pages/compare.py")
+    cfg = at.dataframe[0].value
+    assert set(cfg["key"]) == {"engine", "replay", "sampler_dtype"}
+    deltas = at.dataframe[1].value
+    assert f"{bu.RUN_REPLAY}_delta" in deltas.columns and f"{bu.RUN_BOTH} (baseline)" in deltas.columns
+    at.selectbox(key="compare_baseline").set_value(bu.RUN_DENSE).run()
+    deltas = at.dataframe[1].value
+    assert f"{bu.RUN_BOTH}_delta" in deltas.columns and f"{bu.RUN_DENSE}_delta" not in deltas.columns
+    at.multiselect(key="compare_metrics").set_value(["kl_k2"]).run()
+    assert "**kl_k2**" in texts(at.markdown)
+
+    at.multiselect(key="sidebar_runs").set_value([bu.RUN_BOTH]).run()
+    assert "at least 2 runs" in texts(at.info)
+
+
+# -- data: config edit, delete, downloads ------------------------------------------------------------
+def test_data_config_edit_validates_and_saves(monkeypatch, own_db):
+    at = open_app(monkeypatch, own_db, "pages/data.py")
+    at.selectbox(key="data_cfg_run").set_value(bu.RUN_DENSE).run()
+    assert '"engine": "sglang"' in at.text_area(key="data_cfg_text").value
+
+    at.text_area(key="data_cfg_text").set_value('{"engine": "sglang", oops}')
+    at.button(key="data_cfg_save").click().run()
+    assert any("Config not saved: not valid JSON" in e for e in errors(at))
+    at.text_area(key="data_cfg_text").set_value('["not", "an", "object"]')
+    at.button(key="data_cfg_save").click().run()
+    assert any("expected a JSON object" in e for e in errors(at))
+
+    at.text_area(key="data_cfg_text").set_value('{"engine": "sglang", "sampler_dtype": "fp16", "top_p": 0.95}')
+    at.button(key="data_cfg_save").click().run()
+    assert not errors(at)
+    assert "Saved the config of dense (3 keys)." in texts(at.success)
+    at.switch_page("pages/overview.py").run()
+    at.toggle(key="overview_cfg_diff").set_value(False).run()
+    cfg = at.dataframe[-1].value
+    assert cfg.set_index("key").loc["top_p", bu.RUN_DENSE] == "0.95"
+
+
+def test_data_delete_needs_the_typed_name(monkeypatch, own_db):
+    at = open_app(monkeypatch, own_db, "pages/data.py")
+    at.selectbox(key="data_del_run").set_value(bu.RUN_REPLAY).run()
+    assert at.button(key="data_del_button").disabled
+    at.text_input(key="data_del_confirm").set_value("moe").run()
+    assert at.button(key="data_del_button").disabled
+    at.text_input(key="data_del_confirm").set_value(bu.RUN_REPLAY).run()
+    assert not at.button(key="data_del_button").disabled
+    at.button(key="data_del_button").click().run()
+    assert not at.exception and not errors(at)
+    assert at.multiselect(key="sidebar_runs").options == [bu.RUN_BOTH, bu.RUN_DENSE]
+    assert bu.RUN_REPLAY not in at.selectbox(key="data_del_run").options
+    assert [t.value for t in at.toast] == [f"Deleted run {bu.RUN_REPLAY}"]
+
+
+def test_data_page_lists_runs_and_offers_downloads(monkeypatch, shared_db):
+    at = open_app(monkeypatch, shared_db, "pages/data.py")
+    runs = at.dataframe[0].value
+    assert list(runs["run"]) == [bu.RUN_BOTH, bu.RUN_REPLAY, bu.RUN_DENSE]
+    assert runs["n_tokens"].min() > 0 and list(runs["has_trainer_routing"]) == [True, False, False]
+    at.selectbox(key="data_dl_by").set_value("layer").run()
+    assert "--by layer" in texts(at.caption)
+    assert at.get("download_button")
+
+
+# -- lab ----------------------------------------------------------------------------------------------
+def test_lab_run_is_loaded_as_a_new_run(monkeypatch, own_db):
+    """The page's flow (settings → lab → ingest → link) with the lab's compute replaced by a tiny logger run;
+    the lab itself is tested by its own tests."""
+    import numpy as np
+
+    import analysis.lab
+    from analysis.logger import DriftLogger
+
+    calls = {}
+
+    def fake_run_lab(preset, out_dir, steps=None, seed=0, device="cpu", run=None, **overrides):
+        calls.update(preset=preset, steps=steps, run=run, **overrides)
+        log = DriftLogger(out_dir, run, {"preset": preset, **overrides})
+        rng = np.random.default_rng(seed)
+        for step in range(steps):
+            s = -rng.exponential(1.0, (2, 3))
+            log.log_step(step, s, np.minimum(s + rng.normal(0, 0.01, (2, 3)), 0.0), np.ones((2, 3)))
+        return {"preset": preset, "run": run, "steps": steps, "n_tokens": 6 * steps, "kl_k3": 0.0,
+                "token_any_flip_rate": 0.0, "reward_first": 0.5, "reward_last": 0.5, "seconds": 0.1,
+                "out": str(log.dir)}
+
+    monkeypatch.setattr(analysis.lab, "run_lab", fake_run_lab)
+    at = open_app(monkeypatch, own_db, "pages/lab.py")
+    at.selectbox(key="lab_preset").set_value("bf16-replay").run()
+    assert at.toggle(key="lab_replay").value is True  # the preset's switches
+    at.toggle(key="lab_fp32_head").set_value(True)
+    at.number_input(key="lab_steps").set_value(2)
+    at.number_input(key="lab_batch").set_value(4)
+    at.text_input(key="lab_run_name").set_value("my-lab").run()
+    at.button(key="lab_start").click().run()
+    assert not at.exception and not errors(at), errors(at)
+    assert calls["preset"] == "bf16-replay" and calls["replay"] is True and calls["fp32_head"] is True
+    assert calls["steps"] == 2 and calls["batch"] == 4 and calls["run"] == "my-lab"
+    assert "Last lab run: my-lab" in [h.value for h in at.subheader]
+    at.run()  # the sidebar picks up the new run and selects it
+    assert "my-lab" in at.multiselect(key="sidebar_runs").value
+
+    at.text_input(key="lab_run_name").set_value("my-lab")
+    at.button(key="lab_start").click().run()
+    assert any("exists already" in e for e in errors(at))
+
+
+# -- modes and empty states ---------------------------------------------------------------------------
+def test_viewer_mode_hides_every_write(monkeypatch, own_db):
+    monkeypatch.setenv("DRIFT_READ_ONLY", "1")  # and the database is opened read-only
+    at = open_app(monkeypatch, own_db, "pages/data.py")
+    assert "viewer mode" in texts(at.info)
+    keys = {w.key for w in at.button} | {w.key for w in at.text_area} | {w.key for w in at.text_input}
+    assert not keys & {"data_load", "data_cfg_save", "data_cfg_text", "data_del_button", "data_del_confirm"}
+    assert list(at.dataframe[0].value["run"])[0] == bu.RUN_BOTH  # reading stays possible
+    at.switch_page("pages/lab.py").run()
+    assert "viewer mode" in texts(at.info)
+    assert not [b for b in at.button if b.key == "lab_start"]
+
+
+@pytest.mark.parametrize("page", list(PAGES))
+def test_empty_database_says_what_to_do(monkeypatch, tmp_path, page):
+    at = open_app(monkeypatch, tmp_path / "empty.duckdb", page)
+    assert not errors(at)
+    shown = texts(at.info)
+    if page == "pages/data.py":
+        assert "No runs yet" in shown
+    elif page == "pages/lab.py":
+        assert at.button(key="lab_start")
+    else:
+        assert "The database has no runs yet" in shown and charts(at) == 0
+    assert "No runs yet. Load logs on the Data page" in shown or page in ("pages/data.py", "pages/lab.py")
+
+
+def test_empty_database_loads_the_demo(monkeypatch, tmp_path):
+    """Without DRIFT_NO_DEMO an empty database gets the demo runs (here: the fixture logs as demo folder)."""
+    import analysis.demo
+
+    demo = tmp_path / "demo"
+    bu.write_fixture_logs(demo / "fixture")
+    real = analysis.demo.ensure_demo
+    monkeypatch.setattr(analysis.demo, "ensure_demo", lambda store: real(store, demo_dir=demo))
+    monkeypatch.delenv("DRIFT_NO_DEMO")
+    at = open_app(monkeypatch, tmp_path / "fresh.duckdb")
+    assert sorted(at.multiselect(key="sidebar_runs").options) == sorted([bu.RUN_BOTH, bu.RUN_REPLAY, bu.RUN_DENSE])
+    assert "loaded the demo runs" in texts(at.toast)
+    at.run()
+    assert not at.toast  # said once per session
+
+
+def test_prefetch_warms_the_other_pages(monkeypatch, own_db):
+    """After the Overview has drawn, the background prefetch computes the other pages' default views with the
+    pages' exact arguments: visiting them then runs no analysis query except per-sequence/per-layer details."""
+    from ui import prefetch
+    from ui import state as S
+
+    monkeypatch.setenv("DRIFT_PREFETCH", "1")
+    open_app(monkeypatch, own_db)
+    assert prefetch.wait_idle(60)
+    misses = []
+    real = S._resolve
+    monkeypatch.setattr(S, "_resolve", lambda module, name: (misses.append(name), real(module, name))[1])
+    monkeypatch.setenv("DRIFT_PREFETCH", "0")
+    for page in ("pages/token_drift.py", "pages/routing.py", "pages/compare.py", "pages/sequences.py"):
+        open_app(monkeypatch, own_db, page)
+    heavy = [m for m in misses if m not in {"expert_load", "worst_sequences", "sequence_tokens",
+                                             "sequence_flip_grid", "Store.files"}]
+    # allowed: the expert-load step's per-layer list (one step only) and compare's all-keys-free config table
+    assert set(heavy) <= {"routing_metrics", "routing_kinds"}, misses
+    assert heavy.count("routing_metrics") <= 1, misses

@@ -1,0 +1,72 @@
+"""One-line explanations of the METRICS.md columns, shown as captions and help tooltips."""
+from __future__ import annotations
+
+METRIC_HELP: dict[str, str] = {
+    "n_tokens": "number of response tokens in the group",
+    "n_sequences": "number of sequences in the group",
+    "kl_k1": "mean(s − t): unbiased KL(π_sampler‖π_trainer) estimator; noisy and can be negative",
+    "kl_k2": "mean(½Δ²): squared log-ratio, a second-order KL proxy",
+    "kl_k3": "mean(r − 1 − Δ) ≥ 0: low-variance KL(π_sampler‖π_trainer) estimator (verl k3_kl)",
+    "log_ratio_abs_mean": "mean |Δ| = mean |t − s| over tokens",
+    "log_ratio_abs_max": "largest |Δ| = |t − s| of any token: the single worst disagreement",
+    "prob_abs_diff_mean": "mean |exp t − exp s|: disagreement in probability space",
+    "prob_abs_diff_max": "largest |exp t − exp s| of any token",
+    "prob_pearson": "Pearson correlation of the trainer's and the sampler's token probabilities (1 = perfect)",
+    "ratio_mean": "mean importance ratio r = π_trainer/π_sampler (≈ 1 when the two agree)",
+    "ratio_std": "standard deviation of r",
+    "ratio_min": "smallest r",
+    "ratio_max": "largest r",
+    "chi2_token": "mean(r²) − 1: χ² divergence per token; large values mean heavy-tailed ratios",
+    "ratio_frac_high": "fraction of tokens with r > C (the importance-ratio cap)",
+    "ratio_frac_low": "fraction of tokens with r < 1/C",
+    "clip_frac": "fraction of tokens with |r − 1| > ε: clipped by PPO from mismatch alone",
+    "ess": "effective sample size of the capped weights, in (0, 1]; 1 = no mismatch",
+    "ppl_ratio": "mean over sequences of exp(mean s − mean t): perplexity ratio sampler/trainer",
+    "chi2_seq": "mean over sequences of exp(2·ΣΔ) − 1: sequence-level χ²",
+    "seq_log_ratio_abs_max": "largest |ΣΔ| of any sequence: the worst sequence-level log-ratio",
+    "token_any_flip_rate": "share of tokens whose top-k experts differ between sampler and trainer in at least "
+                           "one MoE layer (R3 reports 94% for a 48-layer MoE)",
+    "flipped_layers_per_token": "mean number of MoE layers per token whose expert set differs",
+    "flip_rate": "share of tokens at a layer whose top-k expert set differs between sampler and trainer",
+    "top1_flip_rate": "share of tokens whose highest-ranked expert differs",
+    "overlap": "mean |E_s ∩ E_t| / k: how many of the k experts agree (1 = identical sets)",
+    "load_max_vio_sampler": "sampler's expert-load imbalance: (max load − mean) / mean",
+    "load_max_vio_trainer": "trainer's expert-load imbalance: (max load − mean) / mean",
+}
+
+# Metric cards of the Overview page, with the number format each reads best in.
+CARD_METRICS: list[tuple[str, str, str]] = [
+    ("kl_k3", "KL k3", "%.3g"),
+    ("log_ratio_abs_max", "max |Δ|", "%.3g"),
+    ("ratio_frac_high", "r > C", "%.2f%%"),
+    ("ess", "ESS", "%.4f"),
+    ("token_any_flip_rate", "tokens with a flip", "%.1f%%"),
+]
+PERCENT_METRICS = {"ratio_frac_high", "ratio_frac_low", "clip_frac", "token_any_flip_rate", "flip_rate",
+                   "top1_flip_rate"}
+
+DIMENSIONS: dict[str, tuple[str, str]] = {
+    "prob": ("sampler probability exp(s)", "Low-probability tokens usually carry the largest |Δ|."),
+    "position": ("position in the response", "Drift that grows with position points at KV-cache or "
+                                               "accumulation-order effects."),
+    "length": ("response length", "Long responses accumulate more sequence-level mismatch."),
+    "entropy": ("sampler entropy", "High-entropy positions are where small logit errors change probabilities most."),
+    "lag": ("staleness (lag)", "Lag = trainer_version − sampler_version, the policy versions the trainer is ahead "
+                               "of the sampler: lag 0 is on-policy; mismatch that grows with lag is staleness "
+                               "(asynchronous RL), not numerics."),
+}
+
+
+def describe(metric: str) -> str:
+    return METRIC_HELP.get(metric, metric)
+
+
+def fmt_value(metric: str, v) -> str:
+    """A metric value for a card: percentages for shares, scientific notation for tiny numbers."""
+    if v is None:
+        return "—"
+    if metric in PERCENT_METRICS:
+        return f"{v:.2%}"
+    if v != 0 and abs(v) < 1e-3:
+        return f"{v:.3e}"
+    return f"{v:.4g}"

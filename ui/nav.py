@@ -1,0 +1,24 @@
+"""The app's pages in one list: app.py builds st.navigation from it, pages link to each other through it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PageInfo:
+    path: str
+    title: str
+    icon: str
+    url: str
+
+
+OVERVIEW = PageInfo("pages/overview.py", "Overview", ":material/dashboard:", "overview")
+TOKENS = PageInfo("pages/token_drift.py", "Token drift", ":material/stacked_line_chart:", "token-drift")
+ROUTING = PageInfo("pages/routing.py", "Routing", ":material/alt_route:", "routing")
+SEQUENCES = PageInfo("pages/sequences.py", "Sequences", ":material/notes:", "sequences")
+COMPARE = PageInfo("pages/compare.py", "Compare", ":material/compare_arrows:", "compare")
+DATA = PageInfo("pages/data.py", "Data", ":material/database:", "data")
+LAB = PageInfo("pages/lab.py", "Lab", ":material/science:", "lab")
+
+ALL = [OVERVIEW, TOKENS, ROUTING, SEQUENCES, COMPARE, DATA, LAB]
+SECTIONS = {"Analyse": [OVERVIEW, TOKENS, ROUTING, SEQUENCES, COMPARE], "Manage": [DATA, LAB]}

@@ -1,0 +1,136 @@
+"""Warm the cache for the other pages' default views while the user reads the current one.
+
+On a large database one page's queries take seconds (each scans millions of tokens); the user mostly looks at
+a page for longer than that. After a page has drawn, one background thread computes what the other pages
+show first for the same selection, through the same cache, so that the next click is served from it.
+Calls that are already cached cost nothing; a call a page needs while the thread computes it waits for that
+one result instead of running it twice (streamlit's cache holds a lock per key).
+When the database can be written, the drift lab's module (torch) is imported last, for the Lab page.
+DRIFT_PREFETCH=0 turns this off.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import threading
+from typing import Callable
+
+from analysis import buckets, compare, distributions, inspect, metrics, routing, views
+from ui import access
+from ui import state as S
+
+Call = tuple[Callable, tuple, dict]
+_started: set[tuple] = set()
+_lock = threading.Lock()
+
+
+def enabled() -> bool:
+    return os.environ.get("DRIFT_PREFETCH", "1").strip().lower() not in {"0", "false", "no", "off"}
+
+
+def default_calls(sel: S.Selection, kinds: dict[str, str]) -> list[Call]:
+    """What each page computes before any widget is touched, with the exact arguments the pages use
+    (a different argument is a different cache entry). Ordered by how often a page is visited next."""
+    runs, steps, cap, clip = sel.runs, sel.steps, sel.cap, sel.clip
+    first = runs[0]
+    both = [r for r in runs if kinds.get(r) == "both"]
+    calls: list[Call] = [
+        # Overview
+        (views.run_summary, (runs,), dict(cap=cap, clip=clip, steps=steps)),
+        (views.step_metrics, (runs,), dict(cap=cap, clip=clip, steps=steps)),
+        # Token drift
+        (distributions.log_ratio_histogram, (runs,), dict(n_bins=80, steps=steps)),
+        (distributions.ratio_histogram, (runs,), dict(n_bins=80, steps=steps)),
+        (distributions.step_histogram, (first,), dict(n_bins=60, steps=steps)),
+        (distributions.prob_density_2d, ([first],), dict(n_bins=100, steps=steps)),
+        (buckets.has_column_data, (runs, "sampler_entropy"), {}),
+        (buckets.has_column_data, (runs, "sampler_version"), {}),
+        (buckets.mismatch_by, (runs, "prob"), dict(cap=cap, clip=clip, steps=steps)),
+        (metrics.extreme_token_curve, (runs,), dict(steps=steps)),
+    ]
+    if both:  # Routing
+        calls += [
+            (routing.routing_metrics, ([both[0]],), dict(by="layer", steps=steps)),
+            (routing.layer_profile, (both,), dict(steps=steps)),
+            (routing.first_flip_layer, (both,), dict(steps=steps)),
+            (routing.token_flip_stats, (both,), dict(by="step", steps=steps)),
+            (routing.flip_mismatch, (both,), dict(steps=steps)),
+        ]
+    if len(runs) > 1:  # Compare
+        calls += [(compare.config_diff, (runs,), {}),
+                  (compare.metric_deltas, (runs, first), dict(cap=cap, clip=clip))]
+    calls.append((inspect.run_steps, (first,), {}))  # Sequences
+    return calls
+
+
+class _Worker:
+    """One background thread; a newer selection replaces the pending one and interrupts the current one."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._job: tuple[S.AppDB, int, list[Call]] | None = None
+        self._thread: threading.Thread | None = None
+        self.idle = threading.Event()
+        self.idle.set()
+
+    def submit(self, app: S.AppDB, version: int, calls: list[Call]) -> None:
+        with self._cv:
+            self._job = (app, version, calls)
+            self.idle.clear()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="driftscope-prefetch", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while self._job is None:
+                    self.idle.set()
+                    self._cv.wait()
+                app, version, calls = self._job
+                self._job = None
+            path = str(app.store.path)
+            for fn, args, kwargs in calls:
+                if app.version != version or self._job is not None:  # stale data, or a newer selection
+                    break
+                try:
+                    S._cached_call(fn.__module__, fn.__qualname__, path, version, args, kwargs)
+                except Exception:  # the page shows the error when it asks; nothing to say from here
+                    S.log.debug("prefetch of %s failed", fn.__qualname__, exc_info=True)
+            else:
+                _warm_lab_import()
+
+
+def _warm_lab_import() -> None:
+    """The Lab page imports torch (seconds, once per process): do it early where the lab can be used."""
+    if access.writable() and "analysis.lab" not in sys.modules:
+        try:
+            importlib.import_module("analysis.lab")
+        except Exception:
+            S.log.debug("could not import the drift lab", exc_info=True)
+
+
+_worker = _Worker()
+
+
+def start(sel: S.Selection) -> None:
+    """Prefetch the default views for `sel` once per (database, data version, selection)."""
+    if not enabled() or not sel.runs:
+        return
+    app = S.db()
+    key = (str(app.store.path), app.version, tuple(sel.runs), sel.steps, sel.cap, sel.clip)
+    with _lock:
+        if key in _started:
+            return
+        if len(_started) > 256:
+            _started.clear()
+        _started.add(key)
+    kinds = S.cached(views.routing_kinds, sel.runs)
+    _worker.submit(app, app.version, default_calls(sel, kinds))
+
+
+def wait_idle(timeout: float) -> bool:
+    """For tests and benchmarks: True once the worker has nothing left to compute."""
+    return _worker.idle.wait(timeout)

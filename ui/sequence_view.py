@@ -1,0 +1,62 @@
+"""One response as text, each token shaded by Δ = t − s (red: trainer more likely, blue: sampler more likely).
+
+Token text comes from user files: every string is passed through html.escape before it reaches the page,
+and st.html additionally sanitises the markup (no script runs).
+"""
+from __future__ import annotations
+
+import html
+
+import polars as pl
+
+_VISIBLE = {"\n": "↵", "\t": "⇥", "\r": "␍"}
+
+
+def _shade(delta: float, scale: float) -> str:
+    a = min(1.0, abs(delta) / scale) if scale > 0 else 0.0
+    rgb = "214,39,40" if delta > 0 else "31,119,180"
+    return f"rgba({rgb},{0.08 + 0.72 * a:.3f})" if a > 0 else "transparent"
+
+
+def _label(token, token_id) -> str:
+    if token is None or token == "":
+        return f"⟨{token_id}⟩" if token_id is not None else "·"
+    text = str(token)
+    for ch, sym in _VISIBLE.items():
+        text = text.replace(ch, sym)
+    return text
+
+
+def sequence_html(df: pl.DataFrame, scale: float | None = None) -> str:
+    """[pos, token_id, token, sampler_logprob, trainer_logprob, delta, ratio] → escaped HTML spans.
+
+    `scale` is the |Δ| that gets full colour (default: the largest |Δ| of the sequence).
+    """
+    if df.is_empty():
+        return "<p>(no tokens)</p>"
+    deltas = df["delta"].to_list()
+    scale = scale or max((abs(d) for d in deltas if d is not None), default=0.0) or 1.0
+    tokens = df["token"].to_list() if "token" in df.columns else [None] * df.height
+    ids = df["token_id"].to_list() if "token_id" in df.columns else [None] * df.height
+    flips = df["n_flipped_layers"].to_list() if "n_flipped_layers" in df.columns else [None] * df.height
+    spans = []
+    for pos, tok, tid, s, t, d, r, nf in zip(df["pos"].to_list(), tokens, ids, df["sampler_logprob"].to_list(),
+                                             df["trainer_logprob"].to_list(), deltas, df["ratio"].to_list(), flips):
+        what = f"token {tok!r}" if tok is not None else "no token text logged"
+        tip = (f"pos {pos} · {what}" + (f" (id {tid})" if tid is not None else "") +
+               f"\ns = {s:.5f}\nt = {t:.5f}\nΔ = {d:+.5f}\nr = {r:.5f}" +
+               (f"\nflipped layers: {nf}" if nf is not None else ""))
+        border = "border-bottom:2px solid #d62728;" if nf else ""
+        border += "border-radius:3px;box-shadow:inset 0 0 0 1px rgba(128,128,128,0.18);margin:0 1px;"
+        spans.append(f'<span class="ds-tok" title="{html.escape(tip, quote=True)}" '
+                     f'style="background:{_shade(d, scale)};{border}">{html.escape(_label(tok, tid))}</span>')
+    return ('<div style="font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:0.92rem;'
+            'line-height:1.9;white-space:pre-wrap;word-break:break-word;">' + "".join(spans) + "</div>")
+
+
+def legend_html(scale: float) -> str:
+    return (f'<div style="font-size:0.8rem;opacity:0.8">'
+            f'<span style="background:{_shade(-scale, scale)};padding:0 6px">Δ = −{scale:.3g}</span> sampler more '
+            f'likely · <span style="background:{_shade(scale, scale)};padding:0 6px">Δ = +{scale:.3g}</span> '
+            f'trainer more likely · underlined: expert set flipped in at least one layer · hover a token for '
+            f's, t, Δ, r</div>')

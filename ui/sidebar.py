@@ -1,0 +1,95 @@
+"""The sidebar every page shares: database status, run picker, step range, C and ε."""
+from __future__ import annotations
+
+import streamlit as st
+
+from ui import access, nav
+from ui import state as S
+
+_BOUNDS = S.BOUNDS_KEY
+
+
+def _human(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+def _status(app: S.AppDB, runs) -> None:
+    n_tokens = int(runs["n_tokens"].sum()) if runs.height else 0
+    mode = " · **viewer mode**" if access.read_only() else ""
+    st.caption(f"Database `{app.store.path.name}` · {runs.height} runs · {_human(n_tokens)} tokens{mode}",
+               help=f"DuckDB file: {app.store.path} (set DRIFT_DB to open another)")
+    if app.demo_error:
+        st.warning(f"The demo data could not be loaded: {app.demo_error}")
+
+
+def _step_range(runs_df, chosen: list[str]) -> None:
+    ss = st.session_state
+    sel = runs_df.filter(runs_df["run"].is_in(chosen))
+    lo, hi = (sel["first_step"].min(), sel["last_step"].max()) if sel.height else (None, None)
+    if lo is None or hi is None:
+        ss.pop(S.STEPS_KEY, None)
+        ss.pop(_BOUNDS, None)
+        return
+    lo, hi = int(lo), int(hi)
+    if lo == hi:
+        st.caption(f"Steps: only step {lo} in the chosen runs")
+        ss.pop(S.STEPS_KEY, None)
+        ss[_BOUNDS] = (lo, hi)
+        return
+    old_bounds = ss.get(_BOUNDS)
+    value = ss.get(S.STEPS_KEY)
+    # a full range follows the runs' bounds; a narrowed range is kept while it fits
+    if value is None or tuple(value) == old_bounds or value[0] < lo or value[1] > hi or value[0] > value[1]:
+        ss[S.STEPS_KEY] = (lo, hi)
+    ss[_BOUNDS] = (lo, hi)
+    st.slider("Step range", min_value=lo, max_value=hi, key=S.STEPS_KEY,
+              help="Only steps in this range enter the metrics, charts and tables.")
+
+
+def full_step_range() -> tuple[int, int] | None:
+    return st.session_state.get(_BOUNDS)
+
+
+def render() -> None:
+    ss = st.session_state
+    app = S.db()
+    runs_df = S.runs_table()
+    names = runs_df["run"].to_list()
+    pending, notice = S.take_pending()
+    if app.demo_outcomes and not ss.get("_demo_told"):
+        ss["_demo_told"] = True
+        loaded = sorted({r for o in app.demo_outcomes for r in o.runs})
+        st.toast(f"The database was empty: loaded the demo runs ({', '.join(loaded) or 'none'}).",
+                 icon=":material/science:")
+    if notice:
+        st.toast(notice, icon=":material/check_circle:")
+
+    with st.sidebar:
+        _status(app, runs_df)
+        if not names:
+            st.info("No runs yet. Load logs on the Data page or run the drift lab.")
+            st.page_link(nav.DATA.path, label="Load data", icon=nav.DATA.icon)
+            if access.writable():
+                st.page_link(nav.LAB.path, label="Run the lab", icon=nav.LAB.icon)
+            ss[S.RUNS_KEY] = []
+            ss.pop(S.STEPS_KEY, None)
+            return
+        if S.RUNS_KEY not in ss:
+            ss[S.RUNS_KEY] = names if len(names) <= 6 else names[:4]
+        chosen = [r for r in ss[S.RUNS_KEY] if r in names]
+        chosen += [r for r in pending if r in names and r not in chosen]
+        ss[S.RUNS_KEY] = chosen
+        st.multiselect("Runs", names, key=S.RUNS_KEY, placeholder="Choose one or more runs",
+                       help="Runs shown on every page; each run keeps its colour everywhere.")
+        _step_range(runs_df, ss[S.RUNS_KEY])
+        ss.setdefault(S.CAP_KEY, S.DEFAULT_CAP)
+        ss.setdefault(S.CLIP_KEY, S.DEFAULT_CLIP)
+        c1, c2 = st.columns(2)
+        c1.number_input("Cap C", min_value=1.01, max_value=1000.0, step=0.5, key=S.CAP_KEY,
+                        help="Importance-ratio cap C: ratio_frac_high counts r > C, ratio_frac_low r < 1/C, "
+                             "and the ESS uses weights clamped to [1/C, C].")
+        c2.number_input("Clip ε", min_value=0.001, max_value=10.0, step=0.05, format="%.3f", key=S.CLIP_KEY,
+                        help="PPO clip range ε: clip_frac counts tokens with |r − 1| > ε.")

@@ -1,0 +1,212 @@
+"""What every page shares: the one Store, cached analysis calls, the sidebar selection, error handling.
+
+The Store is a process-wide resource (one DuckDB connection; each thread reads through its own cursor).
+Analysis results are cached per (database, data version, function, arguments); every write made through the
+app bumps the data version, and no other process can write while the app holds the database (DuckDB allows
+one read-write process), so a cached result is never stale.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import plotly.colors
+import polars as pl
+import streamlit as st
+
+from analysis.store import Store, StoreError, default_db_path
+from ui import access
+
+log = logging.getLogger("driftscope.app")
+
+# Sidebar widget keys (pages read them through `selection()`).
+RUNS_KEY = "sidebar_runs"
+STEPS_KEY = "sidebar_steps"
+CAP_KEY = "sidebar_cap"
+CLIP_KEY = "sidebar_clip"
+BOUNDS_KEY = "_sidebar_step_bounds"
+_PENDING_RUNS = "_pending_runs"
+_NOTICE = "_pending_notice"
+
+DEFAULT_CAP = 2.0
+DEFAULT_CLIP = 0.2
+PALETTE = plotly.colors.qualitative.Plotly + plotly.colors.qualitative.D3
+
+
+@dataclass
+class AppDB:
+    store: Store
+    demo_outcomes: list = field(default_factory=list)
+    demo_error: str | None = None
+    version: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def changed(self) -> None:
+        with self.lock:
+            self.version += 1
+
+
+@st.cache_resource(show_spinner="Opening the database…")
+def _open(path: str, read_only: bool, load_demo: bool) -> AppDB:
+    from pathlib import Path
+    # Viewer mode opens an existing database read-only: even a bug in a page cannot write then.
+    ro = read_only and Path(path).exists()
+    store = Store(path, read_only=ro)
+    app = AppDB(store)
+    if load_demo and not ro:
+        try:
+            from analysis.demo import ensure_demo
+            app.demo_outcomes = ensure_demo(store)
+        except Exception as e:  # the app must open even if the demo data is broken
+            log.exception("demo load failed")
+            app.demo_error = str(e)
+    return app
+
+
+def db() -> AppDB:
+    return _open(str(default_db_path()), access.read_only(), not access.demo_disabled())
+
+
+def store() -> Store:
+    return db().store
+
+
+def data_changed() -> None:
+    """Call after any write (upload, delete, config edit, lab run): cached results are dropped."""
+    db().changed()
+
+
+def _resolve(module: str, qualname: str) -> Callable:
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@st.cache_data(show_spinner=False, max_entries=512)
+def _cached_call(module: str, qualname: str, path: str, version: int, args: tuple, kwargs: dict):
+    return _resolve(module, qualname)(store(), *args, **kwargs)
+
+
+def cached(fn: Callable, *args, **kwargs):
+    """`fn(store, *args, **kwargs)` for an analysis function (or a Store method), cached per data version."""
+    app = db()
+    return _cached_call(fn.__module__, fn.__qualname__, str(app.store.path), app.version, args, kwargs)
+
+
+def runs_table() -> pl.DataFrame:
+    return cached(Store.runs)
+
+
+def run_names() -> list[str]:
+    return runs_table()["run"].to_list()
+
+
+# -- selection shared by the pages ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Selection:
+    runs: list[str]
+    steps: tuple[int, int] | None
+    cap: float
+    clip: float
+
+
+def selection() -> Selection:
+    ss = st.session_state
+    steps = ss.get(STEPS_KEY)
+    steps = tuple(int(s) for s in steps) if steps else None
+    if steps is not None and steps == ss.get(BOUNDS_KEY):
+        steps = None  # the full range: no filter (and the same cache entry as other full-range calls)
+    names = set(run_names())
+    return Selection(runs=[r for r in ss.get(RUNS_KEY, []) if r in names], steps=steps,
+                     cap=float(ss.get(CAP_KEY, DEFAULT_CAP)), clip=float(ss.get(CLIP_KEY, DEFAULT_CLIP)))
+
+
+def select_runs_next(runs: Sequence[str], notice: str | None = None) -> None:
+    """Add runs to the sidebar selection on the next rerun (a widget's value cannot change once drawn)."""
+    st.session_state[_PENDING_RUNS] = list(runs)
+    if notice:
+        st.session_state[_NOTICE] = notice
+
+
+def take_pending() -> tuple[list[str], str | None]:
+    return st.session_state.pop(_PENDING_RUNS, []), st.session_state.pop(_NOTICE, None)
+
+
+def keep_choice(key: str, options: Sequence, default=None) -> None:
+    """Before drawing a selectbox/radio with `key`: drop a remembered value that is no longer an option."""
+    if not options:
+        st.session_state.pop(key, None)
+        return
+    if st.session_state.get(key) not in options:
+        st.session_state[key] = default if default in options else options[0]
+
+
+def keep_choices(key: str, options: Sequence, default: Sequence = ()) -> None:
+    """Same for a multiselect: keep the remembered values that are still options."""
+    if key in st.session_state:
+        st.session_state[key] = [v for v in st.session_state[key] if v in options]
+    else:
+        st.session_state[key] = [v for v in default if v in options]
+
+
+def run_colors() -> dict[str, str]:
+    """One colour per run, stable across pages (by the order runs were created)."""
+    return {r: PALETTE[i % len(PALETTE)] for i, r in enumerate(run_names())}
+
+
+# -- errors --------------------------------------------------------------------------------------------
+def explain(e: BaseException) -> str:
+    if isinstance(e, NotImplementedError):
+        return "this analysis is not available in this build yet (the analysis function is not implemented)."
+    if isinstance(e, StoreError):
+        return f"the database said: {e}"
+    text = str(e).strip() or type(e).__name__
+    return text if len(text) < 600 else text[:600] + "…"
+
+
+@contextmanager
+def guard(what: str) -> Iterator[None]:
+    """Show a failure as a short error box (never a traceback) and let the rest of the page draw."""
+    try:
+        yield
+    except Exception as e:  # st.stop / st.rerun are BaseException and pass through
+        log.exception("failed to %s", what)
+        st.error(f"Could not {what}: {explain(e)}", icon=":material/error:")
+
+
+# -- empty states ----------------------------------------------------------------------------------------
+def require_runs(sel: Selection, minimum: int = 1, what: str = "this page") -> None:
+    """Stop the page with a hint on what to do when there is nothing to show."""
+    from ui import nav
+    if not run_names():
+        st.info("The database has no runs yet. Load your sampler/trainer log-prob logs on the **Data** page "
+                "(Parquet, CSV, JSON Lines, verl/prime-rl dumps, or a zip of them) or generate a run with the "
+                "**drift lab**.", icon=":material/inbox:")
+        c1, c2, _ = st.columns([1, 1, 3])
+        c1.page_link(nav.DATA.path, label="Load data", icon=nav.DATA.icon)
+        if access.writable():
+            c2.page_link(nav.LAB.path, label="Run the lab", icon=nav.LAB.icon)
+        st.stop()
+    if len(sel.runs) < minimum:
+        need = "a run" if minimum == 1 else f"at least {minimum} runs"
+        st.info(f"Choose {need} in the sidebar (**Runs**) to see {what}.", icon=":material/left_panel_open:")
+        st.stop()
+
+
+def run_badge(run: str, color: str, note: str = "") -> None:
+    """The run's name with its colour dot (run names are user text: escaped)."""
+    import html
+    st.html(f'<div style="display:flex;align-items:center;gap:0.5rem;font-weight:600;font-size:1.05rem">'
+            f'<span style="width:0.8rem;height:0.8rem;border-radius:50%;background:{color};display:inline-block">'
+            f'</span>{html.escape(run)}<span style="font-weight:400;opacity:0.7;font-size:0.85rem">'
+            f'{html.escape(note)}</span></div>')
+
+
+def number_columns(df: pl.DataFrame, fmt: str = "%.4g") -> dict:
+    """st.dataframe column_config showing every float column with 4 significant digits."""
+    return {c: st.column_config.NumberColumn(c, format=fmt) for c, t in df.schema.items() if t.is_float()}
