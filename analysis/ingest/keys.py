@@ -35,13 +35,11 @@ class TableKeys:
         self.ordered = True
         self.run: str | None = None
         self.last: tuple | None = None
-        self.steps: set[int] = set()
 
     def add(self, data: pa.Table) -> None:
-        cols = [data.column(c).to_numpy() for c in self.names]
-        self.steps.update(np.unique(cols[0]).tolist())
-        if not self.ordered or not len(cols[0]):
+        if not self.ordered or not data.num_rows:
             return
+        cols = [data.column(c).to_numpy() for c in self.names]
         runs = data.column("run")
         first_run = runs[0].as_py()
         if (self.run is not None and first_run != self.run) or not _single_value(runs):
@@ -100,8 +98,11 @@ class ExpertLoad:
                 continue
             rc = row_code if rows is None else row_code[rows]
             n_expert = int(M.max()) + 1
-            code = ((rc * n_expert)[:, None] + M).reshape(-1)
-            n = np.bincount(code)
+            base = rc * n_expert
+            size = int(base.max()) + n_expert
+            n = np.zeros(size, dtype=np.int64)
+            for c in range(M.shape[1]):  # one rank at a time: no [rows * k] temporary
+                n += np.bincount(base + M[:, c], minlength=size)
             for c in np.flatnonzero(n).tolist():
                 rs, ex = divmod(c, n_expert)
                 rs, la = divmod(rs, n_layer)

@@ -16,7 +16,7 @@ class Limits:
     max_line_bytes: int = 64 * MiB          # one JSON line (one sequence) at most
     max_decompressed_bytes: int = 4096 * MiB  # a .gz stream, decompressed
     max_tensor_file_bytes: int = 2048 * MiB  # .pt / .safetensors are read whole
-    batch_rows: int = 500_000               # rows per insert batch
+    batch_rows: int = 491_520               # rows per read batch (4 DuckDB row groups)
 
     @classmethod
     def from_env(cls) -> "Limits":

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.ingest import frameworks, long, sequences, tensors
@@ -193,7 +194,7 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
                     yield batch.table, data
 
             # reading and checking batch i+1 overlaps with DuckDB inserting batch i (both release the GIL)
-            for table, data in prefetch(prepared()):
+            for table, data in prefetch(whole_row_groups(prepared())):
                 w.insert_arrow(table, data)
                 rows[table] += data.num_rows
             _check_file(w, unit.name, fid, rows, keys, routing_tokens)
@@ -211,6 +212,31 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
         return Outcome(unit.name, "refused", fmt,
                        message=f"{unit.name}: could not be read ({type(e).__name__}: {str(e)[:300]})")
     return Outcome(unit.name, "loaded", fmt, rows, sorted(runs))
+
+
+# DuckDB stores tables in row groups of 122,880 rows; appends in whole multiples of that fill row groups
+# completely and were measured ~25% cheaper than 500,000-row appends (benchmarks/RESULTS-ingest.md).
+INSERT_ROWS = 4 * 122_880
+
+
+def whole_row_groups(items: Iterator[tuple[str, pa.Table]], size: int = INSERT_ROWS) -> Iterator[tuple[str, pa.Table]]:
+    """Re-cut (table, rows) items into appends of exactly `size` rows per table (the remainder last)."""
+    buffers: dict[str, list[pa.Table]] = {}
+    counts: dict[str, int] = {}
+    for table, data in items:
+        buf = buffers.setdefault(table, [])
+        buf.append(data)
+        counts[table] = counts.get(table, 0) + data.num_rows
+        if counts[table] >= size:
+            whole = pa.concat_tables(buf)
+            n = (whole.num_rows // size) * size
+            for lo in range(0, n, size):
+                yield table, whole.slice(lo, size)
+            rest = whole.slice(n)
+            buffers[table], counts[table] = ([rest] if rest.num_rows else []), rest.num_rows
+    for table, buf in buffers.items():
+        if buf:
+            yield table, pa.concat_tables(buf)
 
 
 def prefetch(gen: Iterator, depth: int = 2) -> Iterator:
