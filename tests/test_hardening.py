@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import zipfile
 from pathlib import Path
 

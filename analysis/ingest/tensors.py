@@ -104,18 +104,10 @@ def tensor_dict_batches(name: str, d: dict) -> Iterator[Batch]:
     if step is None:
         raise MissingColumn(name, None, "no 'step' (or 'global_steps') scalar in the dump",
                             "add the trainer step: torch.save({..., 'step': step}, path)")
-    # Padding is wherever the mask is 0, whatever value it holds there (0.0, -9999, NaN).
-    b_idx, t_idx = torch.nonzero(mask.bool(), as_tuple=True)
-    b = b_idx.numpy().astype(np.int64)
-    pos = t_idx.numpy().astype(np.int32)
+    run = d["run"] if isinstance(d.get("run"), str) else None
+    b_idx, t_idx, cols = masked_token_columns(s, t, mask.bool(), step, run, d.get("responses"))
+    b, pos = cols["sample"], cols["pos"]
     where = lambda i: f"sequence {int(b[i])} (batch row), token {int(pos[i])}"  # noqa: E731
-    cols: dict[str, Any] = {"step": np.full(len(b), step, dtype=np.int64), "sample": b, "pos": pos,
-                            "sampler_logprob": s[b_idx, t_idx].double().numpy(),
-                            "trainer_logprob": t[b_idx, t_idx].double().numpy()}
-    if "run" in d and isinstance(d["run"], str):
-        cols["run"] = np.full(len(b), d["run"], dtype=object)
-    if "responses" in d and isinstance(d["responses"], torch.Tensor) and d["responses"].shape == s.shape:
-        cols["token_id"] = d["responses"][b_idx, t_idx].numpy().astype(np.int64)
     for key in ("sampler_version", "trainer_version"):
         v = _scalar(name, d, (key,))
         if v is not None:
@@ -124,6 +116,25 @@ def tensor_dict_batches(name: str, d: dict) -> Iterator[Batch]:
     experts = {k: d[k] for k in ("sampler_experts", "trainer_experts") if k in d}
     if experts:
         yield routing_batch(name, b_idx, t_idx, step, experts, s.shape, run=cols.get("run"))
+
+
+def masked_token_columns(s, t, trained, step: int, run: str | None = None, token_ids=None):
+    """(b_idx, t_idx, token columns) for the positions where `trained` ([B, T] bool) is true.
+
+    Padding is wherever the mask is false, whatever value it holds there (0.0, -9999, NaN): those values are
+    never read. Log-probs are widened to float64 after selection."""
+    import torch
+
+    b_idx, t_idx = torch.nonzero(trained, as_tuple=True)
+    cols: dict[str, Any] = {"step": np.full(len(b_idx), step, dtype=np.int64),
+                            "sample": b_idx.numpy().astype(np.int64), "pos": t_idx.numpy().astype(np.int32),
+                            "sampler_logprob": s[b_idx, t_idx].double().numpy(),
+                            "trainer_logprob": t[b_idx, t_idx].double().numpy()}
+    if run is not None:
+        cols["run"] = np.full(len(b_idx), run, dtype=object)
+    if isinstance(token_ids, torch.Tensor) and token_ids.shape == s.shape:
+        cols["token_id"] = token_ids[b_idx, t_idx].numpy().astype(np.int64)
+    return b_idx, t_idx, cols
 
 
 def routing_batch(name: str, b_idx, t_idx, step: int, experts: dict, bt_shape, run=None) -> Batch:

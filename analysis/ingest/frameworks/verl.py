@@ -21,6 +21,7 @@ from analysis.ingest.detect import Detected
 from analysis.ingest.errors import BadValue, LengthMismatch, MissingColumn, WrongType
 from analysis.ingest.frameworks.common import Columns, load_pt, routing_part, scalar_config
 from analysis.ingest.limits import Limits
+from analysis.ingest.tensors import masked_token_columns
 from analysis.ingest.validate import Batch
 
 FORMAT = "verl"
@@ -156,18 +157,9 @@ def dict_batches(name: str, d: dict, run: str | None = None, config: dict | None
             b, j = (int(x) for x in torch.nonzero(outside)[0])
             raise BadValue(name, f"sample {b}, response token {j}", "response_mask is 1 where attention_mask is 0 "
                            "(a padding position)", "save response_mask and attention_mask from the same batch")
-    b_idx, j_idx = torch.nonzero(trained, as_tuple=True)
-    b = b_idx.numpy().astype(np.int64)
-    j = j_idx.numpy().astype(np.int32)
+    b_idx, j_idx, cols = masked_token_columns(s, t, trained, step, run, d.get("responses"))
+    b, j = cols["sample"], cols["pos"]
     where = lambda i: f"sample {int(b[i])} (batch row), response token {int(j[i])}"  # noqa: E731
-    cols: dict[str, Any] = {"step": np.full(len(b), step, dtype=np.int64), "sample": b, "pos": j,
-                            "sampler_logprob": s[b_idx, j_idx].double().numpy(),
-                            "trainer_logprob": t[b_idx, j_idx].double().numpy()}
-    if run is not None:
-        cols["run"] = np.full(len(b), run, dtype=object)
-    resp = d.get("responses")
-    if isinstance(resp, torch.Tensor) and tuple(resp.shape) == (B, R):
-        cols["token_id"] = resp[b_idx, j_idx].numpy().astype(np.int64)
     tokens = Columns("tokens")
     tokens.add(cols, where)
     batch = tokens.flush()
