@@ -44,23 +44,24 @@ def config_diff(store: Store, runs: list[str], all_keys: bool = False) -> pl.Dat
     return pl.DataFrame(data, schema={"key": pl.String} | {run: pl.String for run in runs})
 
 
-def metric_deltas(store: Store, runs: list[str], baseline: str, cap: float = 2.0, clip: float = 0.2) -> pl.DataFrame:
+def metric_deltas(store: Store, runs: list[str], baseline: str, cap: float = 2.0, clip: float = 0.2,
+                  steps: tuple[int, int] | None = None) -> pl.DataFrame:
     """Every per-run metric of `runs` next to the baseline run's, with the difference run − baseline.
 
     Metrics: `report.metrics_table(by="run")` (token metrics, plus token_any_flip_rate and
     flipped_layers_per_token when routing exists) and, with trainer routing, the run-level routing columns
     flip_rate, top1_flip_rate, overlap, load_max_vio_sampler, load_max_vio_trainer.
     Returns [metric, baseline, <run>... (runs other than the baseline, in order), <run>_delta...]; a run
-    without tokens has null values.
+    without tokens has null values. `steps` (inclusive range) restricts every metric to those steps.
     """
     everyone = list(dict.fromkeys([baseline, *runs]))
     reserved = {"metric", "baseline"} | {f"{r}_delta" for r in everyone}
     if clash := [r for r in everyone if r != baseline and r in reserved]:
         raise ValueError(f"run name(s) {', '.join(map(repr, clash))} collide with the table's own columns "
                          "(metric, baseline, <run>_delta); rename the run to compare it")
-    table = metrics_table(store, everyone, by="run", cap=cap, clip=clip)
+    table = metrics_table(store, everyone, by="run", cap=cap, clip=clip, steps=steps)
     if has_trainer_routing(store, everyone):
-        rt = routing_metrics(store, everyone, by="run").select("run", *ROUTING_RUN_METRICS)
+        rt = routing_metrics(store, everyone, by="run", steps=steps).select("run", *ROUTING_RUN_METRICS)
         table = table.join(rt, on="run", how="left")
     metrics = [c for c in table.columns if c != "run"]
     values = {row["run"]: row for row in table.iter_rows(named=True)}

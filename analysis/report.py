@@ -14,22 +14,24 @@ def has_trainer_routing(store: Store, runs: list[str]) -> bool:
     return bool(store.scalar(f"SELECT EXISTS (SELECT 1 FROM routing WHERE {where} AND flip IS NOT NULL)", params))
 
 
-def metrics_table(store: Store, runs: list[str], by: str = "step", cap: float = 2.0, clip: float = 0.2) -> pl.DataFrame:
+def metrics_table(store: Store, runs: list[str], by: str = "step", cap: float = 2.0, clip: float = 0.2,
+                  steps: tuple[int, int] | None = None) -> pl.DataFrame:
     """The table `python -m analysis metrics --by ...` prints; columns use METRICS.md names.
 
     by="step": `metrics.token_metrics(by="step")`; by="layer": `routing.routing_metrics(by="layer")`;
     by="run": `metrics.token_metrics(by="run")` plus token_any_flip_rate and flipped_layers_per_token
     (see `routing.token_flip_stats`) when any of the runs has trainer routing, null for runs without.
+    `steps` (inclusive range) restricts every table to those steps.
     """
     runs = check_runs(runs)
     if by == "step":
-        return token_metrics(store, runs, by="step", cap=cap, clip=clip)
+        return token_metrics(store, runs, by="step", cap=cap, clip=clip, steps=steps)
     if by == "layer":
-        return routing_metrics(store, runs, by="layer")
+        return routing_metrics(store, runs, by="layer", steps=steps)
     if by != "run":
         raise ValueError(f"by must be 'step', 'layer' or 'run', got {by!r}")
-    df = token_metrics(store, runs, by="run", cap=cap, clip=clip)
+    df = token_metrics(store, runs, by="run", cap=cap, clip=clip, steps=steps)
     if not has_trainer_routing(store, runs):
         return df
-    flips = token_flip_stats(store, runs, by="run").select("run", "token_any_flip_rate", "flipped_layers_per_token")
+    flips = token_flip_stats(store, runs, by="run", steps=steps).select("run", "token_any_flip_rate", "flipped_layers_per_token")
     return df.join(flips, on="run", how="left").sort("run")

@@ -28,11 +28,10 @@ baseline = st.selectbox("Baseline", sel.runs, key="compare_baseline",
                         help="Deltas are each run's value minus the baseline's.")
 deltas = None
 with S.guard("compute the metric deltas"):
-    deltas = S.cached(compare.metric_deltas, sel.runs, baseline, cap=sel.cap, clip=sel.clip)
+    deltas = S.cached(compare.metric_deltas, sel.runs, baseline, cap=sel.cap, clip=sel.clip, steps=sel.steps)
     shown = deltas.rename({"baseline": f"{baseline} (baseline)"}) if baseline not in deltas.columns else deltas
     st.dataframe(shown, hide_index=True, key="compare_delta_table", column_config=S.number_columns(shown))
-    st.caption(f"Run-level metrics over all steps (the step range does not apply here), C = {sel.cap:g}, "
-               f"ε = {sel.clip:g}.")
+    st.caption(f"Run-level metrics over the selected steps, C = {sel.cap:g}, ε = {sel.clip:g}.")
 
 if deltas is not None:
     with S.guard("chart the run-level metrics"):

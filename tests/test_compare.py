@@ -65,3 +65,15 @@ def test_run_names_that_collide_with_columns_are_refused(two_runs):
         compare.metric_deltas(two_runs, ["x", "metric"], baseline="x")
     with pytest.raises(ValueError, match="collides"):
         compare.config_diff(two_runs, ["x", "key"])
+
+
+def test_metric_deltas_respect_the_step_range(two_runs):
+    df = compare.metric_deltas(two_runs, ["x", "y"], baseline="x", steps=(1, 1))
+    tm = token_metrics(two_runs, ["x", "y"], by="run", steps=(1, 1))
+    rm = routing_metrics(two_runs, ["x", "y"], by="run", steps=(1, 1))
+    rows = {r["metric"]: r for r in df.iter_rows(named=True)}
+    for m in ("kl_k3", "n_tokens", "ratio_max"):
+        assert rows[m]["y"] == tm.filter(pl.col("run") == "y")[m][0]
+    assert rows["flip_rate"]["y"] == rm.filter(pl.col("run") == "y")["flip_rate"][0]
+    full = {r["metric"]: r for r in compare.metric_deltas(two_runs, ["x", "y"], baseline="x").iter_rows(named=True)}
+    assert rows["n_tokens"]["y"] < full["n_tokens"]["y"]

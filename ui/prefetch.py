@@ -59,7 +59,7 @@ def default_calls(sel: S.Selection, kinds: dict[str, str]) -> list[Call]:
         ]
     if len(runs) > 1:  # Compare
         calls += [(compare.config_diff, (runs,), {}),
-                  (compare.metric_deltas, (runs, first), dict(cap=cap, clip=clip))]
+                  (compare.metric_deltas, (runs, first), dict(cap=cap, clip=clip, steps=steps))]
     calls.append((inspect.run_steps, (first,), {}))  # Sequences
     return calls
 
