@@ -2,20 +2,24 @@
 
 Routes with st.navigation over pages/ (one file per page), draws the shared sidebar, and opens the database
 once per process (DRIFT_DB, default data/drift.duckdb). An empty database gets the demo runs unless
-DRIFT_NO_DEMO=1; DRIFT_READ_ONLY=1 turns the app into a viewer.
+DRIFT_NO_DEMO=1; DRIFT_READ_ONLY=1 turns the app into a viewer. With an [auth] section in the secrets, nothing but a
+sign-in screen shows until the user has signed in (ui/auth.py; docs/hosting.md).
 """
 import streamlit as st
 
 st.set_page_config(page_title="Driftscope", page_icon=":material/troubleshoot:", layout="wide",
                    initial_sidebar_state="expanded")
 
-from ui import nav, sidebar  # noqa: E402  (set_page_config must come first)
+from ui import auth, nav, sidebar  # noqa: E402  (set_page_config must come first)
 from ui import state as S  # noqa: E402
 
 pages = {section: [st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url, default=p is nav.OVERVIEW)
                    for p in items]
          for section, items in nav.SECTIONS.items()}
-page = st.navigation(pages)
+# st.navigation runs on every run, the sign-in screen included: it is what keeps Streamlit's pages/ folder routing
+# off (ui/auth.py: ensure_routed_through_app). Hidden until the user may see the pages.
+page = st.navigation(pages, position="sidebar" if auth.access_granted() else "hidden")
+auth.require_login()  # the sign-in screen and st.stop() until the user may see the app
 
 try:
     sidebar.render()

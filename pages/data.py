@@ -25,14 +25,22 @@ else:
                 "`.safetensors`) with `rollout_log_probs` / `old_log_probs`; framework exports; and **zip** "
                 "archives of any of these. Loading the same content twice adds nothing.")
     nonce = ss.setdefault("_data_upload_nonce", 0)
+    max_bytes = access.max_upload_bytes()
+    # the browser refuses a single file over the cap before sending it; the total is checked on Load
+    widget_mb = max(1, min(max_bytes // access.MiB, int(st.get_option("server.maxUploadSize"))))
     files = st.file_uploader("Log files", accept_multiple_files=True, key=f"data_upload_{nonce}",
-                             help="Pick several files at once, or a zip of a whole log folder.")
+                             max_upload_size=widget_mb,
+                             help=f"Pick several files at once, or a zip of a whole log folder; at most "
+                                  f"{max_bytes / access.MiB:,.0f} MiB per upload.")
     c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
     run_override = c1.text_input("Run name (optional)", key="data_run_name",
                                  help="Used for files that carry no run name; overrides the files' own names.",
                                  placeholder="taken from the files")
-    load = c2.button("Load", type="primary", key="data_load", disabled=not files, width="stretch")
-    if load and files:
+    refusal = access.upload_refusal([f.size for f in files or []], max_bytes)
+    load = c2.button("Load", type="primary", key="data_load", disabled=not files or bool(refusal), width="stretch")
+    if refusal:
+        st.error(refusal, icon=":material/block:")
+    elif load and files:
         bar = st.progress(0.0, text="Starting…")
 
         def _progress(i: int, n: int, name: str) -> None:
@@ -41,7 +49,7 @@ else:
         try:
             from analysis.ingest.uploads import ingest_uploads
             outcomes = ingest_uploads(store, [(f.name, f) for f in files], run=run_override.strip() or None,
-                                      progress=_progress)
+                                      max_bytes=max_bytes, progress=_progress)
         except Exception as e:  # never a traceback: the upload path reads untrusted bytes
             S.log.exception("upload failed")
             st.error(f"Could not load the upload: {S.explain(e)}")

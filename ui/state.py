@@ -64,6 +64,9 @@ def _open(path: str, read_only: bool, load_demo: bool) -> AppDB:
         except Exception as e:  # the app must open even if the demo data is broken
             log.exception("demo load failed")
             app.demo_error = str(e)
+    if read_only and not ro:  # a viewer on a new database: create it (and the demo), then hold it read-only
+        store.close()
+        app.store = Store(path, read_only=True)
     return app
 
 
