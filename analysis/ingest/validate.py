@@ -128,7 +128,7 @@ def _experts_matrix(file: str, batch: Batch, name: str, arr: pa.ListArray) -> tu
         pos = np.repeat(np.arange(len(arr)), lengths)
         i = int(pos[_first(np.asarray(vals.is_null()))])
         raise BadExperts(file, f"{batch.where(i)}, column '{name}'", "expert id is null", "ids are integers >= 0")
-    flat = vals.to_numpy(zero_copy_only=False)
+    flat = vals.to_numpy(zero_copy_only=True)  # no nulls (refused above): a view, not a ~30 ms copy per batch
     k = lengths[valid]
     if len(k) and (k != k[0]).any():
         i = int(np.flatnonzero(valid)[_first(k != k[0])])
