@@ -1,7 +1,9 @@
 """Lab: run the torch drift lab (a tiny MoE GPT sampled with a KV cache and retrained) from the browser; the
 result is loaded as a new run."""
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 
 import streamlit as st
 
@@ -29,7 +31,8 @@ PRESET_HELP = {
 ss = st.session_state
 
 with S.guard("load the drift lab"):
-    from analysis.lab import PRESETS, run_lab  # imports torch: only on this page
+    import analysis.lab as lab  # presets only: torch loads when a run starts
+    PRESETS = lab.PRESETS
 
     presets = list(PRESETS)
     S.keep_choice("lab_preset", presets)
@@ -63,8 +66,10 @@ with S.guard("load the drift lab"):
     seed = c4.number_input("Seed", 0, 2**31 - 1, 0, key="lab_seed")
     devices = ["cpu"]
     with S.guard("look for a GPU"):
-        import torch
-        if torch.cuda.is_available():
+        # without importing torch (seconds): its presence, or an NVIDIA device node, says a GPU may be there;
+        # the lab itself refuses cuda with a clear message where CUDA is not usable
+        torch = sys.modules.get("torch")
+        if (torch.cuda.is_available() if torch is not None else Path("/dev/nvidiactl").exists()):
             devices.append("cuda")
     S.keep_choice("lab_device", devices)
     device = c5.selectbox("Device", devices, key="lab_device")
@@ -89,7 +94,7 @@ with S.guard("load the drift lab"):
             try:
                 with st.status(f"Running {preset} as {name}…", expanded=True) as status:
                     st.write(f"{int(steps)} steps × {int(batch)} sequences × {int(response_len)} tokens on {device}")
-                    summary = run_lab(preset, out_dir=out, steps=int(steps), seed=int(seed), device=device,
+                    summary = lab.run_lab(preset, out_dir=out, steps=int(steps), seed=int(seed), device=device,
                                       run=name, **overrides)
                     st.write(f"Lab finished in {summary['seconds']:.1f} s; loading the logs…")
                     from analysis.ingest import ingest_paths
@@ -124,8 +129,9 @@ with st.expander("What the switches do"):
     st.markdown(
         "- **Sampler / trainer dtype**: the precision of each side's weights and activations. bf16 keeps 8 bits of "
         "mantissa, so the KV-cache decode and the one-pass recompute round differently.\n"
-        "- **fp32 LM head**: computes the final projection and log-softmax in fp32 on both sides; usually the "
-        "largest single fix.\n"
+        "- **fp32 LM head**: computes the final projection and log-softmax in fp32 on both sides. In dense models "
+        "often the largest single fix; in this MoE model router flips carry most of the bf16 mismatch, so it helps "
+        "little until routing is replayed.\n"
         "- **fp32 router**: router logits in fp32, so near-tied experts flip less.\n"
         "- **Routing replay**: the trainer reuses the sampler's top-k experts; flips vanish by construction.\n"
         "- **Staleness**: the sampler uses weights that are several optimizer updates old, as in asynchronous RL.")

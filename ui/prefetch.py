@@ -104,10 +104,10 @@ class _Worker:
 
 
 def _warm_lab_import() -> None:
-    """The Lab page imports torch (seconds, once per process): do it early where the lab can be used."""
-    if access.writable() and "analysis.lab" not in sys.modules:
+    """A lab run imports torch (seconds, once per process): do it early where the lab can be used."""
+    if access.writable() and "analysis.lab.run" not in sys.modules:
         try:
-            importlib.import_module("analysis.lab")
+            importlib.import_module("analysis.lab.run")
         except Exception:
             S.log.debug("could not import the drift lab", exc_info=True)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from analysis.lab.run import DTYPES, PRESETS, run_lab
+from analysis.lab.presets import DTYPE_NAMES, PRESETS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,8 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--run", help="run name (default: the preset name); needs a single preset")
     switches = parser.add_argument_group("switch overrides (default: the preset's)")
-    switches.add_argument("--sampler-dtype", choices=sorted(DTYPES))
-    switches.add_argument("--trainer-dtype", choices=sorted(DTYPES))
+    switches.add_argument("--sampler-dtype", choices=sorted(DTYPE_NAMES))
+    switches.add_argument("--trainer-dtype", choices=sorted(DTYPE_NAMES))
     switches.add_argument("--fp32-head", action=argparse.BooleanOptionalAction, default=None,
                           help="LM head matmul + log_softmax in fp32")
     switches.add_argument("--fp32-router", action=argparse.BooleanOptionalAction, default=None,
@@ -43,6 +43,8 @@ def main(argv: list[str]) -> int:
     overrides = {name: getattr(args, name) for name in (
         "sampler_dtype", "trainer_dtype", "fp32_head", "fp32_router", "replay", "lag", "batch",
         "trainer_micro_batch") if getattr(args, name) is not None}
+    from analysis.lab.run import run_lab  # torch loads here, after the arguments are checked
+
     for preset in presets:
         try:
             summary = run_lab(preset, out_dir=args.out, steps=args.steps, seed=args.seed, device=args.device,

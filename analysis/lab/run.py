@@ -16,56 +16,18 @@ import torch
 from torch.func import functional_call
 
 from analysis.lab.model import GPT, GPTConfig, KVCache
+from analysis.lab.presets import DTYPE_NAMES, PRESETS, LabConfig
 from analysis.logger import DriftLogger
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+assert set(DTYPES) == set(DTYPE_NAMES)
 
 
-@dataclass(frozen=True)
-class LabConfig:
-    sampler_dtype: str = "bf16"
-    trainer_dtype: str = "fp32"
-    fp32_head: bool = False       # LM head matmul + log_softmax in fp32, both sides
-    fp32_router: bool = False     # router logits in fp32, both sides
-    replay: bool = False          # routing replay: the trainer uses the sampler's experts
-    lag: int = 0                  # the trainer's weights are `lag` optimizer updates newer than the sampler's
-    steps: int = 8
-    batch: int = 32               # sequences per step, decoded together by the sampler
-    trainer_micro_batch: int = 8  # the trainer's forward batch; differs from the sampler's on purpose
-    prompt_len: int = 6
-    response_len: int = 24
-    lr: float = 1e-3
-    vocab: int = 512
-    d_model: int = 64
-    n_heads: int = 4
-    n_layers: int = 4
-    n_experts: int = 8
-    top_k: int = 2
-
-    def __post_init__(self):
-        for name in ("sampler_dtype", "trainer_dtype"):
-            if getattr(self, name) not in DTYPES:
-                raise ValueError(f"{name}: expected one of {sorted(DTYPES)}, got {getattr(self, name)!r}")
-        for name in ("steps", "batch", "trainer_micro_batch", "prompt_len", "response_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
-        if self.lag < 0:
-            raise ValueError(f"lag: expected >= 0, got {self.lag}")
-
-    def model_config(self) -> GPTConfig:
-        return GPTConfig(vocab=self.vocab, d_model=self.d_model, n_heads=self.n_heads, n_layers=self.n_layers,
-                         n_experts=self.n_experts, top_k=self.top_k, max_len=self.prompt_len + self.response_len,
-                         fp32_lm_head=self.fp32_head, fp32_router=self.fp32_router)
-
-
-PRESETS: dict[str, LabConfig] = {
-    "bf16": LabConfig(),
-    "fp16": LabConfig(sampler_dtype="fp16"),
-    "fp32": LabConfig(sampler_dtype="fp32"),
-    "bf16-fp32-head": LabConfig(fp32_head=True),
-    "bf16-replay": LabConfig(replay=True),
-    "bf16-async": LabConfig(lag=1),
-}
+def model_config(cfg: LabConfig) -> GPTConfig:
+    """The model's shape and precision switches for a lab configuration."""
+    return GPTConfig(vocab=cfg.vocab, d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers,
+                     n_experts=cfg.n_experts, top_k=cfg.top_k, max_len=cfg.prompt_len + cfg.response_len,
+                     fp32_lm_head=cfg.fp32_head, fp32_router=cfg.fp32_router)
 
 
 @torch.no_grad()
@@ -172,7 +134,7 @@ def _run(cfg: LabConfig, preset: str, out_dir: Path, seed: int, device: torch.de
     started = time.perf_counter()
 
     with torch.random.fork_rng(devices=[]):  # nn.Module constructors draw from the caller's global RNG
-        model = GPT(cfg.model_config())
+        model = GPT(model_config(cfg))
         sampler = GPT(model.cfg).to(device).requires_grad_(False)
     model.init_weights(torch.Generator().manual_seed(seed))  # on CPU: the same weights on every device
     model.to(device)
