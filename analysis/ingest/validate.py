@@ -176,14 +176,18 @@ def _check_routing(file: str, batch: Batch, out: dict) -> "RoutingMatrices":
     for name, side in (("sampler_weights", "sampler_experts"), ("trainer_weights", "trainer_experts")):
         if name in out:
             w = out[name]
-            wl = pc.list_value_length(w).to_numpy(zero_copy_only=False)
-            el = pc.list_value_length(out[side]).to_numpy(zero_copy_only=False) if side in out else None
-            wv = ~np.asarray(w.is_null())
-            bad = wv & ((el is None) | (np.nan_to_num(wl, nan=-1) != np.nan_to_num(el, nan=-2)))
+            wl = pc.list_value_length(w).fill_null(0).to_numpy()
+            if side in out:
+                el = pc.list_value_length(out[side]).fill_null(0).to_numpy()
+                has_ids = ~np.asarray(out[side].is_null())
+            else:
+                el, has_ids = np.zeros(n, dtype=wl.dtype), np.zeros(n, dtype=bool)
+            # weights need their ids: one per id, and none where the ids are missing
+            bad = ~np.asarray(w.is_null()) & (~has_ids | (wl != el))
             if bad.any():
                 i = _first(bad)
                 raise LengthMismatch(file, f"{batch.where(i)}, column '{name}'",
-                                     f"{int(wl[i])} weights for {0 if el is None else el[i]} experts",
+                                     f"{int(wl[i])} weights for {int(el[i])} experts",
                                      f"give one weight per id of {side}, in the same order")
     mask = ~has_t
     out["flip"] = pa.array(flip, mask=mask)
