@@ -281,19 +281,3 @@ class Writer:
                  ON a.run = b.run AND a.step = b.step AND a.layer = b.layer AND a.k <> b.k LIMIT 1""",
             [file_id, file_id]).fetchall()
         return rows[0] if rows else None
-
-    def add_expert_load(self, file_id: int, counts=None) -> None:
-        """Per-expert token counts of this file's routing: from `counts` (Arrow, gathered during the load)
-        or, without it, by unnesting the stored lists."""
-        if counts is not None:
-            self.insert_arrow("expert_load", counts)
-            return
-        self.cur.execute(
-            """INSERT INTO expert_load
-               SELECT run, step, layer, expert, sum(ns), sum(nt), ? FROM (
-                   SELECT run, step, layer, unnest(sampler_experts) AS expert, 1 AS ns, 0 AS nt
-                   FROM routing WHERE file_id = ?
-                   UNION ALL
-                   SELECT run, step, layer, unnest(trainer_experts), 0, 1
-                   FROM routing WHERE file_id = ? AND trainer_experts IS NOT NULL)
-               GROUP BY ALL""", [file_id, file_id, file_id])

@@ -11,7 +11,7 @@ from typing import BinaryIO
 
 import pyarrow.parquet as pq
 
-from analysis.ingest.errors import CorruptFile, UnknownFormat
+from analysis.ingest.errors import CorruptFile, NotALogFile, UnknownFormat
 from analysis.ingest.long import table_kind
 
 FORMATS = ("parquet", "csv", "jsonl", "sequence-jsonl", "pt", "safetensors", "prime-rl")
@@ -38,7 +38,7 @@ def detect(fp: BinaryIO, name: str) -> Detected:
     fp.seek(0)
     try:
         if not head:
-            raise UnknownFormat(name, None, "the file is empty", "upload a log file; SCHEMA.md lists the accepted ones")
+            raise NotALogFile(name, None, "the file is empty", "upload a log file; SCHEMA.md lists the accepted ones")
         if head[:4] == b"PAR1":
             try:
                 cols = pq.ParquetFile(fp).schema_arrow.names
@@ -78,7 +78,7 @@ def detect(fp: BinaryIO, name: str) -> Detected:
             kind = table_kind([h.strip().strip('"') for h in header])
             if kind:
                 return Detected("csv", kind)
-        raise UnknownFormat(name, None, "not a recognised log file (expected Parquet, CSV, JSON Lines, "
+        raise NotALogFile(name, None, "not a recognised log file (expected Parquet, CSV, JSON Lines, "
                             ".pt or .safetensors in SCHEMA.md's columns)", "see SCHEMA.md, 'Accepted files'")
     finally:
         fp.seek(0)

@@ -23,6 +23,10 @@ class UnknownFormat(IngestError):
     rule = "unknown format"
 
 
+class NotALogFile(UnknownFormat):
+    """Empty, or nothing like any accepted format: inside a folder such files are passed over, not refused."""
+
+
 class CorruptFile(IngestError):
     rule = "corrupt or truncated file"
 

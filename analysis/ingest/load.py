@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from analysis.ingest import frameworks, long, sequences, tensors
 from analysis.ingest.detect import Detected, detect
-from analysis.ingest.errors import DuplicateKey, IngestError, OrphanRouting, BadExperts, CorruptFile
+from analysis.ingest.errors import BadExperts, CorruptFile, DuplicateKey, IngestError, NotALogFile, OrphanRouting
 from analysis.ingest.keys import ExpertLoad, RoutingTokens, TableKeys
 from analysis.ingest.limits import Limits
 from analysis.ingest.validate import Batch, normalise
@@ -129,9 +129,9 @@ def expand(paths: Sequence[Path], limits: Limits) -> tuple[list[Unit], list[Outc
                     continue
                 try:
                     unit = file_unit(f, str(f.relative_to(path.parent)))
+                except NotALogFile:
+                    continue  # folders hold other files too; only log files are loaded
                 except IngestError as e:
-                    if "not a recognised log file" in str(e) or "is empty" in str(e):
-                        continue  # folders hold other files too; only log files are loaded
                     refused.append(Outcome(str(f.relative_to(path.parent)), "refused", message=str(e)))
                     continue
                 unit.config = _run_json_config(f.parent)
@@ -145,8 +145,6 @@ def expand(paths: Sequence[Path], limits: Limits) -> tuple[list[Unit], list[Outc
                 refused.append(Outcome(path.name, "refused", message=str(e)))
         else:
             refused.append(Outcome(str(path), "refused", message=f"{path}: no such file or folder"))
-    # tokens first, so routing rows given in the same call find their tokens whatever the order
-    units.sort(key=lambda u: u.detected.kind == "routing")
     return units, refused
 
 
@@ -199,7 +197,7 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
                 rows[table] += data.num_rows
             _check_file(w, unit.name, fid, rows, keys, routing_tokens)
             if rows["routing"]:
-                w.add_expert_load(fid, load.table(fid))
+                w.insert_arrow("expert_load", load.table(fid))  # counted batch by batch above
             w.ensure_runs(sorted(runs), config or unit.config)
             w.finish_file(fid, sum(rows.values()))
     except IngestError as e:
@@ -313,6 +311,15 @@ def ingest_paths(store: Store, paths: Sequence[str | Path], run: str | None = No
         units, outcomes = expand([Path(p) for p in paths], limits)
     except IngestError as e:
         return [Outcome("?", "refused", message=str(e))]
+    return outcomes + load_units(store, units, run, limits, config, progress)
+
+
+def load_units(store: Store, units: Sequence[Unit], run: str | None, limits: Limits, config: dict | None = None,
+               progress: Callable[[int, int, str], None] | None = None) -> list[Outcome]:
+    """Load units one transaction each; token-bearing units first, so routing rows given in the same call
+    find their tokens whatever the order."""
+    units = sorted(units, key=lambda u: u.detected.kind == "routing")
+    outcomes = []
     for i, unit in enumerate(units):
         if progress:
             progress(i, len(units), unit.name)
@@ -322,4 +329,4 @@ def ingest_paths(store: Store, paths: Sequence[str | Path], run: str | None = No
     return outcomes
 
 
-__all__ = ["Outcome", "Unit", "ingest_paths", "load_unit", "expand", "READERS", "FOLDER_ADAPTERS", "CorruptFile"]
+__all__ = ["Outcome", "Unit", "ingest_paths", "load_unit", "load_units", "expand", "READERS", "FOLDER_ADAPTERS"]

@@ -15,7 +15,7 @@ from typing import BinaryIO, Callable, Sequence
 
 from analysis.ingest.errors import TooLarge, UnsafeFile
 from analysis.ingest.limits import Limits, human_size
-from analysis.ingest.load import Outcome, expand, load_unit
+from analysis.ingest.load import Outcome, expand, load_units
 from analysis.store import Store
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -105,14 +105,7 @@ def ingest_uploads(store: Store, uploads: Sequence[tuple[str, BinaryIO]], run: s
                 o.name = label if path.is_file() else o.name
             units.extend(u)
             outcomes.extend(refused)
-        units.sort(key=lambda u: u.detected.kind == "routing")
-        for i, unit in enumerate(units):
-            if progress:
-                progress(i, len(units), unit.name)
-            outcomes.append(load_unit(store, unit, run, limits))
-        if progress:
-            progress(len(units), len(units), "")
-        return outcomes
+        return outcomes + load_units(store, units, run, limits, progress=progress)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
