@@ -115,3 +115,13 @@ def metrics_store_from(tmp_path):
             s.close()
         except Exception:
             pass
+
+
+@pytest.fixture(scope="session")
+def app_template_db(tmp_path_factory):
+    """The page tests' fixture database (tests/browser_util.py), built once per session; tests copy it."""
+    import browser_util as bu
+    root = tmp_path_factory.mktemp("app-template")
+    db = root / "template.duckdb"
+    bu.build_fixture_db(db, root / "logs")
+    return db

@@ -39,18 +39,10 @@ def _app_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-@pytest.fixture(scope="module")
-def template_db(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("hosted")
-    db = root / "template.duckdb"
-    bu.build_fixture_db(db, root / "logs")
-    return db
-
-
 @pytest.fixture
-def db(template_db, tmp_path) -> Path:
+def db(app_template_db, tmp_path) -> Path:
     path = tmp_path / "drift.duckdb"
-    shutil.copy(template_db, path)
+    shutil.copy(app_template_db, path)
     return path
 
 
@@ -325,7 +317,7 @@ class FakeIdP:
 
 
 @pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHROMIUM} is not installed")
-def test_sign_in_flow_in_a_real_server(template_db, tmp_path):
+def test_sign_in_flow_in_a_real_server(app_template_db, tmp_path):
     """st.login against a fake OIDC provider, in Chromium. First, the very first request a fresh server gets is for
     a page URL: Streamlit would run pages/data.py on its own there (its pages/ folder routing, before any
     st.navigation), skipping app.py; ui/auth.ensure_routed_through_app must send it through the gate. Then an
@@ -335,7 +327,7 @@ def test_sign_in_flow_in_a_real_server(template_db, tmp_path):
     from playwright.sync_api import sync_playwright
 
     db = tmp_path / "drift.duckdb"
-    shutil.copy(template_db, db)
+    shutil.copy(app_template_db, db)
     port = bu.free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "server.log"

@@ -44,26 +44,18 @@ def _app_env(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def template_db(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("pages")
-    db = root / "template.duckdb"
-    bu.build_fixture_db(db, root / "logs")
-    return db
-
-
-@pytest.fixture(scope="module")
-def shared_db(template_db, tmp_path_factory) -> Path:
+def shared_db(app_template_db, tmp_path_factory) -> Path:
     """Read-only use by many tests: one copy opened once by the app."""
     db = tmp_path_factory.mktemp("shared") / "drift.duckdb"
-    shutil.copy(template_db, db)
+    shutil.copy(app_template_db, db)
     return db
 
 
 @pytest.fixture
-def own_db(template_db, tmp_path) -> Path:
+def own_db(app_template_db, tmp_path) -> Path:
     """A private copy for tests that write (config edit, delete, lab)."""
     db = tmp_path / "drift.duckdb"
-    shutil.copy(template_db, db)
+    shutil.copy(app_template_db, db)
     return db
 
 
