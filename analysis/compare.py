@@ -54,15 +54,28 @@ def metric_deltas(store: Store, runs: list[str], baseline: str, cap: float = 2.0
     Returns [metric, baseline, <run>... (runs other than the baseline, in order), <run>_delta...]; a run
     without tokens has null values. `steps` (inclusive range) restricts every metric to those steps.
     """
-    everyone = list(dict.fromkeys([baseline, *runs]))
-    reserved = {"metric", "baseline"} | {f"{r}_delta" for r in everyone}
-    if clash := [r for r in everyone if r != baseline and r in reserved]:
-        raise ValueError(f"run name(s) {', '.join(map(repr, clash))} collide with the table's own columns "
-                         "(metric, baseline, <run>_delta); rename the run to compare it")
+    everyone = _everyone(runs, baseline)
     table = metrics_table(store, everyone, by="run", cap=cap, clip=clip, steps=steps)
-    if has_trainer_routing(store, everyone):
-        rt = routing_metrics(store, everyone, by="run", steps=steps).select("run", *ROUTING_RUN_METRICS)
-        table = table.join(rt, on="run", how="left")
+    return deltas_table(table, routing_rates(store, everyone, steps=steps), runs, baseline)
+
+
+def routing_rates(store: Store, runs: list[str], steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """[run, flip_rate, top1_flip_rate, overlap, load_max_vio_sampler, load_max_vio_trainer] per run with
+    trainer routing (`routing.routing_metrics(by="run")`); no rows when none of `runs` has it."""
+    if not has_trainer_routing(store, runs):
+        return pl.DataFrame(schema={"run": pl.String} | {m: pl.Float64 for m in ROUTING_RUN_METRICS})
+    return routing_metrics(store, runs, by="run", steps=steps).select("run", *ROUTING_RUN_METRICS)
+
+
+def deltas_table(table: pl.DataFrame, rates: pl.DataFrame, runs: list[str], baseline: str) -> pl.DataFrame:
+    """`metric_deltas`' pivot from its parts: `table` one row per run (token metrics, with or without the
+    token flip columns, e.g. `views.run_summary`), `rates` from `routing_rates`. Flip columns that are null
+    for every run (no trainer routing) are left out, as are the routing rates when `rates` is empty."""
+    everyone = _everyone(runs, baseline)
+    table = table.drop([c for c in ("token_any_flip_rate", "flipped_layers_per_token")
+                        if c in table.columns and table[c].null_count() == table.height])
+    if not rates.is_empty():
+        table = table.join(rates, on="run", how="left")
     metrics = [c for c in table.columns if c != "run"]
     values = {row["run"]: row for row in table.iter_rows(named=True)}
 
@@ -78,3 +91,13 @@ def metric_deltas(store: Store, runs: list[str], baseline: str, cap: float = 2.0
     for run in others:
         data[f"{run}_delta"] = [None if a is None or b is None else a - b for a, b in zip(data[run], base)]
     return pl.DataFrame(data, schema={"metric": pl.String} | {c: pl.Float64 for c in data if c != "metric"})
+
+
+def _everyone(runs: list[str], baseline: str) -> list[str]:
+    """The baseline first, then the other runs in order; refuses run names that would clash with columns."""
+    everyone = list(dict.fromkeys([baseline, *runs]))
+    reserved = {"metric", "baseline"} | {f"{r}_delta" for r in everyone}
+    if clash := [r for r in everyone if r != baseline and r in reserved]:
+        raise ValueError(f"run name(s) {', '.join(map(repr, clash))} collide with the table's own columns "
+                         "(metric, baseline, <run>_delta); rename the run to compare it")
+    return everyone

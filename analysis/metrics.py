@@ -78,45 +78,62 @@ def ratio_sql(d: str = "d") -> str:
     return f"exp(least(greatest({d}, -{CLAMP}), {CLAMP}))"
 
 
-def token_aggregates_sql(keys: Sequence[str], cap_param: str = "$cap", clip_param: str = "$clip") -> str:
-    """Select-list of the per-token aggregates over a relation with columns s, t, d, r, ps, pt.
+def token_aggregates(cap_param: str = "$cap", clip_param: str = "$clip") -> dict[str, str]:
+    """name -> SQL aggregate of each per-token metric over a relation with columns s, t, d, r, ps, pt.
 
     Exactness on identical log-probs: Δ = 0 gives r = exp(0) = 1 exactly, so every sum below is of exact
     zeros/ones. Spreads that could come out as rounding noise are guarded with min = max.
     """
-    k = ", ".join(keys)
     w = f"least(greatest(r, 1.0 / {cap_param}), {cap_param})"
-    return f"""{k}{',' if k else ''}
-        count(*) AS n_tokens,
-        avg(s - t) AS kl_k1,
-        avg(0.5 * d * d) AS kl_k2,
-        avg(r - 1.0 - d) AS kl_k3,
-        avg(abs(d)) AS log_ratio_abs_mean,
-        max(abs(d)) AS log_ratio_abs_max,
-        avg(abs(pt - ps)) AS prob_abs_diff_mean,
-        max(abs(pt - ps)) AS prob_abs_diff_max,
-        CASE WHEN min(pt) = max(pt) OR min(ps) = max(ps) THEN NULL ELSE corr(pt, ps) END AS prob_pearson,
-        avg(r) AS ratio_mean,
-        CASE WHEN min(r) = max(r) THEN 0.0 ELSE stddev_pop(r) END AS ratio_std,
-        min(r) AS ratio_min,
-        max(r) AS ratio_max,
-        avg(r * r) - 1.0 AS chi2_token,
-        count_if(r > {cap_param})::DOUBLE / count(*) AS ratio_frac_high,
-        count_if(r < 1.0 / {cap_param})::DOUBLE / count(*) AS ratio_frac_low,
-        count_if(abs(r - 1.0) > {clip_param})::DOUBLE / count(*) AS clip_frac,
-        CASE WHEN min({w}) = max({w}) THEN 1.0 ELSE avg({w}) * avg({w}) / avg({w} * {w}) END AS ess"""
+    return {
+        "n_tokens": "count(*)",
+        "kl_k1": "avg(s - t)",
+        "kl_k2": "avg(0.5 * d * d)",
+        "kl_k3": "avg(r - 1.0 - d)",
+        "log_ratio_abs_mean": "avg(abs(d))",
+        "log_ratio_abs_max": "max(abs(d))",
+        "prob_abs_diff_mean": "avg(abs(pt - ps))",
+        "prob_abs_diff_max": "max(abs(pt - ps))",
+        "prob_pearson": "CASE WHEN min(pt) = max(pt) OR min(ps) = max(ps) THEN NULL ELSE corr(pt, ps) END",
+        "ratio_mean": "avg(r)",
+        "ratio_std": "CASE WHEN min(r) = max(r) THEN 0.0 ELSE stddev_pop(r) END",
+        "ratio_min": "min(r)",
+        "ratio_max": "max(r)",
+        "chi2_token": "avg(r * r) - 1.0",
+        "ratio_frac_high": f"count_if(r > {cap_param})::DOUBLE / count(*)",
+        "ratio_frac_low": f"count_if(r < 1.0 / {cap_param})::DOUBLE / count(*)",
+        "clip_frac": f"count_if(abs(r - 1.0) > {clip_param})::DOUBLE / count(*)",
+        "ess": f"CASE WHEN min({w}) = max({w}) THEN 1.0 ELSE avg({w}) * avg({w}) / avg({w} * {w}) END",
+    }
 
 
-def grouped_token_metrics_sql(src: str, keys: Sequence[str]) -> str:
+def token_aggregates_sql(keys: Sequence[str], cap_param: str = "$cap", clip_param: str = "$clip",
+                         only: Sequence[str] | None = None) -> str:
+    """Select-list: `keys`, then the per-token aggregates of `token_aggregates` (those in `only` if given)."""
+    aggs = [f"{sql} AS {name}" for name, sql in token_aggregates(cap_param, clip_param).items()
+            if only is None or name in only]
+    return ",\n        ".join([*keys, *aggs])
+
+
+def grouped_token_metrics_sql(src: str, keys: Sequence[str], only: Sequence[str] | None = None) -> str:
     """Full METRICS.md token table over `src` (columns: keys..., step, sample, s, t), grouped by `keys`.
 
     Two GROUP BYs over the same filtered tokens: one per group for the token aggregates, one per sequence
     (run, step, sample) within the group, whose results are then averaged per group. Every query has
     at least one key, so an empty selection gives no row (a global aggregate would give a row of NULLs).
+    `only`: just these token metrics (plus n_tokens); without a per-sequence metric among them the query
+    skips the per-sequence GROUP BY.
     """
     keys = list(keys)
     if not keys:
         raise ValueError("grouped_token_metrics_sql needs at least one group key")
+    base = f"""base AS NOT MATERIALIZED (
+        SELECT {{seq_keys}}, s, t, t - s AS d, {ratio_sql('t - s')} AS r, exp(s) AS ps, exp(t) AS pt FROM ({src}) src_)"""
+    if only is not None and not {"n_sequences", "ppl_ratio", "chi2_seq", "seq_log_ratio_abs_max"} & set(only):
+        # token aggregates only: one GROUP BY, no per-sequence pass
+        k = ", ".join(keys)
+        return f"""WITH {base.format(seq_keys=k)}
+    SELECT {token_aggregates_sql(keys, only=["n_tokens", *only])} FROM base GROUP BY {k} ORDER BY {k}"""
     extra = [c for c in ("run", "step", "sample") if c not in keys]
     seq_keys = ", ".join(keys + extra)
     k = ", ".join(keys)
@@ -124,8 +141,7 @@ def grouped_token_metrics_sql(src: str, keys: Sequence[str]) -> str:
     token_cols = ", ".join(f"{'sq' if m == 'n_sequences' else 'tok'}.{m}" for m in TOKEN_METRICS
                            if m not in ("ppl_ratio", "chi2_seq", "seq_log_ratio_abs_max"))
     return f"""
-    WITH base AS (SELECT {seq_keys}, s, t, t - s AS d, {ratio_sql('t - s')} AS r, exp(s) AS ps, exp(t) AS pt
-                  FROM ({src}) src_),
+    WITH {base.format(seq_keys=seq_keys)},
     tok AS (SELECT {token_aggregates_sql(keys)} FROM base GROUP BY {k}),
     seq AS (SELECT {seq_keys}, sum(d) AS sum_d, avg(s - t) AS mean_s_minus_t FROM base GROUP BY {seq_keys}),
     sq AS (SELECT {k}, count(*) AS n_sequences,
@@ -192,17 +208,38 @@ def extreme_token_curve(store: Store, runs: list[str], taus: Sequence[float] | N
     if not taus:
         return pl.DataFrame(schema={"run": pl.String, "tau": pl.Float64, "frac": pl.Float64})
     where, params = run_filter(runs, steps)
-    counts = []
+    names = []
     for i, tau in enumerate(taus):
         params[f"tau{i}"] = tau
-        counts.append(f"count_if(m > $tau{i})::DOUBLE / count(*) AS f{i}")
-    wide = store.sql(f"""
-        SELECT run, {', '.join(counts)}
+        names.append(f"tau{i}")
+    # per token, c = #{i: m > τ_i} by binary search over the sorted τ (6 comparisons for 49 τ, not 49);
+    # F(τ_i) = #{tokens with c > i} / n follows from the few (run, c) counts
+    counts = store.sql(f"""
+        SELECT run, {_count_below_sql("m", names)} AS c, count(*) AS n
         FROM (SELECT run, greatest(r, 1.0 / r) AS m
               FROM (SELECT run, {ratio_sql('trainer_logprob - sampler_logprob')} AS r FROM tokens WHERE {where}))
-        GROUP BY run ORDER BY run""", params)
-    if wide.height == 0:
+        GROUP BY ALL""", params)
+    if counts.height == 0:
         return pl.DataFrame(schema={"run": pl.String, "tau": pl.Float64, "frac": pl.Float64})
-    tau_map = pl.DataFrame({"key": [f"f{i}" for i in range(len(taus))], "tau": taus})
-    return (wide.unpivot(index="run", variable_name="key", value_name="frac")
-            .join(tau_map, on="key").select("run", "tau", "frac").sort("run", "tau"))
+    out_run, out_tau, out_frac = [], [], []
+    for (run,), g in counts.sort("run").group_by("run", maintain_order=True):
+        per_c = np.zeros(len(taus) + 1, dtype=np.int64)
+        np.add.at(per_c, g["c"].to_numpy(), g["n"].to_numpy())
+        above = np.cumsum(per_c[::-1])[::-1]  # above[j] = #{tokens with c >= j}
+        total = int(above[0])
+        out_run += [run] * len(taus)
+        out_tau += taus
+        out_frac += [int(above[i + 1]) / total for i in range(len(taus))]
+    return pl.DataFrame({"run": out_run, "tau": out_tau, "frac": out_frac},
+                        schema={"run": pl.String, "tau": pl.Float64, "frac": pl.Float64})
+
+
+def _count_below_sql(x: str, names: Sequence[str]) -> str:
+    """SQL for #{i: x > $names[i]} when the parameters hold ascending values: a binary search of nested CASEs,
+    so each row makes ⌈log2(n + 1)⌉ comparisons."""
+    def node(lo: int, hi: int) -> str:  # the count lies in [lo, hi]
+        if lo == hi:
+            return str(lo)
+        mid = (lo + hi) // 2
+        return f"CASE WHEN {x} > ${names[mid]} THEN {node(mid + 1, hi)} ELSE {node(lo, mid)} END"
+    return node(0, len(names))

@@ -28,7 +28,10 @@ baseline = st.selectbox("Baseline", sel.runs, key="compare_baseline",
                         help="Deltas are each run's value minus the baseline's.")
 deltas = None
 with S.guard("compute the metric deltas"):
-    deltas = S.cached(compare.metric_deltas, sel.runs, baseline, cap=sel.cap, clip=sel.clip, steps=sel.steps)
+    # the Overview's run summary (usually cached already) plus the routing rates, pivoted here in polars
+    summary = S.cached(views.run_summary, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)
+    rates = S.cached(compare.routing_rates, sel.runs, steps=sel.steps)
+    deltas = compare.deltas_table(summary, rates, sel.runs, baseline)
     shown = deltas.rename({"baseline": f"{baseline} (baseline)"}) if baseline not in deltas.columns else deltas
     st.dataframe(shown, hide_index=True, key="compare_delta_table", column_config=S.number_columns(shown))
     st.caption(f"Run-level metrics over the selected steps, C = {sel.cap:g}, ε = {sel.clip:g}.")

@@ -53,6 +53,18 @@ def test_mismatch_by_matches_numpy(metrics_data, dimension, n_bins):
         data.tokens.group_by("run").len().sort("run")["len"].to_list()
 
 
+@pytest.mark.parametrize("dimension", ["prob", "length", "lag"])
+def test_mismatch_by_light_matches_numpy(metrics_data, dimension):
+    # full=False: exactly the contract's columns, one GROUP BY, same values as the numpy reference
+    store, data = metrics_data
+    df = buckets.mismatch_by(store, ["a", "b"], dimension, n_bins=6, cap=1.8, clip=0.1, full=False)
+    assert df.columns == CONTRACT
+    tokens = data.tokens.with_columns(bucket=pl.Series(_ref_bucket_index(data.tokens, dimension, 6)))
+    ref = ref_grouped(tokens, ["run", "bucket"], cap=1.8, clip=0.1)
+    assert_frame_matches(df, ref, ["run", "bucket"], columns=CONTRACT[5:])
+    assert buckets.mismatch_by(store, ["a"], dimension, steps=(10, 20), full=False).columns == CONTRACT
+
+
 def test_bucket_edges_contain_their_tokens(metrics_data):
     store, data = metrics_data
     df = buckets.mismatch_by(store, ["a"], "prob", n_bins=12)

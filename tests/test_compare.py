@@ -77,3 +77,14 @@ def test_metric_deltas_respect_the_step_range(two_runs):
     assert rows["flip_rate"]["y"] == rm.filter(pl.col("run") == "y")["flip_rate"][0]
     full = {r["metric"]: r for r in compare.metric_deltas(two_runs, ["x", "y"], baseline="x").iter_rows(named=True)}
     assert rows["n_tokens"]["y"] < full["n_tokens"]["y"]
+
+
+@pytest.mark.parametrize("runs, steps", [(["x", "y", "z"], None), (["z", "x"], (1, 1)), (["z"], None)])
+def test_page_deltas_from_the_run_summary_equal_metric_deltas(two_runs, runs, steps):
+    # the Compare page pivots the Overview's run summary instead of recomputing the token metrics
+    from analysis import views
+    summary = views.run_summary(two_runs, runs, cap=1.5, clip=0.1, steps=steps)
+    rates = compare.routing_rates(two_runs, runs, steps=steps)
+    page = compare.deltas_table(summary, rates, runs, runs[0])
+    assert page.equals(compare.metric_deltas(two_runs, runs, runs[0], cap=1.5, clip=0.1, steps=steps))
+    assert ("flip_rate" in page["metric"].to_list()) == (runs != ["z"])

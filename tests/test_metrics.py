@@ -158,3 +158,17 @@ def test_ess_is_exactly_one_when_every_weight_is_capped(metrics_store_from):
     store = metrics_store_from(_tokens([-5.0, -6.0, -7.0], [-1.0, -0.5, -2.0]))
     row = metrics.token_metrics(store, ["e"], cap=2.0).row(0, named=True)
     assert row["ess"] == 1.0 and row["ratio_frac_high"] == 1.0
+
+
+def test_extreme_token_curve_at_tau_boundaries(metrics_data):
+    # taus equal to some tokens' own max(r, 1/r) (strict > must exclude them), repeated and unsorted
+    store, data = metrics_data
+    g = data.tokens.filter(pl.col("run") == "a")
+    r = ratio(g["trainer_logprob"].to_numpy() - g["sampler_logprob"].to_numpy())
+    m = np.maximum(r, 1.0 / r)
+    picks = [float(x) for x in np.sort(m)[[0, 3, len(m) // 2, -2, -1]]]
+    taus = picks + [picks[2], 1.0, 0.5, 1e300]
+    df = metrics.extreme_token_curve(store, ["a"], taus=taus)
+    assert df["tau"].to_list() == sorted(taus)
+    for tau, frac in zip(df["tau"].to_list(), df["frac"].to_list()):
+        assert frac == np.mean(m > tau)

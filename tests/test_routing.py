@@ -1,11 +1,13 @@
 """routing.* against brute-force Python set comparisons on the same files, plus the edge cases."""
 from __future__ import annotations
 
+import doctest
 from collections import Counter, defaultdict
 
 import numpy as np
 import polars as pl
 import pytest
+from polars.testing import assert_frame_equal
 
 from analysis import routing
 from conftest import metrics_make_routing, metrics_make_tokens
@@ -76,26 +78,96 @@ def test_layer_profile_matches_reference(metrics_data):
             assert_close(row[col], float(np.mean([r[i] for r in rs])), col)
 
 
-def test_first_flip_layer_and_flip_mismatch_match_reference(metrics_data):
-    store, data = metrics_data
+FIRST_SCHEMA = {"run": pl.String, "first_flip_layer": pl.Int32, "n_tokens": pl.Int64, "frac": pl.Float64}
+MISMATCH_SCHEMA = {"run": pl.String, "flipped": pl.Boolean, "n_tokens": pl.Int64, "log_ratio_abs_mean": pl.Float64,
+                   "kl_k3": pl.Float64}
+TOKEN_FLIPS_COLUMNS = ["run", "step", "sample", "pos", "any_flip", "n_flipped", "first_flip", "d"]
+
+
+def _token_d(data) -> dict[tuple, float]:
+    return {(r["run"], r["step"], r["sample"], r["pos"]): r["trainer_logprob"] - r["sampler_logprob"]
+            for r in data.tokens.iter_rows(named=True)}
+
+
+def _check_first_and_mismatch(first: pl.DataFrame, mm: pl.DataFrame, data) -> None:
     flips = ref_token_flips(data.routing)
-    first = routing.first_flip_layer(store, ["a", "b"])
-    assert first.columns == ["run", "first_flip_layer", "n_tokens", "frac"]
+    assert dict(first.schema) == FIRST_SCHEMA
     for run in ("a", "b"):
         want = Counter(v[2] for k, v in flips.items() if k[0] == run and v[0])
         got = first.filter(pl.col("run") == run)
         assert dict(zip(got["first_flip_layer"], got["n_tokens"])) == dict(want)
         assert got["frac"].sum() == pytest.approx(1.0, rel=1e-12)
+    keys = first.select("run", "first_flip_layer")
+    assert keys.equals(keys.sort("run", "first_flip_layer"))
 
-    mm = routing.flip_mismatch(store, ["a", "b"])
-    assert mm.columns == ["run", "flipped", "n_tokens", "log_ratio_abs_mean", "kl_k3"]
-    tok = {(r["run"], r["step"], r["sample"], r["pos"]): r["trainer_logprob"] - r["sampler_logprob"]
-           for r in data.tokens.iter_rows(named=True)}
+    assert dict(mm.schema) == MISMATCH_SCHEMA
+    assert mm.select("run", "flipped").rows() == [("a", False), ("a", True), ("b", False), ("b", True)]
+    tok = _token_d(data)
     for row in mm.iter_rows(named=True):
         d = np.array([tok[k] for k, v in flips.items() if k[0] == row["run"] and v[0] == row["flipped"]])
         assert row["n_tokens"] == len(d)
         assert_close(row["log_ratio_abs_mean"], float(np.mean(np.abs(d))), "log_ratio_abs_mean")
         assert_close(row["kl_k3"], float(np.mean(ratio(d) - 1 - d)), "kl_k3")
+
+
+def test_first_flip_layer_and_flip_mismatch_match_reference(metrics_data):
+    store, data = metrics_data
+    _check_first_and_mismatch(routing.first_flip_layer(store, ["a", "b"]), routing.flip_mismatch(store, ["a", "b"]),
+                              data)
+
+
+def test_token_flips_matches_reference(metrics_data):
+    store, data = metrics_data
+    tf = routing.token_flips(store, ["a", "b"])
+    assert tf.columns == TOKEN_FLIPS_COLUMNS
+    flips, tok = ref_token_flips(data.routing), _token_d(data)
+    assert tf.height == len(flips)
+    for row in tf.iter_rows(named=True):
+        key = (row["run"], row["step"], row["sample"], row["pos"])
+        assert (row["any_flip"], row["n_flipped"], row["first_flip"]) == flips[key], key
+        assert row["d"] == pytest.approx(tok[key], rel=1e-12, abs=1e-15)
+    one = routing.token_flips(store, ["b"], steps=(1, 1))
+    assert set(zip(one["run"], one["step"])) == {("b", 1)}
+    assert one.height == sum(1 for k in flips if k[:2] == ("b", 1))
+
+
+def test_flip_tables_of_token_flips_match_reference(metrics_data):
+    """The page's path (one token_flips pass, tables derived in polars) against the brute-force references and
+    against the store-based functions (same columns, order and dtypes)."""
+    store, data = metrics_data
+    tf = routing.token_flips(store, ["a", "b"])
+    for by, keys in (("step", ["run", "step"]), ("run", ["run"])):
+        stats = routing.token_flip_stats_of(tf, by)
+        assert stats.columns == keys + ["n_tokens", "token_any_flip_rate", "flipped_layers_per_token"]
+        assert_frame_matches(stats, _ref_coarse(data, keys), keys,
+                             ["n_tokens", "token_any_flip_rate", "flipped_layers_per_token"])
+        assert_frame_equal(stats, routing.token_flip_stats(store, ["a", "b"], by=by), rel_tol=1e-12)
+    _check_first_and_mismatch(routing.first_flip_layer_of(tf), routing.flip_mismatch_of(tf), data)
+    assert_frame_equal(routing.first_flip_layer_of(tf), routing.first_flip_layer(store, ["a", "b"]), rel_tol=1e-12)
+    assert_frame_equal(routing.flip_mismatch_of(tf), routing.flip_mismatch(store, ["a", "b"]), rel_tol=1e-12)
+    with pytest.raises(ValueError, match="by must be one of"):
+        routing.token_flip_stats_of(tf, "layer")
+
+
+def test_flip_tables_of_empty_token_flips_keep_their_columns(metrics_data, metrics_store_from):
+    store, _ = metrics_data
+    tokens = metrics_make_tokens(seed=11, runs=("s",), steps=(0,), n_seq=2, max_len=6, optional=False)
+    sampler_only = metrics_store_from(tokens, metrics_make_routing(tokens, seed=12, layers=3, trainer=False))
+    for st, runs, steps in ((store, ["a", "b"], (50, 60)), (sampler_only, ["s"], None), (store, [], None)):
+        tf = routing.token_flips(st, runs, steps)
+        assert tf.height == 0 and tf.columns == TOKEN_FLIPS_COLUMNS
+        for by, keys in (("step", ["run", "step"]), ("run", ["run"])):
+            stats = routing.token_flip_stats_of(tf, by)
+            assert stats.height == 0
+            assert stats.schema == routing.token_flip_stats(st, runs, by=by, steps=steps).schema
+            assert stats.columns == keys + ["n_tokens", "token_any_flip_rate", "flipped_layers_per_token"]
+        first, mm = routing.first_flip_layer_of(tf), routing.flip_mismatch_of(tf)
+        assert first.height == 0 and dict(first.schema) == FIRST_SCHEMA
+        assert mm.height == 0 and dict(mm.schema) == MISMATCH_SCHEMA
+
+
+def test_routing_doctests():
+    assert doctest.testmod(routing).failed == 0
 
 
 def test_expert_load_matches_reference(metrics_data):

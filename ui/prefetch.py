@@ -46,20 +46,18 @@ def default_calls(sel: S.Selection, kinds: dict[str, str]) -> list[Call]:
         (distributions.prob_density_2d, ([first],), dict(n_bins=100, steps=steps)),
         (buckets.has_column_data, (runs, "sampler_entropy"), {}),
         (buckets.has_column_data, (runs, "sampler_version"), {}),
-        (buckets.mismatch_by, (runs, "prob"), dict(cap=cap, clip=clip, steps=steps)),
+        (buckets.mismatch_by, (runs, "prob"), dict(cap=cap, clip=clip, steps=steps, full=False)),
         (metrics.extreme_token_curve, (runs,), dict(steps=steps)),
     ]
     if both:  # Routing
         calls += [
             (routing.routing_metrics, ([both[0]],), dict(by="layer", steps=steps)),
             (routing.layer_profile, (both,), dict(steps=steps)),
-            (routing.first_flip_layer, (both,), dict(steps=steps)),
-            (routing.token_flip_stats, (both,), dict(by="step", steps=steps)),
-            (routing.flip_mismatch, (both,), dict(steps=steps)),
+            (routing.token_flips, (both,), dict(steps=steps)),  # the page derives its three flip charts
         ]
     if len(runs) > 1:  # Compare
         calls += [(compare.config_diff, (runs,), {}),
-                  (compare.metric_deltas, (runs, first), dict(cap=cap, clip=clip, steps=steps))]
+                  (compare.routing_rates, (runs,), dict(steps=steps))]
     calls.append((inspect.run_steps, (first,), {}))  # Sequences
     return calls
 
