@@ -9,7 +9,8 @@ import math
 
 import polars as pl
 
-from analysis.metrics import CLAMP, check_runs, run_filter
+from analysis import metrics
+from analysis.metrics import CLAMP, check_runs, ratio_sql, run_filter
 from analysis.store import Store
 
 MAX_CELLS = 100_000  # most points a chart is ever sent
@@ -48,18 +49,27 @@ def _binned(store: Store, xsrc: str, keys: list[str], params: dict, n_bins: int,
     lo, hi = _bounds(float(lo), float(hi))
     width = (hi - lo) / n_bins
     params = {**params, "lo": lo, "hi": hi, "width": width}
-    k = ", ".join(keys)
-    # Out-of-range rows form the NULL bin, counted for the total and then dropped. The share within each
-    # group is taken on the few hundred binned rows in polars: a window + ORDER BY on top of the GROUP BY
-    # doubled the query's time in DuckDB (0.12 s -> 0.24 s on 6M tokens).
     df = store.sql(f"""
-        SELECT {k}, CASE WHEN x >= $lo AND x <= $hi
-                         THEN least(floor((x - $lo) / $width), {n_bins - 1})::BIGINT END AS b,
-               count(*) AS count
+        SELECT {", ".join(keys)}, {_bin_sql("x", "", n_bins)} AS b, count(*) AS count
         FROM ({xsrc}) GROUP BY ALL""", params)
-    df = (df.with_columns(frac=pl.col("count").cast(pl.Float64) / pl.col("count").sum().over(keys))
-          .filter(pl.col("b").is_not_null()).sort([*keys, "b"]))
-    return df, lo, width
+    return _shares(df, keys), lo, width
+
+
+def _bin_sql(x: str, suffix: str, n_bins: int, inside: bool = False) -> str:
+    """Bin index of `x` in `n_bins` equal bins over [$lo<suffix>, $hi<suffix>] (top edge inclusive); NULL
+    outside the range. inside=True: the caller knows every x is in range (the range is the data's)."""
+    lo, hi, width = f"$lo{suffix}", f"$hi{suffix}", f"$width{suffix}"
+    b = f"least(floor(({x} - {lo}) / {width}), {n_bins - 1})::BIGINT"
+    return b if inside else f"CASE WHEN {x} >= {lo} AND {x} <= {hi} THEN {b} END"
+
+
+def _shares(df: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Counts per (keys, b) -> plus frac = count / all rows of the group, without the out-of-range NULL bin.
+
+    The share is taken here on the few hundred binned rows: a window + ORDER BY on top of the GROUP BY
+    doubled the query's time in DuckDB (0.12 s -> 0.24 s on 6M tokens)."""
+    return (df.with_columns(frac=pl.col("count").cast(pl.Float64) / pl.col("count").sum().over(keys))
+            .filter(pl.col("b").is_not_null()).sort([*keys, "b"]))
 
 
 def log_ratio_histogram(store: Store, runs: list[str], n_bins: int = 80, lo: float | None = None,
@@ -100,6 +110,50 @@ def ratio_histogram(store: Store, runs: list[str], n_bins: int = 80,
     return df.with_columns(bin_lo=10.0 ** pl.col("bin_lo"), bin_hi=10.0 ** pl.col("bin_hi"))
 
 
+def drift_histograms(store: Store, runs: list[str], n_bins: int = 80,
+                     steps: tuple[int, int] | None = None) -> dict[str, pl.DataFrame]:
+    """The Token drift page's three views of Δ per run from two passes over the tokens instead of five.
+
+    Returns {"log_ratio": log_ratio_histogram(runs, n_bins), "ratio": ratio_histogram(runs, n_bins),
+    "extreme": metrics.extreme_token_curve(runs)} (default τ grid), each equal to what that function returns:
+    one query takes the ranges of Δ and of log10 r, one counts tokens per (run, Δ bin, r bin, number of τ
+    below max(r, 1/r)); polars sums those few hundred rows per view.
+    """
+    n_bins = _check_bins(n_bins)
+    where, params = run_filter(check_runs(runs), steps)
+    d = "trainer_logprob - sampler_logprob"
+    src = (f"SELECT run, {d} AS xd, least(greatest({d}, -{CLAMP}), {CLAMP}) / ln(10) AS xr, "
+           f"{ratio_sql(d)} AS r FROM tokens WHERE {where}")
+    lo_d, hi_d = store.rows(f"SELECT min({d}), max({d}) FROM tokens WHERE {where}", params)[0]
+    if lo_d is None:
+        return {"log_ratio": pl.DataFrame(schema=_hist_schema({"run": pl.String})),
+                "ratio": pl.DataFrame(schema=_hist_schema({"run": pl.String})),
+                "extreme": metrics.extreme_from_counts(pl.DataFrame(), [])}
+    # log10 r = clamp(Δ)/ln 10 is monotone in Δ, so its range is the image of Δ's: the same doubles
+    # ratio_histogram's own min/max query finds (checked by tests/test_distributions.py)
+    lo_r, hi_r = (max(min(float(v), CLAMP), -CLAMP) / math.log(10) for v in (lo_d, hi_d))
+    taus = metrics.default_taus()
+    names = [f"tau{i}" for i in range(len(taus))]
+    params.update(zip(names, taus))
+    edges = {}
+    for suffix, lo, hi in (("_d", lo_d, hi_d), ("_r", lo_r, hi_r)):
+        lo, hi = _bounds(float(lo), float(hi))
+        edges[suffix] = (lo, (hi - lo) / n_bins)
+        params.update({f"lo{suffix}": lo, f"width{suffix}": edges[suffix][1]})  # no $hi: every x is inside
+    counts = store.sql(f"""
+        SELECT run, {_bin_sql("xd", "_d", n_bins, inside=True)} AS bd, {_bin_sql("xr", "_r", n_bins, inside=True)} AS br,
+               {metrics.count_below_sql("m", names)} AS c, count(*) AS n
+        FROM (SELECT run, xd, xr, greatest(r, 1.0 / r) AS m FROM ({src})) GROUP BY ALL""", params)
+
+    def hist(b: str, suffix: str) -> pl.DataFrame:
+        df = counts.group_by("run", b).agg(count=pl.col("n").sum()).rename({b: "b"})
+        return _edges(_shares(df, ["run"]), ["run"], *edges[suffix])
+
+    ratio = hist("br", "_r").with_columns(bin_lo=10.0 ** pl.col("bin_lo"), bin_hi=10.0 ** pl.col("bin_hi"))
+    return {"log_ratio": hist("bd", "_d"), "ratio": ratio,
+            "extreme": metrics.extreme_from_counts(counts, taus)}
+
+
 def step_histogram(store: Store, run: str, n_bins: int = 60, steps: tuple[int, int] | None = None) -> pl.DataFrame:
     """Histogram of Δ = t − s per step of one run (a step × Δ heatmap), bins shared by all steps.
 
@@ -109,14 +163,15 @@ def step_histogram(store: Store, run: str, n_bins: int = 60, steps: tuple[int, i
     """
     n_bins = _check_bins(n_bins)
     where, params = run_filter([run], steps)
-    first, last = store.rows(f"SELECT min(step), max(step) FROM tokens WHERE {where}", params)[0]
+    d = "trainer_logprob - sampler_logprob"
+    first, last, lo, hi = store.rows(f"SELECT min(step), max(step), min({d}), max({d}) FROM tokens WHERE {where}",
+                                     params)[0]
     if first is None:
         return pl.DataFrame(schema=_hist_schema({"step": pl.Int64}))
     stride = max(1, math.ceil((last - first + 1) * n_bins / MAX_CELLS))
     params.update(first=int(first), stride=int(stride))
-    xsrc = (f"SELECT $first + (step - $first) // $stride * $stride AS step, trainer_logprob - sampler_logprob AS x "
-            f"FROM tokens WHERE {where}")
-    df, lo, width = _binned(store, xsrc, ["step"], params, n_bins, None, None)
+    xsrc = f"SELECT $first + (step - $first) // $stride * $stride AS step, {d} AS x FROM tokens WHERE {where}"
+    df, lo, width = _binned(store, xsrc, ["step"], params, n_bins, lo, hi)  # Δ's range from the query above
     return _edges(df, ["step"], lo, width)
 
 

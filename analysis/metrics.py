@@ -215,10 +215,15 @@ def extreme_token_curve(store: Store, runs: list[str], taus: Sequence[float] | N
     # per token, c = #{i: m > τ_i} by binary search over the sorted τ (6 comparisons for 49 τ, not 49);
     # F(τ_i) = #{tokens with c > i} / n follows from the few (run, c) counts
     counts = store.sql(f"""
-        SELECT run, {_count_below_sql("m", names)} AS c, count(*) AS n
+        SELECT run, {count_below_sql("m", names)} AS c, count(*) AS n
         FROM (SELECT run, greatest(r, 1.0 / r) AS m
               FROM (SELECT run, {ratio_sql('trainer_logprob - sampler_logprob')} AS r FROM tokens WHERE {where}))
         GROUP BY ALL""", params)
+    return extreme_from_counts(counts, taus)
+
+
+def extreme_from_counts(counts: pl.DataFrame, taus: Sequence[float]) -> pl.DataFrame:
+    """F(τ) per run from token counts per (run, c), c = #{i: max(r, 1/r) > τ_i} over the ascending `taus`."""
     if counts.height == 0:
         return pl.DataFrame(schema={"run": pl.String, "tau": pl.Float64, "frac": pl.Float64})
     out_run, out_tau, out_frac = [], [], []
@@ -228,18 +233,21 @@ def extreme_token_curve(store: Store, runs: list[str], taus: Sequence[float] | N
         above = np.cumsum(per_c[::-1])[::-1]  # above[j] = #{tokens with c >= j}
         total = int(above[0])
         out_run += [run] * len(taus)
-        out_tau += taus
+        out_tau += list(taus)
         out_frac += [int(above[i + 1]) / total for i in range(len(taus))]
     return pl.DataFrame({"run": out_run, "tau": out_tau, "frac": out_frac},
                         schema={"run": pl.String, "tau": pl.Float64, "frac": pl.Float64})
 
 
-def _count_below_sql(x: str, names: Sequence[str]) -> str:
-    """SQL for #{i: x > $names[i]} when the parameters hold ascending values: a binary search of nested CASEs,
-    so each row makes ⌈log2(n + 1)⌉ comparisons."""
+def count_below_sql(x: str, names: Sequence[str]) -> str:
+    """SQL for #{i: x > $names[i]} when the parameters hold ascending values: nested CASEs, one comparison for
+    x at or below the first value, then a binary search (at most 1 + ⌈log2 n⌉ comparisons per row)."""
     def node(lo: int, hi: int) -> str:  # the count lies in [lo, hi]
         if lo == hi:
             return str(lo)
         mid = (lo + hi) // 2
         return f"CASE WHEN {x} > ${names[mid]} THEN {node(mid + 1, hi)} ELSE {node(lo, mid)} END"
-    return node(0, len(names))
+    if not names:
+        return "0"
+    # most tokens sit below the smallest τ: one comparison settles them, the search runs on the rest only
+    return f"CASE WHEN {x} <= ${names[0]} THEN 0 ELSE {node(1, len(names))} END"

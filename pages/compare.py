@@ -1,7 +1,7 @@
 """Compare: what differs between runs (configs), how much the mismatch changes, and the overlaid distributions."""
 import streamlit as st
 
-from analysis import compare, distributions, metrics, routing, views
+from analysis import compare, distributions, routing, views
 from ui import charts, glossary, routing_charts
 from ui import state as S
 
@@ -50,12 +50,13 @@ if deltas is not None:
 
 st.subheader("Distributions")
 left, right = st.columns(2)
+hists = None
 with left, S.guard("bin Δ"):
-    df = S.cached(distributions.log_ratio_histogram, sel.runs, n_bins=80, steps=sel.steps)
-    st.plotly_chart(charts.histogram(df, colors, "Δ = t − s", log_y=True), key="compare_hist")
+    hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=80, steps=sel.steps)  # Token drift's default
+    st.plotly_chart(charts.histogram(hists["log_ratio"], colors, "Δ = t − s", log_y=True), key="compare_hist")
 with right, S.guard("compute the extreme-token curve"):
-    df = S.cached(metrics.extreme_token_curve, sel.runs, steps=sel.steps)
-    st.plotly_chart(charts.extreme_curve(df, colors), key="compare_extreme")
+    if hists is not None:
+        st.plotly_chart(charts.extreme_curve(hists["extreme"], colors), key="compare_extreme")
 
 with S.guard("compute the per-step kl_k3"):
     per_step = S.cached(views.step_metrics, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)

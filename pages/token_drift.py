@@ -2,7 +2,7 @@
 where the mismatch lives (probability, position, length, entropy, staleness) and the extreme-token curve."""
 import streamlit as st
 
-from analysis import buckets, distributions, metrics
+from analysis import buckets, distributions
 from ui import charts, glossary
 from ui import state as S
 
@@ -20,15 +20,17 @@ c1, c2 = st.columns([1, 3])
 log_y = c1.toggle("Log y (show the tails)", value=True, key="tokens_logy")
 n_bins = c2.slider("Bins", 20, 200, 80, step=10, key="tokens_bins")
 left, right = st.columns(2)
+# Δ histogram, r histogram and the extreme-token curve (further down) come from one shared pass
+hists = None
 with left, S.guard("bin Δ"):
-    df = S.cached(distributions.log_ratio_histogram, sel.runs, n_bins=n_bins, steps=sel.steps)
-    st.plotly_chart(charts.histogram(df, colors, "Δ = t − s", log_y=log_y), key="tokens_hist_delta")
+    hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=n_bins, steps=sel.steps)
+    st.plotly_chart(charts.histogram(hists["log_ratio"], colors, "Δ = t − s", log_y=log_y), key="tokens_hist_delta")
     st.caption("Histogram of Δ: a narrow spike at 0 means the trainer reproduces the sampler; "
                "wide or skewed shoulders are numerical drift.")
 with right, S.guard("bin r"):
-    df = S.cached(distributions.ratio_histogram, sel.runs, n_bins=n_bins, steps=sel.steps)
-    st.plotly_chart(charts.histogram(df, colors, "r = π_trainer / π_sampler (log axis)", log_y=log_y, log_x=True),
-                    key="tokens_hist_ratio")
+    if hists is not None:
+        st.plotly_chart(charts.histogram(hists["ratio"], colors, "r = π_trainer / π_sampler (log axis)",
+                                         log_y=log_y, log_x=True), key="tokens_hist_ratio")
     st.caption(f"Histogram of r on a log axis; tokens beyond C = {sel.cap:g} (or below 1/C) are what importance "
                "sampling corrections cap or reject.")
 
@@ -96,7 +98,7 @@ with S.guard("group the tokens"):
 
 st.subheader("Extreme tokens")
 with S.guard("compute the extreme-token curve"):
-    df = S.cached(metrics.extreme_token_curve, sel.runs, steps=sel.steps)
-    st.plotly_chart(charts.extreme_curve(df, colors), key="tokens_extreme")
+    if hists is not None:  # else the shared pass failed, and said so, above
+        st.plotly_chart(charts.extreme_curve(hists["extreme"], colors), key="tokens_extreme")
     st.caption("F(τ): the share of tokens whose ratio is off by more than a factor τ in either direction "
                "(max(r, 1/r) > τ). A heavy tail here is what breaks importance-sampling corrections.")

@@ -100,3 +100,29 @@ def test_identical_logprobs_fall_in_one_bin(metrics_store_from):
     store = metrics_store_from(tokens)
     df = distributions.log_ratio_histogram(store, ["e"])
     assert df["count"].to_list() == [3] and df["bin_lo"][0] <= 0.0 <= df["bin_hi"][0]
+
+
+def _bundle_matches(store, runs, n_bins, steps=None):
+    from analysis import metrics
+    got = distributions.drift_histograms(store, runs, n_bins=n_bins, steps=steps)
+    want = {"log_ratio": distributions.log_ratio_histogram(store, runs, n_bins=n_bins, steps=steps),
+            "ratio": distributions.ratio_histogram(store, runs, n_bins=n_bins, steps=steps),
+            "extreme": metrics.extreme_token_curve(store, runs, steps=steps)}
+    assert got.keys() == want.keys()
+    for key in want:  # the same frames, value for value (counts are integers; edges the same arithmetic)
+        assert got[key].schema == want[key].schema, key
+        assert got[key].equals(want[key]), key
+
+
+@pytest.mark.parametrize("runs, n_bins, steps", [(["a", "b"], 25, None), (["b"], 80, (1, 2)), (["a"], 1, None),
+                                                  (["a"], 40, (9, 9)), ([], 10, None)])
+def test_drift_histograms_equal_the_separate_functions(metrics_data, runs, n_bins, steps):
+    store, _ = metrics_data
+    _bundle_matches(store, runs, n_bins, steps)
+
+
+def test_drift_histograms_on_identical_logprobs(metrics_store_from):
+    s = [-0.1, -1.0, -3.0]
+    tokens = pl.DataFrame({"run": ["e"] * 3, "step": [0] * 3, "sample": [0] * 3, "pos": [0, 1, 2],
+                           "sampler_logprob": s, "trainer_logprob": s})
+    _bundle_matches(metrics_store_from(tokens), ["e"], 80)

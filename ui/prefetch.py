@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Callable
 
-from analysis import buckets, compare, distributions, inspect, metrics, routing, views
+from analysis import buckets, compare, distributions, inspect, routing, views
 from ui import access
 from ui import state as S
 
@@ -40,14 +40,12 @@ def default_calls(sel: S.Selection, kinds: dict[str, str]) -> list[Call]:
         (views.run_summary, (runs,), dict(cap=cap, clip=clip, steps=steps)),
         (views.step_metrics, (runs,), dict(cap=cap, clip=clip, steps=steps)),
         # Token drift
-        (distributions.log_ratio_histogram, (runs,), dict(n_bins=80, steps=steps)),
-        (distributions.ratio_histogram, (runs,), dict(n_bins=80, steps=steps)),
+        (distributions.drift_histograms, (runs,), dict(n_bins=80, steps=steps)),
         (distributions.step_histogram, (first,), dict(n_bins=60, steps=steps)),
         (distributions.prob_density_2d, ([first],), dict(n_bins=100, steps=steps)),
         (buckets.has_column_data, (runs, "sampler_entropy"), {}),
         (buckets.has_column_data, (runs, "sampler_version"), {}),
         (buckets.mismatch_by, (runs, "prob"), dict(cap=cap, clip=clip, steps=steps, full=False)),
-        (metrics.extreme_token_curve, (runs,), dict(steps=steps)),
     ]
     if both:  # Routing
         calls += [
