@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.metrics import CLAMP, check_runs, run_filter
+from analysis.metrics import check_runs, ratio_sql, run_filter
 from analysis.store import Store
 
 # Per (run, step, layer): counts over rows with both sides, so that coarser groups can re-aggregate exactly.
@@ -123,72 +123,67 @@ def layer_profile(store: Store, runs: list[str], steps: tuple[int, int] | None =
         GROUP BY run, layer ORDER BY run, layer""", params)
 
 
-def token_flips(store: Store, runs: list[str], steps: tuple[int, int] | None = None) -> pl.DataFrame:
-    """One row per token with trainer routing: the per-token pass that the flip statistics below share.
+# The flip views share one per-token pass; each view is one grouping set of it.
+FLIP_VIEWS = {"step": ("run", "step"), "run": ("run",), "first_flip": ("run", "first_flip"),
+              "mismatch": ("run", "any_flip")}
 
-    any_flip = 𝟙[∃ layer: E_s ≠ E_t], n_flipped = #{layers with E_s ≠ E_t}, first_flip = lowest such layer
-    (null without a flip), d = Δ = t − s of the token (null where the tokens table has no such token).
-    Returns [run, step, sample, pos, any_flip, n_flipped, first_flip, d], unordered; derive the charts'
-    tables with `token_flip_stats_of`, `first_flip_layer_of` and `flip_mismatch_of`.
 
-    Example: a token flipping at layers 1 and 3 of 4 gives any_flip = True, n_flipped = 2, first_flip = 1.
+def flip_views(store: Store, runs: list[str], steps: tuple[int, int] | None = None,
+               views: tuple[str, ...] = ("step", "first_flip", "mismatch")) -> dict[str, pl.DataFrame]:
+    """Several per-token flip tables from one pass over the routing rows (a GROUP BY GROUPING SETS).
+
+    views: "step" / "run" = `token_flip_stats(by=...)`, "first_flip" = `first_flip_layer`, "mismatch" =
+    `flip_mismatch` (only this one joins the tokens table, for Δ). Returns {view: the frame that function
+    returns}: the same columns, dtypes, order and aggregates.
     """
-    return _token_flips(store, runs, steps, with_d=True)
-
-
-def _token_flips(store: Store, runs: list[str], steps: tuple[int, int] | None, with_d: bool) -> pl.DataFrame:
-    """`token_flips`; with_d=False leaves out d and the join with the tokens table that it costs (on 6M tokens
-    the join more than doubles the query: `token_flip_stats` runs on the Overview's first load)."""
+    unknown = [v for v in views if v not in FLIP_VIEWS]
+    if unknown or not views:
+        raise ValueError(f"views must be some of {', '.join(FLIP_VIEWS)}, got {views!r}")
     runs = check_runs(runs)
     where, params = _filter(store, runs, steps)
     flips = _TOKEN_FLIPS.format(where=where)
-    if not with_d:
-        return store.sql(flips, params)
-    twhere, tparams = run_filter(runs, steps, alias="t")
-    params.update(tparams)
-    # LEFT JOIN: the flip counts never depend on the tokens table
-    return store.sql(f"""
-        SELECT f.run, f.step, f.sample, f.pos, f.any_flip, f.n_flipped, f.first_flip, t.d
-        FROM ({flips}) f
-        LEFT JOIN (SELECT run, step, sample, pos, trainer_logprob - sampler_logprob AS d FROM tokens t
-                   WHERE {twhere}) t
-          ON f.run = t.run AND f.step = t.step AND f.sample = t.sample AND f.pos = t.pos""", params)
+    if "mismatch" in views:
+        twhere, tparams = run_filter(runs, steps, alias="t")
+        params.update(tparams)
+        # LEFT JOIN: the flip counts never depend on the tokens table
+        flips = f"""
+            SELECT f.*, t.d FROM ({flips}) f
+            LEFT JOIN (SELECT run, step, sample, pos, trainer_logprob - sampler_logprob AS d FROM tokens t
+                       WHERE {twhere}) t
+              ON f.run = t.run AND f.step = t.step AND f.sample = t.sample AND f.pos = t.pos"""
+    else:
+        flips = f"SELECT *, NULL::DOUBLE AS d FROM ({flips})"
+    cols = [c for c in ("step", "first_flip", "any_flip") if any(c in FLIP_VIEWS[v] for v in views)]
+    sets = ", ".join(f"({', '.join(FLIP_VIEWS[v])})" for v in views)
+    df = store.sql(f"""
+        SELECT {', '.join(['run', *cols])}, {f"GROUPING({', '.join(cols)})" if cols else "0"} AS g,
+               count(*) AS n_tokens,
+               avg(any_flip::DOUBLE) AS token_any_flip_rate, avg(n_flipped::DOUBLE) AS flipped_layers_per_token,
+               count(d) AS n_d, avg(abs(d)) AS log_ratio_abs_mean, avg({ratio_sql('d')} - 1.0 - d) AS kl_k3
+        FROM ({flips}) GROUP BY GROUPING SETS ({sets})""", params)
 
+    def rows(view: str) -> pl.DataFrame:  # GROUPING() sets a bit for each column left out of the set
+        g = sum(1 << (len(cols) - 1 - i) for i, c in enumerate(cols) if c not in FLIP_VIEWS[view])
+        return df.filter(pl.col("g") == g)
 
-def token_flip_stats_of(tf: pl.DataFrame, by: str = "step") -> pl.DataFrame:
-    """`token_flip_stats` from a `token_flips` frame: polars over one row per token, no query.
-
-    >>> tf = pl.DataFrame({"run": ["a", "a"], "step": [0, 0], "any_flip": [True, False], "n_flipped": [2, 0]})
-    >>> token_flip_stats_of(tf).rows()
-    [('a', 0, 2, 0.5, 1.0)]
-    """
-    _check_by(by, ("step", "run"))
-    keys = ["run", "step"] if by == "step" else ["run"]
-    return (tf.group_by(keys)
-            .agg(n_tokens=pl.len().cast(pl.Int64),
-                 token_any_flip_rate=pl.col("any_flip").cast(pl.Float64).mean(),
-                 flipped_layers_per_token=pl.col("n_flipped").cast(pl.Float64).mean())
-            .sort(keys))
-
-
-def first_flip_layer_of(tf: pl.DataFrame) -> pl.DataFrame:
-    """`first_flip_layer` from a `token_flips` frame (tokens with any_flip only; frac per run)."""
-    df = (tf.filter(pl.col("any_flip"))
-          .group_by("run", pl.col("first_flip").alias("first_flip_layer"))
-          .agg(n_tokens=pl.len().cast(pl.Int64)))
-    return (df.with_columns(frac=pl.col("n_tokens").cast(pl.Float64) / pl.col("n_tokens").sum().over("run"))
-            .sort("run", "first_flip_layer"))
-
-
-def flip_mismatch_of(tf: pl.DataFrame) -> pl.DataFrame:
-    """`flip_mismatch` from a `token_flips` frame: mean |Δ| and mean(r − 1 − Δ), r = exp(clamp(Δ, −20, 20)),
-    per (run, flipped); tokens without a log-prob pair (d null) are left out."""
-    d = pl.col("d")
-    r = d.clip(-CLAMP, CLAMP).exp()  # the r of metrics.ratio_sql
-    return (tf.filter(d.is_not_null())
-            .group_by("run", pl.col("any_flip").alias("flipped"))
-            .agg(n_tokens=pl.len().cast(pl.Int64), log_ratio_abs_mean=d.abs().mean(), kl_k3=(r - 1.0 - d).mean())
-            .sort("run", "flipped"))
+    out: dict[str, pl.DataFrame] = {}
+    for view in views:
+        part = rows(view)
+        if view in ("step", "run"):
+            keys = list(FLIP_VIEWS[view])
+            out[view] = part.select(*keys, "n_tokens", "token_any_flip_rate", "flipped_layers_per_token").sort(keys)
+        elif view == "first_flip":  # tokens without a flip have no first flipped layer: the NULL group
+            part = part.filter(pl.col("first_flip").is_not_null())
+            out[view] = (part.select("run", pl.col("first_flip").alias("first_flip_layer"), "n_tokens")
+                         .with_columns(frac=pl.col("n_tokens").cast(pl.Float64)
+                                       / pl.col("n_tokens").sum().over("run"))
+                         .sort("run", "first_flip_layer"))
+        else:  # tokens with a log-prob pair only (d is never null once ingested; kept for safety)
+            out[view] = (part.filter(pl.col("n_d") > 0)
+                         .select("run", pl.col("any_flip").alias("flipped"), pl.col("n_d").alias("n_tokens"),
+                                 "log_ratio_abs_mean", "kl_k3")
+                         .sort("run", "flipped"))
+    return out
 
 
 def token_flip_stats(store: Store, runs: list[str], by: str = "step",
@@ -204,7 +199,7 @@ def token_flip_stats(store: Store, runs: list[str], by: str = "step",
     token_any_flip_rate = 0.5, flipped_layers_per_token = 1.0.
     """
     _check_by(by, ("step", "run"))
-    return token_flip_stats_of(_token_flips(store, runs, steps, with_d=False), by)
+    return flip_views(store, runs, steps, views=(by,))[by]
 
 
 def first_flip_layer(store: Store, runs: list[str], steps: tuple[int, int] | None = None) -> pl.DataFrame:
@@ -213,7 +208,7 @@ def first_flip_layer(store: Store, runs: list[str], steps: tuple[int, int] | Non
     frac = n_tokens / (tokens of the run with a flip), so the fracs of a run sum to 1.
     Returns [run, first_flip_layer, n_tokens, frac].
     """
-    return first_flip_layer_of(_token_flips(store, runs, steps, with_d=False))
+    return flip_views(store, runs, steps, views=("first_flip",))["first_flip"]
 
 
 def expert_load(store: Store, run: str, step: int, layer: int) -> pl.DataFrame:
@@ -239,4 +234,4 @@ def flip_mismatch(store: Store, runs: list[str], steps: tuple[int, int] | None =
     Δ = t − s, r = exp(clamp(Δ, −20, 20)). Returns [run, flipped, n_tokens, log_ratio_abs_mean, kl_k3];
     an empty group gives no row.
     """
-    return flip_mismatch_of(token_flips(store, runs, steps))
+    return flip_views(store, runs, steps, views=("mismatch",))["mismatch"]

@@ -52,10 +52,10 @@ if both:
             st.plotly_chart(routing_charts.layer_heatmap(df, value), key="routing_layer_heatmap")
             st.caption(f"**{value}**: {glossary.describe(value)}.")
 
-    # one per-token pass over the routing table; the three flip charts below are polars views of it
+    # one per-token pass over the routing table feeds the three flip charts below
     flips = None
     with S.guard("compute flips per token"):
-        flips = S.cached(routing.token_flips, both, steps=sel.steps)
+        flips = S.cached(routing.flip_views, both, steps=sel.steps)
 
     left, right = st.columns(2)
     with left, S.guard("compute the layer profile"):
@@ -66,14 +66,14 @@ if both:
     if flips is not None:  # else the error is shown above
         with right, S.guard("compute the first flipped layer"):
             st.markdown("**First layer where a token's experts flip**")
-            df = routing.first_flip_layer_of(flips)
+            df = flips["first_flip"]
             st.plotly_chart(routing_charts.first_flip(df, colors), key="routing_first_flip")
             st.caption("Where divergence starts: once one layer routes differently, later layers see different "
                        "inputs.")
 
         st.subheader("Tokens with a flip, per step")
         with S.guard("compute flips per step"):
-            df = routing.token_flip_stats_of(flips, by="step")
+            df = flips["step"]
             st.plotly_chart(charts.step_curves(df, ["token_any_flip_rate", "flipped_layers_per_token"], colors),
                             key="routing_flip_steps")
             st.caption(f"**token_any_flip_rate**: {glossary.describe('token_any_flip_rate')}. "
@@ -81,7 +81,7 @@ if both:
 
         st.subheader("Do flips cost log-prob agreement?")
         with S.guard("compare flipped and unflipped tokens"):
-            df = routing.flip_mismatch_of(flips)
+            df = flips["mismatch"]
             st.plotly_chart(routing_charts.flip_mismatch(df, colors), key="routing_flip_mismatch")
             st.caption("Mean |Δ| and kl_k3 of tokens with at least one flipped layer against tokens without. A "
                        "large gap says routing replay (R3) would remove much of the mismatch.")

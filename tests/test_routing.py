@@ -81,7 +81,6 @@ def test_layer_profile_matches_reference(metrics_data):
 FIRST_SCHEMA = {"run": pl.String, "first_flip_layer": pl.Int32, "n_tokens": pl.Int64, "frac": pl.Float64}
 MISMATCH_SCHEMA = {"run": pl.String, "flipped": pl.Boolean, "n_tokens": pl.Int64, "log_ratio_abs_mean": pl.Float64,
                    "kl_k3": pl.Float64}
-TOKEN_FLIPS_COLUMNS = ["run", "step", "sample", "pos", "any_flip", "n_flipped", "first_flip", "d"]
 
 
 def _token_d(data) -> dict[tuple, float]:
@@ -116,54 +115,42 @@ def test_first_flip_layer_and_flip_mismatch_match_reference(metrics_data):
                               data)
 
 
-def test_token_flips_matches_reference(metrics_data):
+def test_flip_views_match_reference_and_the_single_functions(metrics_data):
+    """The page's path (one pass, several grouping sets) against the brute-force references and against the
+    store-based functions (same columns, order and dtypes)."""
     store, data = metrics_data
-    tf = routing.token_flips(store, ["a", "b"])
-    assert tf.columns == TOKEN_FLIPS_COLUMNS
-    flips, tok = ref_token_flips(data.routing), _token_d(data)
-    assert tf.height == len(flips)
-    for row in tf.iter_rows(named=True):
-        key = (row["run"], row["step"], row["sample"], row["pos"])
-        assert (row["any_flip"], row["n_flipped"], row["first_flip"]) == flips[key], key
-        assert row["d"] == pytest.approx(tok[key], rel=1e-12, abs=1e-15)
-    one = routing.token_flips(store, ["b"], steps=(1, 1))
-    assert set(zip(one["run"], one["step"])) == {("b", 1)}
-    assert one.height == sum(1 for k in flips if k[:2] == ("b", 1))
-
-
-def test_flip_tables_of_token_flips_match_reference(metrics_data):
-    """The page's path (one token_flips pass, tables derived in polars) against the brute-force references and
-    against the store-based functions (same columns, order and dtypes)."""
-    store, data = metrics_data
-    tf = routing.token_flips(store, ["a", "b"])
+    views = routing.flip_views(store, ["a", "b"], views=("step", "run", "first_flip", "mismatch"))
     for by, keys in (("step", ["run", "step"]), ("run", ["run"])):
-        stats = routing.token_flip_stats_of(tf, by)
+        stats = views[by]
         assert stats.columns == keys + ["n_tokens", "token_any_flip_rate", "flipped_layers_per_token"]
         assert_frame_matches(stats, _ref_coarse(data, keys), keys,
                              ["n_tokens", "token_any_flip_rate", "flipped_layers_per_token"])
         assert_frame_equal(stats, routing.token_flip_stats(store, ["a", "b"], by=by), rel_tol=1e-12)
-    _check_first_and_mismatch(routing.first_flip_layer_of(tf), routing.flip_mismatch_of(tf), data)
-    assert_frame_equal(routing.first_flip_layer_of(tf), routing.first_flip_layer(store, ["a", "b"]), rel_tol=1e-12)
-    assert_frame_equal(routing.flip_mismatch_of(tf), routing.flip_mismatch(store, ["a", "b"]), rel_tol=1e-12)
+    _check_first_and_mismatch(views["first_flip"], views["mismatch"], data)
+    assert_frame_equal(views["first_flip"], routing.first_flip_layer(store, ["a", "b"]), rel_tol=1e-12)
+    assert_frame_equal(views["mismatch"], routing.flip_mismatch(store, ["a", "b"]), rel_tol=1e-12)
+    one = routing.flip_views(store, ["b"], steps=(1, 1))
+    flips = ref_token_flips(data.routing)
+    assert one["step"].rows()[0][:3] == ("b", 1, sum(1 for k in flips if k[:2] == ("b", 1)))
+    with pytest.raises(ValueError, match="views must be"):
+        routing.flip_views(store, ["a"], views=("layer",))
     with pytest.raises(ValueError, match="by must be one of"):
-        routing.token_flip_stats_of(tf, "layer")
+        routing.token_flip_stats(store, ["a"], by="layer")
 
 
-def test_flip_tables_of_empty_token_flips_keep_their_columns(metrics_data, metrics_store_from):
+def test_flip_views_of_nothing_keep_their_columns(metrics_data, metrics_store_from):
     store, _ = metrics_data
     tokens = metrics_make_tokens(seed=11, runs=("s",), steps=(0,), n_seq=2, max_len=6, optional=False)
     sampler_only = metrics_store_from(tokens, metrics_make_routing(tokens, seed=12, layers=3, trainer=False))
     for st, runs, steps in ((store, ["a", "b"], (50, 60)), (sampler_only, ["s"], None), (store, [], None)):
-        tf = routing.token_flips(st, runs, steps)
-        assert tf.height == 0 and tf.columns == TOKEN_FLIPS_COLUMNS
+        views = routing.flip_views(st, runs, steps, views=("step", "run", "first_flip", "mismatch"))
         for by, keys in (("step", ["run", "step"]), ("run", ["run"])):
-            stats = routing.token_flip_stats_of(tf, by)
+            stats = views[by]
             assert stats.height == 0
-            assert stats.schema == routing.token_flip_stats(st, runs, by=by, steps=steps).schema
             assert stats.columns == keys + ["n_tokens", "token_any_flip_rate", "flipped_layers_per_token"]
-        first, mm = routing.first_flip_layer_of(tf), routing.flip_mismatch_of(tf)
-        assert first.height == 0 and dict(first.schema) == FIRST_SCHEMA
-        assert mm.height == 0 and dict(mm.schema) == MISMATCH_SCHEMA
+            assert stats.schema == routing.token_flip_stats(store, ["a"], by=by).schema
+        assert views["first_flip"].height == 0 and dict(views["first_flip"].schema) == FIRST_SCHEMA
+        assert views["mismatch"].height == 0 and dict(views["mismatch"].schema) == MISMATCH_SCHEMA
 
 
 def test_routing_doctests():

@@ -51,7 +51,7 @@ def default_calls(sel: S.Selection, kinds: dict[str, str]) -> list[Call]:
         calls += [
             (routing.routing_metrics, ([both[0]],), dict(by="layer", steps=steps)),
             (routing.layer_profile, (both,), dict(steps=steps)),
-            (routing.token_flips, (both,), dict(steps=steps)),  # the page derives its three flip charts
+            (routing.flip_views, (both,), dict(steps=steps)),  # the page derives its three flip charts
         ]
     if len(runs) > 1:  # Compare
         calls += [(compare.config_diff, (runs,), {}),
