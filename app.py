@@ -28,10 +28,10 @@ except Exception as e:  # a broken database must still leave a readable page
     st.error(f"Could not open the database: {S.explain(e)}")
     st.stop()
 
-page.run()
-
-try:  # reached only when the page finished (st.stop ends the run before this)
+try:  # the page's own default views first, then the other pages' (ui/prefetch.py)
     from ui import prefetch
-    prefetch.start(S.selection())
+    prefetch.start(S.selection(), page.url_path)
 except Exception:
     S.log.exception("prefetch failed to start")
+
+page.run()

@@ -64,7 +64,7 @@ def routing_rates(store: Store, runs: list[str], steps: tuple[int, int] | None =
     trainer routing (`routing.routing_metrics(by="run")`); no rows when none of `runs` has it."""
     if not has_trainer_routing(store, runs):
         return pl.DataFrame(schema={"run": pl.String} | {m: pl.Float64 for m in ROUTING_RUN_METRICS})
-    return routing_metrics(store, runs, by="run", steps=steps).select("run", *ROUTING_RUN_METRICS)
+    return routing_metrics(store, runs, by="run", steps=steps, token_flips=False).select("run", *ROUTING_RUN_METRICS)
 
 
 def deltas_table(table: pl.DataFrame, rates: pl.DataFrame, runs: list[str], baseline: str) -> pl.DataFrame:

@@ -115,7 +115,8 @@ def token_aggregates_sql(keys: Sequence[str], cap_param: str = "$cap", clip_para
     return ",\n        ".join([*keys, *aggs])
 
 
-def grouped_token_metrics_sql(src: str, keys: Sequence[str], only: Sequence[str] | None = None) -> str:
+def grouped_token_metrics_sql(src: str, keys: Sequence[str], only: Sequence[str] | None = None,
+                              sets: Sequence[Sequence[str]] | None = None) -> str:
     """Full METRICS.md token table over `src` (columns: keys..., step, sample, s, t), grouped by `keys`.
 
     Two GROUP BYs over the same filtered tokens: one per group for the token aggregates, one per sequence
@@ -123,35 +124,45 @@ def grouped_token_metrics_sql(src: str, keys: Sequence[str], only: Sequence[str]
     at least one key, so an empty selection gives no row (a global aggregate would give a row of NULLs).
     `only`: just these token metrics (plus n_tokens); without a per-sequence metric among them the query
     skips the per-sequence GROUP BY.
+    `sets`: several groupings at once (GROUP BY GROUPING SETS, each a subset of `keys`, one scan of the
+    tokens for all): a key outside a row's set is NULL there, and the column grouping_id = GROUPING(keys)
+    tells the sets apart (bit i, counted from the last key, set when keys[-1 - i] is not in the set).
     """
     keys = list(keys)
     if not keys:
         raise ValueError("grouped_token_metrics_sql needs at least one group key")
+    k = ", ".join(keys)
+    group, gid = k, ""
+    if sets is not None:
+        if not sets or any(not s or not set(s) <= set(keys) for s in sets):
+            raise ValueError(f"grouping sets must be non-empty subsets of {keys}, got {sets!r}")
+        group = "GROUPING SETS (" + ", ".join(f"({', '.join(s)})" for s in sets) + ")"
+        gid = f"GROUPING({k}) AS grouping_id, "
     base = f"""base AS NOT MATERIALIZED (
         SELECT {{seq_keys}}, s, t, t - s AS d, {ratio_sql('t - s')} AS r, exp(s) AS ps, exp(t) AS pt FROM ({src}) src_)"""
     if only is not None and not {"n_sequences", "ppl_ratio", "chi2_seq", "seq_log_ratio_abs_max"} & set(only):
         # token aggregates only: one GROUP BY, no per-sequence pass
-        k = ", ".join(keys)
         return f"""WITH {base.format(seq_keys=k)}
-    SELECT {token_aggregates_sql(keys, only=["n_tokens", *only])} FROM base GROUP BY {k} ORDER BY {k}"""
+    SELECT {gid}{token_aggregates_sql(keys, only=["n_tokens", *only])} FROM base GROUP BY {group} ORDER BY {k}"""
     extra = [c for c in ("run", "step", "sample") if c not in keys]
     seq_keys = ", ".join(keys + extra)
-    k = ", ".join(keys)
-    on = " AND ".join(f"tok.{c} IS NOT DISTINCT FROM sq.{c}" for c in keys)
+    on = " AND ".join([f"tok.{c} IS NOT DISTINCT FROM sq.{c}" for c in keys]
+                      + (["tok.grouping_id = sq.grouping_id"] if gid else []))
     token_cols = ", ".join(f"{'sq' if m == 'n_sequences' else 'tok'}.{m}" for m in TOKEN_METRICS
                            if m not in ("ppl_ratio", "chi2_seq", "seq_log_ratio_abs_max"))
     return f"""
     WITH {base.format(seq_keys=seq_keys)},
-    tok AS (SELECT {token_aggregates_sql(keys)} FROM base GROUP BY {k}),
+    tok AS (SELECT {gid}{token_aggregates_sql(keys)} FROM base GROUP BY {group}),
     seq AS (SELECT {seq_keys}, sum(d) AS sum_d, avg(s - t) AS mean_s_minus_t FROM base GROUP BY {seq_keys}),
-    sq AS (SELECT {k}, count(*) AS n_sequences,
+    sq AS (SELECT {gid}{k}, count(*) AS n_sequences,
                   avg(exp(mean_s_minus_t)) AS ppl_ratio,
                   avg(exp(2.0 * least(greatest(sum_d, -{CLAMP}), {CLAMP})) - 1.0) AS chi2_seq,
                   max(abs(sum_d)) AS seq_log_ratio_abs_max
-           FROM seq GROUP BY {k})
-    SELECT {', '.join('tok.' + c for c in keys)}, {token_cols}, sq.ppl_ratio, sq.chi2_seq, sq.seq_log_ratio_abs_max
+           FROM seq GROUP BY {group})
+    SELECT {'tok.grouping_id, ' if gid else ''}{', '.join('tok.' + c for c in keys)}, {token_cols},
+           sq.ppl_ratio, sq.chi2_seq, sq.seq_log_ratio_abs_max
     FROM tok JOIN sq ON {on}
-    ORDER BY {', '.join('tok.' + c for c in keys)}"""
+    ORDER BY {'tok.grouping_id, ' if gid else ''}{', '.join('tok.' + c for c in keys)}"""
 
 
 # -- public metrics ----------------------------------------------------------------------------------
@@ -186,6 +197,22 @@ def token_metrics(store: Store, runs: list[str], by: str = "step", cap: float = 
     src = f"SELECT run, step, sample, sampler_logprob AS s, trainer_logprob AS t FROM tokens WHERE {where}"
     params.update(cap=float(cap), clip=float(clip))
     return store.sql(grouped_token_metrics_sql(src, keys), params)
+
+
+def token_metrics_by_run_and_step(store: Store, runs: list[str], cap: float = 2.0, clip: float = 0.2,
+                                  steps: tuple[int, int] | None = None) -> dict[str, pl.DataFrame]:
+    """{"run": token_metrics(by="run"), "step": token_metrics(by="step")} from one scan of the tokens
+    (GROUP BY GROUPING SETS): the same columns, dtypes, order and aggregates as the two calls."""
+    check_cap_clip(cap, clip)
+    runs = check_runs(runs)
+    where, params = run_filter(runs, steps)
+    src = f"SELECT run, step, sample, sampler_logprob AS s, trainer_logprob AS t FROM tokens WHERE {where}"
+    params.update(cap=float(cap), clip=float(clip))
+    df = store.sql(grouped_token_metrics_sql(src, ["run", "step"], sets=[["run"], ["run", "step"]]), params)
+    # GROUPING(run, step): 1 where step is rolled up (the per-run rows), 0 for the per-step rows
+    by_run = df.filter(pl.col("grouping_id") == 1).drop("grouping_id", "step")
+    by_step = df.filter(pl.col("grouping_id") == 0).drop("grouping_id")
+    return {"run": by_run, "step": by_step}
 
 
 def default_taus() -> list[float]:

@@ -60,7 +60,7 @@ def _check_by(by: str, allowed: tuple[str, ...]) -> None:
 
 
 def routing_metrics(store: Store, runs: list[str], by: str = "layer",
-                    steps: tuple[int, int] | None = None) -> pl.DataFrame:
+                    steps: tuple[int, int] | None = None, token_flips: bool = True) -> pl.DataFrame:
     """Router agreement per (run, step, layer) (`by="layer"`), per (run, step) or per run.
 
     Over routing rows where both sides were recorded (E_s, E_t = top-k expert sets):
@@ -73,7 +73,8 @@ def routing_metrics(store: Store, runs: list[str], by: str = "layer",
     by="step" / "run": flip_rate, top1_flip_rate and overlap pool all (token, layer) rows (n_rows of them);
     load_max_vio_* is the mean of the per-(step, layer) values; n_tokens = tokens with trainer routing;
     token_any_flip_rate = mean over those tokens of 𝟙[some layer flips]; flipped_layers_per_token = mean
-    number of flipped layers.
+    number of flipped layers. token_flips=False (by="step" / "run"): without n_tokens and those two per-token
+    columns, which cost a pass over the routing rows per token.
 
     Example: a token whose sampler picked [3, 7] and trainer [7, 3] is not a flip (same set) but a top-1 flip;
     trainer [3, 5] gives a flip with overlap 1/2.
@@ -96,6 +97,10 @@ def routing_metrics(store: Store, runs: list[str], by: str = "layer",
                    load_max_vio_sampler, load_max_vio_trainer
             FROM ({layers}) ORDER BY run, step, layer""", params)
     keys = "run, step" if by == "step" else "run"
+    if not token_flips:  # the pooled rates only, without the per-token pass
+        return store.sql(f"""
+            SELECT {keys}, flip_rate, top1_flip_rate, overlap, load_max_vio_sampler, load_max_vio_trainer, n_rows
+            FROM (SELECT {keys}, {_RATES} FROM ({layers}) GROUP BY {keys}) ORDER BY {keys}""", params)
     on = " AND ".join(f"g.{k} = tf.{k}" for k in keys.split(", "))
     return store.sql(f"""
         WITH g AS (SELECT {keys}, {_RATES} FROM ({layers}) GROUP BY {keys}),

@@ -29,7 +29,7 @@ baseline = st.selectbox("Baseline", sel.runs, key="compare_baseline",
 deltas = None
 with S.guard("compute the metric deltas"):
     # the Overview's run summary (usually cached already) plus the routing rates, pivoted here in polars
-    summary = S.cached(views.run_summary, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)
+    summary = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)["run"]
     rates = S.cached(compare.routing_rates, sel.runs, steps=sel.steps)
     deltas = compare.deltas_table(summary, rates, sel.runs, baseline)
     shown = deltas.rename({"baseline": f"{baseline} (baseline)"}) if baseline not in deltas.columns else deltas
@@ -59,7 +59,7 @@ with right, S.guard("compute the extreme-token curve"):
         st.plotly_chart(charts.extreme_curve(hists["extreme"], colors), key="compare_extreme")
 
 with S.guard("compute the per-step kl_k3"):
-    per_step = S.cached(views.step_metrics, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)
+    per_step = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)["step"]
     st.plotly_chart(charts.step_curves(per_step, ["kl_k3", "ess"], colors), key="compare_steps")
 
 both = [r for r, kind in S.cached(views.routing_kinds, sel.runs).items() if kind == "both"]

@@ -17,7 +17,8 @@ kinds = S.cached(views.routing_kinds, sel.runs)
 
 st.subheader("Headline numbers")
 with S.guard("compute the run summary"):
-    summary = S.cached(views.run_summary, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)
+    # the run table and the per-step table below come from one pass (views.run_and_step_tables)
+    summary = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)["run"]
     if summary.is_empty():
         st.info("The chosen runs have no tokens in this step range: widen the **Step range** in the sidebar.")
     for run in sel.runs:
@@ -42,7 +43,7 @@ with S.guard("compute the run summary"):
 
 st.subheader("Per step")
 with S.guard("compute the per-step metrics"):
-    per_step = S.cached(views.step_metrics, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)
+    per_step = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)["step"]
     options = [c for c in per_step.columns if c not in ("run", "step")
                and (c not in ("token_any_flip_rate", "flipped_layers_per_token") or per_step[c].drop_nulls().len())]
     default = ["kl_k3", "log_ratio_abs_max", "ratio_frac_high", "ess"]

@@ -88,3 +88,17 @@ def test_page_deltas_from_the_run_summary_equal_metric_deltas(two_runs, runs, st
     page = compare.deltas_table(summary, rates, runs, runs[0])
     assert page.equals(compare.metric_deltas(two_runs, runs, runs[0], cap=1.5, clip=0.1, steps=steps))
     assert ("flip_rate" in page["metric"].to_list()) == (runs != ["z"])
+
+
+@pytest.mark.parametrize("runs, steps", [(["x", "y", "z"], None), (["z"], None), (["y", "z"], (1, 1))])
+def test_run_and_step_tables_equal_run_summary_and_step_metrics(two_runs, runs, steps):
+    from analysis import views
+    tables = views.run_and_step_tables(two_runs, runs, cap=1.5, clip=0.1, steps=steps)
+    for key, one in (("run", views.run_summary(two_runs, runs, cap=1.5, clip=0.1, steps=steps)),
+                     ("step", views.step_metrics(two_runs, runs, cap=1.5, clip=0.1, steps=steps))):
+        got = tables[key]
+        assert got.schema == one.schema and got.height == one.height
+        for col in one.columns:
+            for a, b in zip(got[col].to_list(), one[col].to_list()):
+                assert a == b if not isinstance(a, float) else a == pytest.approx(b, rel=1e-12, abs=1e-15), col
+    assert tables["run"]["token_any_flip_rate"].is_null().all() == (runs == ["z"])

@@ -172,3 +172,20 @@ def test_extreme_token_curve_at_tau_boundaries(metrics_data):
     assert df["tau"].to_list() == sorted(taus)
     for tau, frac in zip(df["tau"].to_list(), df["frac"].to_list()):
         assert frac == np.mean(m > tau)
+
+
+@pytest.mark.parametrize("runs, steps", [(["a", "b"], None), (["b"], (1, 2)), (["a"], (9, 9)), ([], None)])
+def test_run_and_step_tables_from_one_pass_equal_the_separate_queries(metrics_data, runs, steps):
+    store, data = metrics_data
+    both = metrics.token_metrics_by_run_and_step(store, runs, cap=1.7, clip=0.1, steps=steps)
+    for by in ("run", "step"):
+        one = metrics.token_metrics(store, runs, by=by, cap=1.7, clip=1.0 / 10, steps=steps)
+        assert both[by].schema == one.schema
+        assert both[by].select("run", *(["step"] if by == "step" else [])).equals(
+            one.select("run", *(["step"] if by == "step" else [])))
+        for col in one.columns:
+            for x, y in zip(both[by][col].to_list(), one[col].to_list()):
+                assert x == y if not isinstance(x, float) else x == pytest.approx(y, rel=1e-12, abs=1e-15), col
+    if runs and steps is None:  # and against the numpy reference, independently of token_metrics
+        assert_frame_matches(both["step"], ref_grouped(data.tokens.filter(pl.col("run").is_in(runs)),
+                                                       ["run", "step"], cap=1.7, clip=0.1), ["run", "step"])

@@ -242,3 +242,14 @@ def test_empty_step_range_gives_no_rows(metrics_data):
         assert routing.routing_metrics(store, ["a"], by=by, steps=(50, 60)).height == 0
     with pytest.raises(ValueError, match="by must be one of"):
         routing.routing_metrics(store, ["a"], by="token")
+
+
+@pytest.mark.parametrize("by", ["step", "run"])
+def test_pooled_rates_without_the_token_pass_are_the_same(metrics_data, by):
+    store, _ = metrics_data
+    full = routing.routing_metrics(store, ["a", "b"], by=by, steps=(1, 2))
+    light = routing.routing_metrics(store, ["a", "b"], by=by, steps=(1, 2), token_flips=False)
+    keys = ["run", "step"] if by == "step" else ["run"]
+    cols = keys + ["flip_rate", "top1_flip_rate", "overlap", "load_max_vio_sampler", "load_max_vio_trainer", "n_rows"]
+    assert light.columns == cols
+    assert_frame_equal(light, full.select(cols), rel_tol=1e-12)

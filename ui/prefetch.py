@@ -1,8 +1,9 @@
 """Warm the cache for the other pages' default views while the user reads the current one.
 
 On a large database one page's queries take seconds (each scans millions of tokens); the user mostly looks at
-a page for longer than that. After a page has drawn, one background thread computes what the other pages
-show first for the same selection, through the same cache, so that the next click is served from it.
+a page for longer than that. When a page starts, one background thread computes what every page shows first
+for the same selection, through the same cache, the current page's views first, so that the next click is
+served from it.
 Calls that are already cached cost nothing; a call a page needs while the thread computes it waits for that
 one result instead of running it twice (streamlit's cache holds a lock per key).
 When the database can be written, the drift lab's module (torch) is imported last, for the Lab page.
@@ -17,7 +18,7 @@ import threading
 from typing import Callable
 
 from analysis import buckets, compare, distributions, inspect, routing, views
-from ui import access
+from ui import access, nav
 from ui import state as S
 
 Call = tuple[Callable, tuple, dict]
@@ -29,34 +30,43 @@ def enabled() -> bool:
     return os.environ.get("DRIFT_PREFETCH", "1").strip().lower() not in {"0", "false", "no", "off"}
 
 
-def default_calls(sel: S.Selection, kinds: dict[str, str]) -> list[Call]:
+def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | None = None) -> list[Call]:
     """What each page computes before any widget is touched, with the exact arguments the pages use
-    (a different argument is a different cache entry). Ordered by how often a page is visited next."""
+    (a different argument is a different cache entry). Page by page in the sidebar's order, `first_page`
+    (a page's url, e.g. "token-drift") first."""
     runs, steps, cap, clip = sel.runs, sel.steps, sel.cap, sel.clip
     first = runs[0]
     both = [r for r in runs if kinds.get(r) == "both"]
-    calls: list[Call] = [
-        # Overview
-        (views.run_summary, (runs,), dict(cap=cap, clip=clip, steps=steps)),
-        (views.step_metrics, (runs,), dict(cap=cap, clip=clip, steps=steps)),
-        # Token drift
-        (distributions.drift_histograms, (runs,), dict(n_bins=80, steps=steps)),
-        (distributions.step_histogram, (first,), dict(n_bins=60, steps=steps)),
-        (distributions.prob_density_2d, ([first],), dict(n_bins=100, steps=steps)),
-        (buckets.has_column_data, (runs, "sampler_entropy"), {}),
-        (buckets.has_column_data, (runs, "sampler_version"), {}),
-        (buckets.mismatch_by, (runs, "prob"), dict(cap=cap, clip=clip, steps=steps, full=False)),
-    ]
-    if both:  # Routing
-        calls += [
+    pages: dict[str, list[Call]] = {
+        nav.OVERVIEW.url: [
+            (views.run_and_step_tables, (runs,), dict(cap=cap, clip=clip, steps=steps)),
+        ],
+        nav.TOKENS.url: [
+            (distributions.drift_histograms, (runs,), dict(n_bins=80, steps=steps)),
+            (distributions.step_histogram, (first,), dict(n_bins=60, steps=steps)),
+            (distributions.prob_density_2d, ([first],), dict(n_bins=100, steps=steps)),
+            (buckets.has_column_data, (runs, "sampler_entropy"), {}),
+            (buckets.has_column_data, (runs, "sampler_version"), {}),
+            (buckets.mismatch_by, (runs, "prob"), dict(cap=cap, clip=clip, steps=steps, full=False)),
+        ],
+        nav.ROUTING.url: [
             (routing.routing_metrics, ([both[0]],), dict(by="layer", steps=steps)),
             (routing.layer_profile, (both,), dict(steps=steps)),
             (routing.flip_views, (both,), dict(steps=steps)),  # the page derives its three flip charts
-        ]
-    if len(runs) > 1:  # Compare
-        calls += [(compare.config_diff, (runs,), {}),
-                  (compare.routing_rates, (runs,), dict(steps=steps))]
-    calls.append((inspect.run_steps, (first,), {}))  # Sequences
+        ] if both else [],
+        nav.SEQUENCES.url: [(inspect.run_steps, (first,), {})],
+        nav.COMPARE.url: [
+            (compare.config_diff, (runs,), {}),
+            (views.run_and_step_tables, (runs,), dict(cap=cap, clip=clip, steps=steps)),
+            (compare.routing_rates, (runs,), dict(steps=steps)),
+            (distributions.drift_histograms, (runs,), dict(n_bins=80, steps=steps)),
+        ] if len(runs) > 1 else [],
+    }
+    first_page = first_page or nav.OVERVIEW.url  # the default page's url_path is ""
+    order = sorted(pages, key=lambda url: url != first_page)  # stable: the rest keep the sidebar's order
+    calls: list[Call] = []
+    for url in order:
+        calls += [c for c in pages[url] if c not in calls]
     return calls
 
 
@@ -111,8 +121,11 @@ def _warm_lab_import() -> None:
 _worker = _Worker()
 
 
-def start(sel: S.Selection) -> None:
-    """Prefetch the default views for `sel` once per (database, data version, selection)."""
+def start(sel: S.Selection, page: str | None = None) -> None:
+    """Prefetch the default views for `sel` once per (database, data version, selection), those of `page`
+    (the url of the page being drawn) first: started before the page runs, the worker and the page share
+    its calls (each computed once, streamlit's cache holds a lock per key), then the worker goes on to the
+    other pages while the browser draws this one."""
     if not enabled() or not sel.runs:
         return
     app = S.db()
@@ -124,7 +137,7 @@ def start(sel: S.Selection) -> None:
             _started.clear()
         _started.add(key)
     kinds = S.cached(views.routing_kinds, sel.runs)
-    _worker.submit(app, app.version, default_calls(sel, kinds))
+    _worker.submit(app, app.version, default_calls(sel, kinds, page))
 
 
 def wait_idle(timeout: float) -> bool:
