@@ -6,7 +6,7 @@ import math
 import polars as pl
 
 from analysis import schema
-from analysis.metrics import (TOKEN_METRICS, check_cap_clip, check_runs, grouped_token_metrics_sql,
+from analysis.metrics import (TOKEN_METRICS, check_cap_clip, check_runs, clamp_sql, grouped_token_metrics_sql,
                               ratio_sql, run_filter)
 from analysis.store import Store
 
@@ -75,7 +75,7 @@ def mismatch_by(store: Store, runs: list[str], dimension: str, n_bins: int = 12,
         bucket_sql = "x::BIGINT"
     else:
         lo, width = _grid(dimension, float(lo), float(hi), n_bins)
-        bucket_sql = f"least(greatest(floor((x - $lo) / $width), 0), {n_bins - 1})::BIGINT"
+        bucket_sql = f"{clamp_sql('floor((x - $lo) / $width)', '0', str(n_bins - 1))}::BIGINT"
         params.update(lo=lo, width=width)
     src = f"SELECT run, step, sample, s, t, {bucket_sql} AS bucket FROM ({xsrc})"
     params.update(cap=float(cap), clip=float(clip))

@@ -10,7 +10,7 @@ import math
 import polars as pl
 
 from analysis import metrics
-from analysis.metrics import CLAMP, check_runs, ratio_sql, run_filter
+from analysis.metrics import CLAMP, check_runs, clamp_sql, ratio_sql, run_filter
 from analysis.store import Store
 
 MAX_CELLS = 100_000  # most points a chart is ever sent
@@ -100,7 +100,8 @@ def ratio_histogram(store: Store, runs: list[str], n_bins: int = 80,
     """
     n_bins = _check_bins(n_bins)
     where, params = run_filter(check_runs(runs), steps)
-    xsrc = (f"SELECT run, least(greatest(trainer_logprob - sampler_logprob, -{CLAMP}), {CLAMP}) / ln(10) AS x "
+    xsrc = (f"SELECT run, {clamp_sql('trainer_logprob - sampler_logprob', f'-{CLAMP}::DOUBLE', f'{CLAMP}::DOUBLE')}"
+            f" / ln(10) AS x "
             f"FROM tokens WHERE {where}")
     out = _binned(store, xsrc, ["run"], params, n_bins, None, None)
     if out is None:
@@ -122,7 +123,7 @@ def drift_histograms(store: Store, runs: list[str], n_bins: int = 80,
     n_bins = _check_bins(n_bins)
     where, params = run_filter(check_runs(runs), steps)
     d = "trainer_logprob - sampler_logprob"
-    src = (f"SELECT run, {d} AS xd, least(greatest({d}, -{CLAMP}), {CLAMP}) / ln(10) AS xr, "
+    src = (f"SELECT run, {d} AS xd, {clamp_sql(d, f'-{CLAMP}::DOUBLE', f'{CLAMP}::DOUBLE')} / ln(10) AS xr, "
            f"{ratio_sql(d)} AS r FROM tokens WHERE {where}")
     lo_d, hi_d = store.rows(f"SELECT min({d}), max({d}) FROM tokens WHERE {where}", params)[0]
     if lo_d is None:
@@ -143,7 +144,7 @@ def drift_histograms(store: Store, runs: list[str], n_bins: int = 80,
     counts = store.sql(f"""
         SELECT run, {_bin_sql("xd", "_d", n_bins, inside=True)} AS bd, {_bin_sql("xr", "_r", n_bins, inside=True)} AS br,
                {metrics.count_below_sql("m", names)} AS c, count(*) AS n
-        FROM (SELECT run, xd, xr, greatest(r, 1.0 / r) AS m FROM ({src})) GROUP BY ALL""", params)
+        FROM (SELECT run, xd, xr, {metrics.MISMATCH_FACTOR_SQL} AS m FROM ({src})) GROUP BY ALL""", params)
 
     def hist(b: str, suffix: str) -> pl.DataFrame:
         df = counts.group_by("run", b).agg(count=pl.col("n").sum()).rename({b: "b"})
