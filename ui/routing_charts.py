@@ -5,7 +5,7 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-from ui.charts import hover_format, layout, ordered_runs, to_grid
+from ui.charts import grid_array, hover_format, layout, ordered_runs, to_grid
 from ui.glossary import PERCENT_METRICS
 
 
@@ -13,7 +13,7 @@ def layer_heatmap(df: pl.DataFrame, value: str = "flip_rate") -> go.Figure:
     """[step, layer, <value>] → step × layer heat map."""
     xs, ys, grid = to_grid(df, "step", "layer", value)
     fig = go.Figure(go.Heatmap(
-        x=xs, y=ys, z=grid, colorscale="YlOrRd", zmin=0,
+        x=xs, y=ys, z=grid_array(grid), colorscale="YlOrRd", zmin=0,
         colorbar=dict(title=value, tickformat=".1%" if value in PERCENT_METRICS else None),
         hovertemplate=f"step %{{x}}<br>layer %{{y}}<br>{value} %{{z:{hover_format(value)}}}<extra></extra>"))
     fig.update_yaxes(dtick=1 if len(ys) <= 32 else None)
@@ -90,7 +90,7 @@ def flip_grid(df: pl.DataFrame) -> go.Figure:
     d = df.with_columns(pl.col("flip").cast(pl.Int8))
     xs, ys, grid = to_grid(d, "pos", "layer", "flip")
     fig = go.Figure(go.Heatmap(
-        x=xs, y=ys, z=grid, zmin=0, zmax=1, colorscale=[[0, "#eef2f7"], [1, "#d62728"]], showscale=False,
+        x=xs, y=ys, z=grid_array(grid), zmin=0, zmax=1, colorscale=[[0, "#eef2f7"], [1, "#d62728"]], showscale=False,
         xgap=1, ygap=1, hovertemplate="pos %{x}<br>layer %{y}<br>flip %{z}<extra></extra>"))
     fig.update_yaxes(dtick=1 if len(ys) <= 32 else None)
     return layout(fig, x="position in the response", y="MoE layer", legend=False,
