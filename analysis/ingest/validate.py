@@ -44,7 +44,7 @@ def _first(mask: np.ndarray) -> int:
 def _cast(file: str, batch: Batch, name: str, target: pa.DataType) -> pa.Array:
     col = batch.data.column(name)
     if col.type == target:
-        return col.combine_chunks()
+        return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()  # one chunk: no copy
     try:
         return pc.cast(col, target, safe=True).combine_chunks()
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
@@ -121,8 +121,12 @@ def _check_tokens(file: str, batch: Batch, out: dict) -> None:
 
 def _experts_matrix(file: str, batch: Batch, name: str, arr: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
     """(valid rows, [n_valid, k] ids) for a list column whose rows all have the same length."""
-    valid = ~np.asarray(arr.is_null())
-    lengths = pc.list_value_length(arr).fill_null(0).to_numpy()
+    if arr.null_count == 0:  # the usual case: offsets give the lengths, no validity bitmap to unpack
+        valid = np.ones(len(arr), dtype=bool)
+        lengths = np.diff(arr.offsets.to_numpy())
+    else:
+        valid = ~np.asarray(arr.is_null())
+        lengths = pc.list_value_length(arr).fill_null(0).to_numpy()
     vals = arr.flatten()
     if vals.null_count:
         pos = np.repeat(np.arange(len(arr)), lengths)
@@ -204,6 +208,9 @@ class RoutingMatrices:
     t_rows: np.ndarray
 
 
+_BITS = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))  # _BITS[e] = 1 << e
+
+
 def _check_ids(file: str, batch: Batch, name: str, M: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
     """Refuse negative or repeated ids; return the rows' 64-bit set masks when every id is < 64."""
     if M.size == 0:
@@ -215,7 +222,7 @@ def _check_ids(file: str, batch: Batch, name: str, M: np.ndarray, rows: np.ndarr
     if M.max() < 64:
         mask = np.zeros(len(M), dtype=np.uint64)
         for c in range(M.shape[1]):
-            mask |= np.left_shift(np.uint64(1), M[:, c].astype(np.uint64))
+            mask |= _BITS[M[:, c]]  # a table lookup: no uint64 copy of the ids per rank
         dup = np.bitwise_count(mask) != M.shape[1]
     else:
         mask = None
