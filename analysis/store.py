@@ -138,14 +138,22 @@ class Store:
                               count(DISTINCT (step, sample)) AS n_sequences,
                               min(step) AS first_step, max(step) AS last_step
                        FROM tokens GROUP BY run),
-                 r AS (SELECT DISTINCT run FROM routing),
-                 rt AS (SELECT DISTINCT run FROM routing WHERE trainer_experts IS NOT NULL)
+                 -- every routing row is counted in expert_load by the same transaction (ingest), so its few
+                 -- rows say which runs have routing, and trainer-side routing, without scanning routing
+                 r AS (SELECT run, bool_or(n_trainer > 0) AS has_trainer FROM expert_load GROUP BY run)
             SELECT runs.run, coalesce(t.n_tokens, 0) AS n_tokens, coalesce(t.n_steps, 0) AS n_steps,
                    coalesce(t.n_sequences, 0) AS n_sequences, r.run IS NOT NULL AS has_routing,
-                   rt.run IS NOT NULL AS has_trainer_routing,
+                   coalesce(r.has_trainer, false) AS has_trainer_routing,
                    t.first_step, t.last_step, runs.config
-            FROM runs LEFT JOIN t USING (run) LEFT JOIN r USING (run) LEFT JOIN rt USING (run)
+            FROM runs LEFT JOIN t USING (run) LEFT JOIN r USING (run)
             ORDER BY runs.created, runs.run""")
+
+    def routing_sides(self) -> dict[str, bool]:
+        """{run: whether it recorded the trainer's routing too} for every run with routing. Read from
+        expert_load (a few rows per (run, step, layer, expert)), which ingest writes in the same transaction
+        as the routing rows, rather than from millions of routing rows."""
+        return {run: bool(t) for run, t in self.rows(
+            "SELECT run, bool_or(n_trainer > 0) FROM expert_load GROUP BY run ORDER BY run")}
 
     def run_names(self) -> list[str]:
         return [r[0] for r in self.rows("SELECT run FROM runs ORDER BY created, run")]

@@ -16,12 +16,11 @@ from analysis.store import Store
 
 
 def routing_kinds(store: Store, runs: Sequence[str]) -> dict[str, str]:
-    """{run: "both" | "sampler" | "none"}: which sides of MoE routing a run recorded."""
-    df = store.runs().filter(pl.col("run").is_in(list(runs)))
-    out = {}
-    for run, has, has_t in zip(df["run"].to_list(), df["has_routing"].to_list(), df["has_trainer_routing"].to_list()):
-        out[run] = "both" if has_t else ("sampler" if has else "none")
-    return out
+    """{run: "both" | "sampler" | "none"}: which sides of MoE routing a run recorded (runs that do not
+    exist are left out)."""
+    sides = store.routing_sides()
+    known = set(store.run_names())
+    return {run: ("both" if sides[run] else "sampler") if run in sides else "none" for run in runs if run in known}
 
 
 def _with_flips(tok: pl.DataFrame, flips: pl.DataFrame | None, by: str) -> pl.DataFrame:
