@@ -81,7 +81,8 @@ with S.guard("group the tokens"):
                    format_func=lambda d: glossary.DIMENSIONS[d][0])
     S.keep_choice("tokens_bucket_metric", bucket_metrics)
     metric = c2.selectbox("Metric", bucket_metrics, key="tokens_bucket_metric")
-    df = S.cached(buckets.mismatch_by, sel.runs, dim, cap=sel.cap, clip=sel.clip, steps=sel.steps, full=False)
+    df = S.cached(buckets.mismatch_by, sel.runs, dim, cap=sel.cap, clip=sel.clip, steps=sel.steps,
+                  metrics=[metric])  # the one shown: about half the query of the full table
     if df.is_empty():
         st.info("No tokens to group in this range.")
     else:

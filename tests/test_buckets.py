@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analysis import buckets
+from analysis import buckets, metrics
 from conftest import metrics_make_tokens
 from test_metrics_reference import assert_close, assert_frame_matches, ratio, ref_grouped
 
@@ -53,16 +53,20 @@ def test_mismatch_by_matches_numpy(metrics_data, dimension, n_bins):
         data.tokens.group_by("run").len().sort("run")["len"].to_list()
 
 
-@pytest.mark.parametrize("dimension", ["prob", "length", "lag"])
-def test_mismatch_by_light_matches_numpy(metrics_data, dimension):
-    # full=False: exactly the contract's columns, one GROUP BY, same values as the numpy reference
+@pytest.mark.parametrize("dimension, chosen", [("prob", ["kl_k3"]), ("length", CONTRACT[6:]),
+                                               ("lag", ["clip_frac", "ess", "kl_k1"]), ("position", ["chi2_seq"])])
+def test_mismatch_by_chosen_metrics_match_numpy(metrics_data, dimension, chosen):
+    # metrics=[...]: the bucket columns, n_tokens and just those metrics, same values as the numpy reference
     store, data = metrics_data
-    df = buckets.mismatch_by(store, ["a", "b"], dimension, n_bins=6, cap=1.8, clip=0.1, full=False)
-    assert df.columns == CONTRACT
+    df = buckets.mismatch_by(store, ["a", "b"], dimension, n_bins=6, cap=1.8, clip=0.1, metrics=chosen)
+    assert df.columns == CONTRACT[:6] + [m for m in metrics.TOKEN_METRICS if m in chosen]
     tokens = data.tokens.with_columns(bucket=pl.Series(_ref_bucket_index(data.tokens, dimension, 6)))
     ref = ref_grouped(tokens, ["run", "bucket"], cap=1.8, clip=0.1)
-    assert_frame_matches(df, ref, ["run", "bucket"], columns=CONTRACT[5:])
-    assert buckets.mismatch_by(store, ["a"], dimension, steps=(10, 20), full=False).columns == CONTRACT
+    assert_frame_matches(df, ref, ["run", "bucket"], columns=["n_tokens", *chosen])
+    empty = buckets.mismatch_by(store, ["a"], dimension, steps=(10, 20), metrics=chosen)
+    assert empty.height == 0 and empty.columns == df.columns
+    with pytest.raises(ValueError, match="unknown token metric"):
+        buckets.mismatch_by(store, ["a"], dimension, metrics=["kl"])
 
 
 def test_bucket_edges_contain_their_tokens(metrics_data):

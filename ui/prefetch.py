@@ -47,7 +47,7 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
             (distributions.prob_density_2d, ([first],), dict(n_bins=100, steps=steps)),
             (buckets.has_column_data, (runs, "sampler_entropy"), {}),
             (buckets.has_column_data, (runs, "sampler_version"), {}),
-            (buckets.mismatch_by, (runs, "prob"), dict(cap=cap, clip=clip, steps=steps, full=False)),
+            (buckets.mismatch_by, (runs, "prob"), dict(cap=cap, clip=clip, steps=steps, metrics=["kl_k3"])),
         ],
         nav.ROUTING.url: [
             (routing.routing_metrics, ([both[0]],), dict(by="layer", steps=steps)),
