@@ -8,7 +8,7 @@ import polars as pl
 
 from analysis import schema
 from analysis.metrics import (TOKEN_METRICS, check_cap_clip, check_runs, clamp_sql, grouped_token_metrics_sql,
-                              ratio_sql, run_filter)
+                              ratio_sql, token_filter)
 from analysis.store import Store
 
 DIMENSIONS = ("prob", "position", "length", "entropy", "lag")
@@ -73,7 +73,7 @@ def mismatch_by(store: Store, runs: list[str], dimension: str, n_bins: int = 12,
         raise ValueError(f"unknown token metric(s) {', '.join(map(repr, unknown))}; see metrics.TOKEN_METRICS")
     check_cap_clip(cap, clip)
     runs = check_runs(runs)
-    where, params = run_filter(runs, steps)
+    where, params = token_filter(store, runs, steps)
     if dimension in _X_PRESENT:
         where += f" AND {_X_PRESENT[dimension]}"
     x = _X[dimension]
@@ -132,7 +132,7 @@ def top_tokens(store: Store, run: str, n: int = 20, min_count: int = 5, steps: t
     """
     if order not in ("log_ratio_abs_mean", "kl_k3", "log_ratio_abs_max", "n_tokens"):
         raise ValueError(f"order must be log_ratio_abs_mean, kl_k3, log_ratio_abs_max or n_tokens, got {order!r}")
-    where, params = run_filter([run], steps)
+    where, params = token_filter(store, [run], steps)
     params.update(min_count=int(min_count), n=int(n))
     return store.sql(f"""
         SELECT token_id, token, count(*) AS n_tokens, avg(abs(d)) AS log_ratio_abs_mean,
@@ -147,6 +147,6 @@ def has_column_data(store: Store, runs: list[str], column: str) -> bool:
     """Whether any token of `runs` has a non-null value in the optional tokens column `column`."""
     if column not in schema.names("tokens"):
         raise ValueError(f"unknown tokens column {column!r}; expected one of {', '.join(schema.names('tokens'))}")
-    where, params = run_filter(check_runs(runs), None)
+    where, params = token_filter(store, check_runs(runs), None)
     return bool(store.scalar(f"SELECT EXISTS (SELECT 1 FROM tokens WHERE {where} AND {column} IS NOT NULL)",
                              params))

@@ -10,7 +10,7 @@ import math
 import polars as pl
 
 from analysis import metrics
-from analysis.metrics import CLAMP, check_runs, clamp_sql, ratio_sql, run_filter
+from analysis.metrics import CLAMP, check_runs, clamp_sql, ratio_sql, token_filter
 from analysis.store import Store
 
 MAX_CELLS = 100_000  # most points a chart is ever sent
@@ -82,7 +82,7 @@ def log_ratio_histogram(store: Store, runs: list[str], n_bins: int = 80, lo: flo
     Example: Δ = (−0.1, 0, 0, 0.1) with n_bins=2 gives [−0.1, 0): 1 token, [0, 0.1]: 3 tokens.
     """
     n_bins = _check_bins(n_bins)
-    where, params = run_filter(check_runs(runs), steps)
+    where, params = token_filter(store, check_runs(runs), steps)
     xsrc = f"SELECT run, trainer_logprob - sampler_logprob AS x FROM tokens WHERE {where}"
     out = _binned(store, xsrc, ["run"], params, n_bins, lo, hi)
     if out is None:
@@ -99,7 +99,7 @@ def ratio_histogram(store: Store, runs: list[str], n_bins: int = 80,
     units of r. Returns [run, bin_lo, bin_hi, count, frac] (non-empty bins only).
     """
     n_bins = _check_bins(n_bins)
-    where, params = run_filter(check_runs(runs), steps)
+    where, params = token_filter(store, check_runs(runs), steps)
     xsrc = (f"SELECT run, {clamp_sql('trainer_logprob - sampler_logprob', f'-{CLAMP}::DOUBLE', f'{CLAMP}::DOUBLE')}"
             f" / ln(10) AS x "
             f"FROM tokens WHERE {where}")
@@ -121,7 +121,7 @@ def drift_histograms(store: Store, runs: list[str], n_bins: int = 80,
     below max(r, 1/r)); polars sums those few hundred rows per view.
     """
     n_bins = _check_bins(n_bins)
-    where, params = run_filter(check_runs(runs), steps)
+    where, params = token_filter(store, check_runs(runs), steps)
     d = "trainer_logprob - sampler_logprob"
     src = (f"SELECT run, {d} AS xd, {clamp_sql(d, f'-{CLAMP}::DOUBLE', f'{CLAMP}::DOUBLE')} / ln(10) AS xr, "
            f"{ratio_sql(d)} AS r FROM tokens WHERE {where}")
@@ -163,7 +163,7 @@ def step_histogram(store: Store, run: str, n_bins: int = 60, steps: tuple[int, i
     Returns [step, bin_lo, bin_hi, count, frac] (non-empty cells only).
     """
     n_bins = _check_bins(n_bins)
-    where, params = run_filter([run], steps)
+    where, params = token_filter(store, [run], steps)
     d = "trainer_logprob - sampler_logprob"
     first, last, lo, hi = store.rows(f"SELECT min(step), max(step), min({d}), max({d}) FROM tokens WHERE {where}",
                                      params)[0]
@@ -184,7 +184,7 @@ def prob_density_2d(store: Store, runs: list[str], n_bins: int = 100,
     diagonal. n_bins is capped at √MAX_CELLS. Returns [x_lo, x_hi, y_lo, y_hi, count] for non-empty cells.
     """
     n_bins = min(_check_bins(n_bins), math.isqrt(MAX_CELLS))
-    where, params = run_filter(check_runs(runs), steps)
+    where, params = token_filter(store, check_runs(runs), steps)
     params["n"] = n_bins
     df = store.sql(f"""
         SELECT least(floor(exp(sampler_logprob) * $n), $n - 1)::BIGINT AS bx,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.metrics import check_runs, ratio_sql, run_filter
+from analysis.metrics import check_runs, ratio_sql, run_filter, token_filter
 from analysis.store import Store
 
 # Per (run, step, layer): counts over rows with both sides, so that coarser groups can re-aggregate exactly.
@@ -148,7 +148,7 @@ def flip_views(store: Store, runs: list[str], steps: tuple[int, int] | None = No
     where, params = _filter(store, runs, steps)
     flips = _TOKEN_FLIPS.format(where=where)
     if "mismatch" in views:
-        twhere, tparams = run_filter(runs, steps, alias="t")
+        twhere, tparams = token_filter(store, runs, steps, alias="t")
         params.update(tparams)
         # LEFT JOIN: the flip counts never depend on the tokens table
         flips = f"""
