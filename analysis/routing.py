@@ -150,10 +150,11 @@ def flip_views(store: Store, runs: list[str], steps: tuple[int, int] | None = No
     if "mismatch" in views:
         twhere, tparams = token_filter(store, runs, steps, alias="t")
         params.update(tparams)
-        # LEFT JOIN: the flip counts never depend on the tokens table
+        # An inner join loses no token: ingest refuses routing rows without their token (OrphanRouting). It
+        # lets DuckDB filter the tokens scan by the routed keys: 0.17 s where a LEFT JOIN took 0.25 s.
         flips = f"""
             SELECT f.*, t.d FROM ({flips}) f
-            LEFT JOIN (SELECT run, step, sample, pos, trainer_logprob - sampler_logprob AS d FROM tokens t
+            JOIN (SELECT run, step, sample, pos, trainer_logprob - sampler_logprob AS d FROM tokens t
                        WHERE {twhere}) t
               ON f.run = t.run AND f.step = t.step AND f.sample = t.sample AND f.pos = t.pos"""
     else:
