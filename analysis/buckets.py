@@ -8,7 +8,7 @@ import polars as pl
 
 from analysis import schema
 from analysis.metrics import (TOKEN_METRICS, check_cap_clip, check_runs, clamp_sql, grouped_token_metrics_sql,
-                              ratio_sql, token_filter)
+                              kl3_sql, ratio_sql, token_filter)
 from analysis.store import Store
 
 DIMENSIONS = ("prob", "position", "length", "entropy", "lag")
@@ -136,7 +136,7 @@ def top_tokens(store: Store, run: str, n: int = 20, min_count: int = 5, steps: t
     params.update(min_count=int(min_count), n=int(n))
     return store.sql(f"""
         SELECT token_id, token, count(*) AS n_tokens, avg(abs(d)) AS log_ratio_abs_mean,
-               avg({ratio_sql('d')} - 1.0 - d) AS kl_k3, max(abs(d)) AS log_ratio_abs_max
+               avg({kl3_sql(ratio_sql('d'))}) AS kl_k3, max(abs(d)) AS log_ratio_abs_max
         FROM (SELECT token_id, token, trainer_logprob - sampler_logprob AS d FROM tokens
               WHERE {where} AND (token_id IS NOT NULL OR token IS NOT NULL))
         GROUP BY token_id, token HAVING count(*) >= $min_count

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.metrics import ratio_sql
+from analysis.metrics import kl3_sql, ratio_sql
 from analysis.store import Store
 
 ORDERS = ("seq_log_ratio_abs", "max_log_ratio_abs")
@@ -24,7 +24,7 @@ def worst_sequences(store: Store, run: str, step: int, order: str = "seq_log_rat
     params = {"run": run, "step": int(step), "n": int(n)}
     return store.sql(f"""
         WITH s AS (SELECT sample, count(*) AS n_tokens, sum(d) AS seq_log_ratio, abs(sum(d)) AS seq_log_ratio_abs,
-                          max(abs(d)) AS max_log_ratio_abs, avg({ratio_sql('d')} - 1.0 - d) AS kl_k3
+                          max(abs(d)) AS max_log_ratio_abs, avg({kl3_sql(ratio_sql('d'))}) AS kl_k3
                    FROM (SELECT sample, trainer_logprob - sampler_logprob AS d FROM tokens
                          WHERE run = $run AND step = $step)
                    GROUP BY sample),

@@ -93,6 +93,12 @@ def ratio_sql(d: str = "d") -> str:
     return f"exp({clamp_sql(d, f'-{CLAMP}::DOUBLE', f'{CLAMP}::DOUBLE')})"
 
 
+def kl3_sql(r: str = "r", d: str = "d") -> str:
+    """SQL for one token's k3 term r − 1 − Δ. It is ≥ 0 exactly (e^Δ ≥ 1 + Δ), but rounding makes it about
+    −1e-17 when |Δ| is tiny (exp rounds to 1); such values are set to 0 so that kl_k3 keeps its sign."""
+    return f"(CASE WHEN {r} - 1.0 - {d} > 0 THEN {r} - 1.0 - {d} ELSE 0.0 END)"
+
+
 def token_aggregates(cap_param: str = "$cap", clip_param: str = "$clip") -> dict[str, str]:
     """name -> SQL aggregate of each per-token metric over a relation with columns s, t, d, r, ps, pt.
 
@@ -104,7 +110,7 @@ def token_aggregates(cap_param: str = "$cap", clip_param: str = "$clip") -> dict
         "n_tokens": "count(*)",
         "kl_k1": "avg(s - t)",
         "kl_k2": "avg(0.5 * d * d)",
-        "kl_k3": "avg(r - 1.0 - d)",
+        "kl_k3": f"avg({kl3_sql()})",
         "log_ratio_abs_mean": "avg(abs(d))",
         "log_ratio_abs_max": "max(abs(d))",
         "prob_abs_diff_mean": "avg(abs(pt - ps))",

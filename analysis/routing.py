@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.metrics import check_runs, ratio_sql, run_filter, token_filter
+from analysis.metrics import check_runs, kl3_sql, ratio_sql, run_filter, token_filter
 from analysis.store import Store
 
 # Per (run, step, layer): counts over rows with both sides, so that coarser groups can re-aggregate exactly.
@@ -165,7 +165,7 @@ def flip_views(store: Store, runs: list[str], steps: tuple[int, int] | None = No
         SELECT {', '.join(['run', *cols])}, {f"GROUPING({', '.join(cols)})" if cols else "0"} AS g,
                count(*) AS n_tokens,
                avg(any_flip::DOUBLE) AS token_any_flip_rate, avg(n_flipped::DOUBLE) AS flipped_layers_per_token,
-               count(d) AS n_d, avg(abs(d)) AS log_ratio_abs_mean, avg({ratio_sql('d')} - 1.0 - d) AS kl_k3
+               count(d) AS n_d, avg(abs(d)) AS log_ratio_abs_mean, avg({kl3_sql(ratio_sql('d'))}) AS kl_k3
         FROM ({flips}) GROUP BY GROUPING SETS ({sets})""", params)
 
     def rows(view: str) -> pl.DataFrame:  # GROUPING() sets a bit for each column left out of the set

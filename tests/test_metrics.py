@@ -189,3 +189,15 @@ def test_run_and_step_tables_from_one_pass_equal_the_separate_queries(metrics_da
     if runs and steps is None:  # and against the numpy reference, independently of token_metrics
         assert_frame_matches(both["step"], ref_grouped(data.tokens.filter(pl.col("run").is_in(runs)),
                                                        ["run", "step"], cap=1.7, clip=0.1), ["run", "step"])
+
+
+def test_kl_k3_is_never_negative_for_tiny_log_ratios(metrics_store_from):
+    # t one ulp above s: Δ ≈ 2e-19 ≠ 0 but exp(Δ) rounds to 1.0, so the naive r − 1 − Δ is −Δ < 0 although
+    # e^Δ − 1 − Δ ≥ 0; such terms count as 0
+    s = [-1e-3, -2e-3, -5e-4]
+    t = [float(np.nextafter(x, 0.0)) for x in s]
+    d = np.array(t) - np.array(s)
+    assert (d > 0).all() and (np.exp(d) - 1.0 - d < 0).all()  # the rounding this test is about
+    store = metrics_store_from(_tokens(s, t))
+    row = metrics.token_metrics(store, ["e"], by="run").row(0, named=True)
+    assert row["kl_k3"] == 0.0 and row["kl_k1"] < 0
