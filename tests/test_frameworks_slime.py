@@ -14,8 +14,8 @@ from framework_fixtures import ROUTING_COLS, TOKEN_COLS, expected, stored, write
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "db.duckdb")
+def store(tmp_path_factory):
+    s = Store(tmp_path_factory.mktemp("db") / "db.duckdb")  # outside the folders the tests ingest
     yield s
     s.close()
 

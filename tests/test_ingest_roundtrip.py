@@ -153,6 +153,30 @@ def test_folder_and_run_json_config(tmp_path):
     assert runs["n_tokens"].to_list() == [len(tokens["run"])] and runs["has_routing"].to_list() == [True]
 
 
+def test_a_folder_holding_the_database_itself_loads_its_logs_only(tmp_path, monkeypatch):
+    # the database (and its write-ahead log, which changes during the load) inside the scanned folder are
+    # passed over; a file that vanishes between the listing and the read is refused with a message
+    tokens, rows = make_logs(seed=3, run="here")
+    write_family("parquet", tmp_path, tokens, rows)
+    store = Store(tmp_path / "drift.duckdb")
+    store.rows("SELECT 1")
+    (tmp_path / "drift.duckdb.wal").write_bytes(b"\x00" * 64)
+    (tmp_path / "gone.parquet").write_bytes(b"PAR1")
+    from analysis.ingest import load
+    real = load.file_unit
+
+    def vanishing(path, name=None):
+        if path.name == "gone.parquet":
+            raise FileNotFoundError(2, "No such file or directory")
+        return real(path, name)
+    monkeypatch.setattr(load, "file_unit", vanishing)
+    out = ingest_paths(store, [tmp_path])
+    assert sorted((o.name.split("/")[-1], o.status) for o in out) == [
+        ("gone.parquet", "refused"), ("routing.parquet", "loaded"), ("tokens.parquet", "loaded")], \
+        [o.line() for o in out]
+    assert "cannot be read (No such file or directory)" in [o for o in out if o.status == "refused"][0].message
+
+
 def test_run_override_and_sampler_only_routing(tmp_path):
     tokens, rows = make_logs(seed=2)
     for r in rows:

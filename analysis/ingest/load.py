@@ -101,6 +101,11 @@ def file_unit(path: Path, name: str | None = None) -> Unit:
     return Unit(name, [path], det, reader)
 
 
+# DuckDB's own files (a database kept next to the logs, and its write-ahead log, which changes while a load
+# runs) are never logs: a folder scan passes over them.
+DATABASE_SUFFIXES = (".duckdb", ".duckdb.wal", ".db.wal")
+
+
 def _run_json_config(folder: Path) -> dict | None:
     f = folder / "run.json"
     if f.is_file():
@@ -125,14 +130,19 @@ def expand(paths: Sequence[Path], limits: Limits) -> tuple[list[Unit], list[Outc
                 units.extend(u)
                 claimed |= c
             for f in sorted(p for p in path.rglob("*") if p.is_file()):
-                if f in claimed or f.name.startswith(".") or f.name in ("run.json", "README.md", "STABLE"):
+                if f in claimed or f.name.startswith(".") or f.name in ("run.json", "README.md", "STABLE") \
+                        or f.name.endswith(DATABASE_SUFFIXES):
                     continue
+                rel = str(f.relative_to(path.parent))
                 try:
-                    unit = file_unit(f, str(f.relative_to(path.parent)))
+                    unit = file_unit(f, rel)
                 except NotALogFile:
                     continue  # folders hold other files too; only log files are loaded
                 except IngestError as e:
-                    refused.append(Outcome(str(f.relative_to(path.parent)), "refused", message=str(e)))
+                    refused.append(Outcome(rel, "refused", message=str(e)))
+                    continue
+                except OSError as e:  # removed or unreadable between the listing and the read
+                    refused.append(Outcome(rel, "refused", message=f"{rel}: cannot be read ({e.strerror or e})"))
                     continue
                 unit.config = _run_json_config(f.parent)
                 units.append(unit)
