@@ -152,6 +152,7 @@ if names:
             S.log.exception("metrics download failed")
             return f"error\n{S.explain(e)!r}\n"
 
+    # on_click="ignore": a download needs no rerun, and a rerun racing the deferred fetch of `_csv` could lose it
     c3.download_button("Download CSV", data=_csv, file_name=f"driftscope-metrics-by-{by}.csv", mime="text/csv",
-                       key="data_dl_button", disabled=not dl_runs, width="stretch")
+                       key="data_dl_button", disabled=not dl_runs, width="stretch", on_click="ignore")
     st.caption(f"Same columns as `python -m analysis metrics --by {by}` (METRICS.md), with C = {cap:g}, ε = {clip:g}.")
