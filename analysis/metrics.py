@@ -197,7 +197,8 @@ def token_metrics(store: Store, runs: list[str], by: str = "step", cap: float = 
     .. math::
         kl\_k1 = \overline{s - t},\quad kl\_k2 = \overline{\Delta^2/2},\quad kl\_k3 = \overline{r - 1 - \Delta}
 
-    kl_k1 (unbiased, may be negative) and kl_k3 (≥ 0, low variance) estimate KL(π_sampler ‖ π_trainer);
+    kl_k1 (unbiased, may be negative) and kl_k3 (≥ 0, low variance; a term that rounds below 0 counts as 0)
+    estimate KL(π_sampler ‖ π_trainer);
     ratio_* describe r = π_trainer/π_sampler (ratio_std is the population std); chi2_token = mean(r²) − 1;
     ratio_frac_high/low = fraction with r > C / r < 1/C; clip_frac = fraction with |r − 1| > ε;
     ess = (mean w)² / mean(w²) with w = clamp(r, 1/C, C); prob_pearson = corr(exp t, exp s), null when either
