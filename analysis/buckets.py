@@ -33,7 +33,8 @@ def _columns(metrics: Sequence[str] | None) -> list[str]:
     """The frame's columns: the bucket's own, n_tokens, then the chosen metrics (all: BUCKET_COLUMNS first)."""
     if metrics is None:
         return list(BUCKET_COLUMNS) + [m for m in TOKEN_METRICS if m not in BUCKET_COLUMNS]
-    return list(BUCKET_COLUMNS[:6]) + [m for m in TOKEN_METRICS if m in metrics and m != "n_tokens"]
+    own = [c for c in BUCKET_COLUMNS if c not in TOKEN_METRICS]  # run, bucket, its edges and label
+    return own + ["n_tokens"] + [m for m in TOKEN_METRICS if m in metrics and m != "n_tokens"]
 
 
 def _empty(metrics: Sequence[str] | None) -> pl.DataFrame:

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.metrics import check_runs, run_filter, token_metrics
+from analysis.metrics import check_runs, token_metrics
 from analysis.routing import routing_metrics, token_flip_stats
 from analysis.store import Store
 
 
 def has_trainer_routing(store: Store, runs: list[str]) -> bool:
-    """Whether any routing row of `runs` recorded both sides (so flip metrics exist)."""
-    where, params = run_filter(check_runs(runs))
-    return bool(store.scalar(f"SELECT EXISTS (SELECT 1 FROM routing WHERE {where} AND flip IS NOT NULL)", params))
+    """Whether any of `runs` recorded both sides of the routing (so flip metrics exist)."""
+    sides = store.routing_sides()
+    return any(sides.get(run, False) for run in check_runs(runs))
 
 
 def metrics_table(store: Store, runs: list[str], by: str = "step", cap: float = 2.0, clip: float = 0.2,

@@ -47,10 +47,10 @@ _RATES = """sum(n)::BIGINT AS n_rows,
 def _filter(store: Store, runs: list[str], steps: tuple[int, int] | None) -> tuple[str, dict]:
     """run_filter for the routing table, without the run predicate when every run with routing is selected.
 
-    Comparing the VARCHAR run of 8M rows is most of a by-layer query's time; expert_load (one row per expert,
-    not per token) says cheaply which runs have routing at all.
+    Comparing the VARCHAR run of 8M rows is most of a by-layer query's time; `Store.routing_sides` says
+    cheaply which runs have routing at all.
     """
-    have = {r[0] for r in store.rows("SELECT DISTINCT run FROM expert_load")}
+    have = set(store.routing_sides())
     return run_filter(runs, steps, by_run=not (runs and have <= set(runs)))
 
 
@@ -97,13 +97,14 @@ def routing_metrics(store: Store, runs: list[str], by: str = "layer",
                    load_max_vio_sampler, load_max_vio_trainer
             FROM ({layers}) ORDER BY run, step, layer""", params)
     keys = "run, step" if by == "step" else "run"
+    pooled = f"SELECT {keys}, {_RATES} FROM ({layers}) GROUP BY {keys}"
     if not token_flips:  # the pooled rates only, without the per-token pass
         return store.sql(f"""
             SELECT {keys}, flip_rate, top1_flip_rate, overlap, load_max_vio_sampler, load_max_vio_trainer, n_rows
-            FROM (SELECT {keys}, {_RATES} FROM ({layers}) GROUP BY {keys}) ORDER BY {keys}""", params)
+            FROM ({pooled}) ORDER BY {keys}""", params)
     on = " AND ".join(f"g.{k} = tf.{k}" for k in keys.split(", "))
     return store.sql(f"""
-        WITH g AS (SELECT {keys}, {_RATES} FROM ({layers}) GROUP BY {keys}),
+        WITH g AS ({pooled}),
              tf AS (SELECT {keys}, count(*) AS n_tokens, avg(any_flip::DOUBLE) AS token_any_flip_rate,
                            avg(n_flipped::DOUBLE) AS flipped_layers_per_token
                     FROM ({_TOKEN_FLIPS.format(where=where)}) GROUP BY {keys})

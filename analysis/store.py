@@ -17,6 +17,11 @@ from analysis import schema
 DEFAULT_DB = Path(__file__).resolve().parent.parent / "data" / "drift.duckdb"
 
 
+# Which runs have routing, and the trainer's side of it. Every routing row is counted in expert_load by the same
+# ingest transaction, so its few rows answer this without scanning millions of routing rows.
+_ROUTING_SIDES = "SELECT run, bool_or(n_trainer > 0) AS has_trainer FROM expert_load GROUP BY run ORDER BY run"
+
+
 class StoreError(Exception):
     """A database problem explained for the user (never a raw DuckDB traceback)."""
 
@@ -133,14 +138,12 @@ class Store:
     # -- runs and files ----------------------------------------------------------------------------
     def runs(self) -> pl.DataFrame:
         """One row per run: size, steps, whether it has routing, and its config JSON."""
-        return self.sql("""
+        return self.sql(f"""
             WITH t AS (SELECT run, count(*) AS n_tokens, count(DISTINCT step) AS n_steps,
                               count(DISTINCT (step, sample)) AS n_sequences,
                               min(step) AS first_step, max(step) AS last_step
                        FROM tokens GROUP BY run),
-                 -- every routing row is counted in expert_load by the same transaction (ingest), so its few
-                 -- rows say which runs have routing, and trainer-side routing, without scanning routing
-                 r AS (SELECT run, bool_or(n_trainer > 0) AS has_trainer FROM expert_load GROUP BY run)
+                 r AS ({_ROUTING_SIDES})
             SELECT runs.run, coalesce(t.n_tokens, 0) AS n_tokens, coalesce(t.n_steps, 0) AS n_steps,
                    coalesce(t.n_sequences, 0) AS n_sequences, r.run IS NOT NULL AS has_routing,
                    coalesce(r.has_trainer, false) AS has_trainer_routing,
@@ -152,8 +155,7 @@ class Store:
         """{run: whether it recorded the trainer's routing too} for every run with routing. Read from
         expert_load (a few rows per (run, step, layer, expert)), which ingest writes in the same transaction
         as the routing rows, rather than from millions of routing rows."""
-        return {run: bool(t) for run, t in self.rows(
-            "SELECT run, bool_or(n_trainer > 0) FROM expert_load GROUP BY run ORDER BY run")}
+        return {run: bool(t) for run, t in self.rows(_ROUTING_SIDES)}
 
     def run_names(self) -> list[str]:
         return [r[0] for r in self.rows("SELECT run FROM runs ORDER BY created, run")]

@@ -117,6 +117,15 @@ def metrics_store_from(tmp_path):
             pass
 
 
+@pytest.fixture
+def store(tmp_path_factory):
+    """An empty Store whose database lives outside `tmp_path`: tests ingest that folder (and its parents)."""
+    from analysis.store import Store
+    s = Store(tmp_path_factory.mktemp("db") / "db.duckdb")
+    yield s
+    s.close()
+
+
 @pytest.fixture(scope="session")
 def app_template_db(tmp_path_factory):
     """The page tests' fixture database (tests/browser_util.py), built once per session; tests copy it."""

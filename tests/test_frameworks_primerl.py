@@ -8,15 +8,7 @@ import numpy as np
 import pytest
 
 from analysis.ingest import ingest_paths
-from analysis.store import Store
 from framework_fixtures import TOKEN_COLS, expected, primerl_record, stored, write_primerl, write_primerl_single_file
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "db.duckdb")
-    yield s
-    s.close()
 
 
 def test_step_folders_round_trip(tmp_path, store):

@@ -5,19 +5,10 @@ import shlex
 import sys
 
 import numpy as np
-import pytest
 import torch
 
 from analysis.ingest import ingest_paths
-from analysis.store import Store
 from framework_fixtures import ROUTING_COLS, TOKEN_COLS, expected, stored, write_slime
-
-
-@pytest.fixture
-def store(tmp_path_factory):
-    s = Store(tmp_path_factory.mktemp("db") / "db.duckdb")  # outside the folders the tests ingest
-    yield s
-    s.close()
 
 
 def test_dump_folder_round_trip(tmp_path, store):

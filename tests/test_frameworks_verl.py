@@ -5,15 +5,7 @@ import pytest
 import torch
 
 from analysis.ingest import ingest_paths
-from analysis.store import Store
 from framework_fixtures import PAD_ID, ROUTING_COLS, TOKEN_COLS, expected, stored, write_verl
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "db.duckdb")
-    yield s
-    s.close()
 
 
 def test_step_dumps_round_trip(tmp_path, store):

@@ -103,7 +103,7 @@ def file_unit(path: Path, name: str | None = None) -> Unit:
 
 # DuckDB's own files (a database kept next to the logs, and its write-ahead log, which changes while a load
 # runs) are never logs: a folder scan passes over them.
-DATABASE_SUFFIXES = (".duckdb", ".duckdb.wal", ".db.wal")
+DATABASE_SUFFIXES = (".duckdb", ".wal")
 
 
 def _run_json_config(folder: Path) -> dict | None:
