@@ -22,49 +22,57 @@ with S.guard("compare the configs"):
     else:
         st.dataframe(diff, hide_index=True, key="compare_cfg_table")
 
-st.subheader("Metric deltas")
-S.keep_choice("compare_baseline", sel.runs)
-baseline = st.selectbox("Baseline", sel.runs, key="compare_baseline",
-                        help="Deltas are each run's value minus the baseline's.")
-deltas = None
-with S.guard("compute the metric deltas"):
-    # the Overview's run summary (usually cached already) plus the routing rates, pivoted here in polars
-    summary = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)["run"]
-    rates = S.cached(compare.routing_rates, sel.runs, steps=sel.steps)
-    deltas = compare.deltas_table(summary, rates, sel.runs, baseline)
-    shown = deltas.rename({"baseline": f"{baseline} (baseline)"}) if baseline not in deltas.columns else deltas
-    st.dataframe(shown, hide_index=True, key="compare_delta_table", column_config=S.number_columns(shown))
-    st.caption(f"Run-level metrics over the selected steps, C = {sel.cap:g}, ε = {sel.clip:g}.")
-
-if deltas is not None:
-    with S.guard("chart the run-level metrics"):
-        others = [r for r in sel.runs if r != baseline]
-        values = views.run_values(deltas, [baseline] + others)  # the same numbers as the table, no second query
-        options = [c for c in values.columns if c != "run" and values[c].drop_nulls().len()]
-        default = ["kl_k3", "log_ratio_abs_max", "ratio_frac_high", "ess", "token_any_flip_rate", "chi2_token"]
-        S.keep_choices("compare_metrics", options, default)
-        chosen = st.multiselect("Metrics to chart", options, key="compare_metrics")
-        if chosen:
-            st.plotly_chart(charts.run_bars(values, chosen, colors), key="compare_bars")
-            st.markdown("\n".join(f"- **{m}**: {glossary.describe(m)}" for m in chosen))
-
-st.subheader("Distributions")
-left, right = st.columns(2)
-hists = None
-with left, S.guard("bin Δ"):
-    hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=80, steps=sel.steps)  # Token drift's default
-    st.plotly_chart(charts.histogram(hists["log_ratio"], colors, "Δ = t − s", log_y=True), key="compare_hist")
-with right, S.guard("compute the extreme-token curve"):
-    if hists is not None:
-        st.plotly_chart(charts.extreme_curve(hists["extreme"], colors), key="compare_extreme")
-
-with S.guard("compute the per-step kl_k3"):
-    per_step = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)["step"]
-    st.plotly_chart(charts.step_curves(per_step, ["kl_k3", "ess"], colors), key="compare_steps")
-
 both = [r for r, kind in S.cached(views.routing_kinds, sel.runs).items() if kind == "both"]
-if both:
-    with S.guard("compare the layer profiles"):
+S.remember("compare_baseline", "compare_metrics")
+labels = ["Metric deltas", "Distributions"] + (["Routing"] if both else [])
+tabs = S.tabs(labels, key="compare_tab")  # only the open tab runs its queries
+
+if tabs[0].open:
+    with tabs[0]:
+        S.keep_choice("compare_baseline", sel.runs)
+        baseline = st.selectbox("Baseline", sel.runs, key="compare_baseline",
+                                help="Deltas are each run's value minus the baseline's.")
+        deltas = None
+        with S.guard("compute the metric deltas"):
+            # the Overview's run summary (usually cached already) plus the routing rates, pivoted here in polars
+            summary = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip,
+                               steps=sel.steps)["run"]
+            rates = S.cached(compare.routing_rates, sel.runs, steps=sel.steps)
+            deltas = compare.deltas_table(summary, rates, sel.runs, baseline)
+            shown = deltas.rename({"baseline": f"{baseline} (baseline)"}) if baseline not in deltas.columns else deltas
+            st.dataframe(shown, hide_index=True, key="compare_delta_table", column_config=S.number_columns(shown))
+            st.caption(f"Run-level metrics over the selected steps, C = {sel.cap:g}, ε = {sel.clip:g}.")
+
+        if deltas is not None:
+            with S.guard("chart the run-level metrics"):
+                others = [r for r in sel.runs if r != baseline]
+                values = views.run_values(deltas, [baseline] + others)  # the table's numbers, no second query
+                options = [c for c in values.columns if c != "run" and values[c].drop_nulls().len()]
+                default = ["kl_k3", "log_ratio_abs_max", "ratio_frac_high", "ess", "token_any_flip_rate", "chi2_token"]
+                S.keep_choices("compare_metrics", options, default)
+                chosen = st.multiselect("Metrics to chart", options, key="compare_metrics")
+                if chosen:
+                    st.plotly_chart(charts.run_bars(values, chosen, colors), key="compare_bars")
+                    st.markdown("\n".join(f"- **{m}**: {glossary.describe(m)}" for m in chosen))
+
+if tabs[1].open:
+    with tabs[1]:
+        left, right = st.columns(2)
+        with S.guard("bin Δ"):
+            # Token drift's default binning: one cached pass gives the histogram and the extreme-token curve
+            hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=80, steps=sel.steps)
+            with left:
+                st.plotly_chart(charts.histogram(hists["log_ratio"], colors, "Δ = t − s", log_y=True),
+                                key="compare_hist")
+            with right:
+                st.plotly_chart(charts.extreme_curve(hists["extreme"], colors), key="compare_extreme")
+        with S.guard("compute the per-step kl_k3"):
+            per_step = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip,
+                                steps=sel.steps)["step"]
+            st.plotly_chart(charts.step_curves(per_step, ["kl_k3", "ess"], colors), key="compare_steps")
+
+if both and tabs[2].open:
+    with tabs[2], S.guard("compare the layer profiles"):
         st.markdown("**Routing flip rate per layer**")
         df = S.cached(routing.layer_profile, both, steps=sel.steps)
         st.plotly_chart(routing_charts.layer_profile(df, colors), key="compare_layers")

@@ -14,92 +14,100 @@ sel = S.selection()
 S.require_runs(sel, what="token drift")
 colors = S.run_colors()
 
-# -- distributions over all chosen runs -------------------------------------------------------------
-st.subheader("Distribution of the mismatch")
-c1, c2 = st.columns([1, 3])
-log_y = c1.toggle("Log y (show the tails)", value=True, key="tokens_logy")
-n_bins = c2.slider("Bins", 20, 200, 80, step=10, key="tokens_bins")
-left, right = st.columns(2)
-# Δ histogram, r histogram and the extreme-token curve (further down) come from one shared pass
-hists = None
-with left, S.guard("bin Δ"):
-    hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=n_bins, steps=sel.steps)
-    st.plotly_chart(charts.histogram(hists["log_ratio"], colors, "Δ = t − s", log_y=log_y), key="tokens_hist_delta")
-    st.caption("Histogram of Δ: a narrow spike at 0 means the trainer reproduces the sampler; "
-               "wide or skewed shoulders are numerical drift.")
-with right, S.guard("bin r"):
-    if hists is not None:
-        st.plotly_chart(charts.histogram(hists["ratio"], colors, "r = π_trainer / π_sampler (log axis)",
-                                         log_y=log_y, log_x=True), key="tokens_hist_ratio")
-    st.caption(f"Histogram of r on a log axis; tokens beyond C = {sel.cap:g} (or below 1/C) are what importance "
-               "sampling corrections cap or reject.")
+# Four tabs; only the open one runs (a large database takes a query or two per tab). The Δ and r histograms and
+# the extreme-token curve come from one shared pass over the tokens.
+S.remember("tokens_logy", "tokens_bins", "tokens_run", "tokens_density_log", "tokens_top_show", "tokens_dim",
+           "tokens_bucket_metric")
+dist_tab, run_tab, where_tab, extreme_tab = S.tabs(
+    ["Distribution", "One run in detail", "Where the mismatch lives", "Extreme tokens"], key="tokens_tab")
 
-# -- one run ------------------------------------------------------------------------------------------
-st.subheader("One run in detail")
-S.keep_choice("tokens_run", sel.runs)
-run = st.selectbox("Run", sel.runs, key="tokens_run", help="The heat map and the density show one run at a time.")
-left, right = st.columns(2)
-with left, S.guard("bin Δ per step"):
-    df = S.cached(distributions.step_histogram, run, n_bins=60, steps=sel.steps)
-    if df.is_empty():
-        st.info("No tokens in this step range.")
-    else:
-        st.plotly_chart(charts.step_heatmap(df), key="tokens_step_heatmap")
-        st.caption("Step × Δ bin, colour = share of the step's tokens (log scale): watch the distribution widen "
-                   "or shift as training moves.")
-with right, S.guard("bin the probability pairs"):
-    log_axes = st.toggle("Log axes", key="tokens_density_log",
-                         help="Spread out the low-probability tokens, where most of the drift lives.")
-    df = S.cached(distributions.prob_density_2d, [run], n_bins=100, steps=sel.steps)
-    if df.is_empty():
-        st.info("No tokens in this step range.")
-    else:
-        st.plotly_chart(charts.density_2d(df, log_axes=log_axes), key="tokens_density")
-        st.caption("Each token placed at (sampler probability, trainer probability), counted in 100 × 100 bins. "
-                   "Perfect agreement puts everything on the dashed diagonal.")
+if dist_tab.open:
+    with dist_tab:
+        c1, c2 = st.columns([1, 3])
+        log_y = c1.toggle("Log y (show the tails)", value=True, key="tokens_logy")
+        n_bins = c2.slider("Bins", 20, 200, 80, step=10, key="tokens_bins")
+        left, right = st.columns(2)
+        with S.guard("bin Δ and r"):
+            hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=n_bins, steps=sel.steps)
+            with left:
+                st.plotly_chart(charts.histogram(hists["log_ratio"], colors, "Δ = t − s", log_y=log_y),
+                                key="tokens_hist_delta")
+                st.caption("Histogram of Δ: a narrow spike at 0 means the trainer reproduces the sampler; "
+                           "wide or skewed shoulders are numerical drift.")
+            with right:
+                st.plotly_chart(charts.histogram(hists["ratio"], colors, "r = π_trainer / π_sampler (log axis)",
+                                                 log_y=log_y, log_x=True), key="tokens_hist_ratio")
+                st.caption(f"Histogram of r on a log axis; tokens beyond C = {sel.cap:g} (or below 1/C) are what "
+                           "importance sampling corrections cap or reject.")
 
-with S.guard("list the most mismatched tokens"):
-    if st.toggle(f"Show the tokens with the largest mean |Δ| in {run}", key="tokens_top_show",
-                 help="Token ids (and texts) seen at least 5 times, ranked by mean |Δ|."):
-        top = S.cached(buckets.top_tokens, run, n=20, min_count=5, steps=sel.steps)
-        if top.is_empty():
-            st.caption("No token occurs at least 5 times in this range.")
+if run_tab.open:
+    with run_tab:
+        S.keep_choice("tokens_run", sel.runs)
+        run = st.selectbox("Run", sel.runs, key="tokens_run",
+                           help="The heat map and the density show one run at a time.")
+        left, right = st.columns(2)
+        with left, S.guard("bin Δ per step"):
+            df = S.cached(distributions.step_histogram, run, n_bins=60, steps=sel.steps)
+            if df.is_empty():
+                st.info("No tokens in this step range.")
+            else:
+                st.plotly_chart(charts.step_heatmap(df), key="tokens_step_heatmap")
+                st.caption("Step × Δ bin, colour = share of the step's tokens (log scale): watch the distribution "
+                           "widen or shift as training moves.")
+        with right, S.guard("bin the probability pairs"):
+            log_axes = st.toggle("Log axes", key="tokens_density_log",
+                                 help="Spread out the low-probability tokens, where most of the drift lives.")
+            df = S.cached(distributions.prob_density_2d, [run], n_bins=100, steps=sel.steps)
+            if df.is_empty():
+                st.info("No tokens in this step range.")
+            else:
+                st.plotly_chart(charts.density_2d(df, log_axes=log_axes), key="tokens_density")
+                st.caption("Each token placed at (sampler probability, trainer probability), counted in 100 × 100 "
+                           "bins. Perfect agreement puts everything on the dashed diagonal.")
+
+        with S.guard("list the most mismatched tokens"):
+            if st.toggle(f"Show the tokens with the largest mean |Δ| in {run}", key="tokens_top_show",
+                         help="Token ids (and texts) seen at least 5 times, ranked by mean |Δ|."):
+                top = S.cached(buckets.top_tokens, run, n=20, min_count=5, steps=sel.steps)
+                if top.is_empty():
+                    st.caption("No token occurs at least 5 times in this range.")
+                else:
+                    st.dataframe(top, hide_index=True, key="tokens_top_table", column_config=S.number_columns(top))
+
+if where_tab.open:
+    with where_tab, S.guard("group the tokens"):
+        has_entropy = S.cached(buckets.has_column_data, sel.runs, "sampler_entropy")
+        has_versions = S.cached(buckets.has_column_data, sel.runs, "sampler_version")
+        dims = (["prob", "position", "length"] + (["entropy"] if has_entropy else [])
+                + (["lag"] if has_versions else []))
+        S.keep_choice("tokens_dim", dims)
+        bucket_metrics = ["kl_k3", "log_ratio_abs_mean", "log_ratio_abs_max", "ratio_frac_high", "ratio_frac_low",
+                          "clip_frac", "prob_abs_diff_mean", "kl_k1"]
+        c1, c2 = st.columns([3, 1])
+        dim = c1.radio("Group tokens by", dims, key="tokens_dim", horizontal=True,
+                       format_func=lambda d: glossary.DIMENSIONS[d][0])
+        S.keep_choice("tokens_bucket_metric", bucket_metrics)
+        metric = c2.selectbox("Metric", bucket_metrics, key="tokens_bucket_metric")
+        df = S.cached(buckets.mismatch_by, sel.runs, dim, cap=sel.cap, clip=sel.clip, steps=sel.steps,
+                      metrics=[metric])  # the one shown: about half the query of the full table
+        if df.is_empty():
+            st.info("No tokens to group in this range.")
         else:
-            st.dataframe(top, hide_index=True, key="tokens_top_table", column_config=S.number_columns(top))
+            st.plotly_chart(charts.bucket_chart(df, metric, colors, glossary.DIMENSIONS[dim][0], bars=dim == "lag"),
+                            key="tokens_bucket_chart")
+        missing = []
+        if not has_entropy:
+            missing.append("no `sampler_entropy`, so no entropy grouping")
+        if not has_versions:
+            missing.append("no `sampler_version` / `trainer_version`, so no staleness grouping (asynchronous "
+                           "trainers should log the policy version each side used)")
+        st.caption(f"**{metric}**: {glossary.describe(metric)}. {glossary.DIMENSIONS[dim][1]}"
+                   + (f" These runs carry {'; '.join(missing)}." if missing else ""))
 
-# -- buckets ------------------------------------------------------------------------------------------
-st.subheader("Where the mismatch lives")
-with S.guard("group the tokens"):
-    has_entropy = S.cached(buckets.has_column_data, sel.runs, "sampler_entropy")
-    has_versions = S.cached(buckets.has_column_data, sel.runs, "sampler_version")
-    dims = ["prob", "position", "length"] + (["entropy"] if has_entropy else []) + (["lag"] if has_versions else [])
-    S.keep_choice("tokens_dim", dims)
-    bucket_metrics = ["kl_k3", "log_ratio_abs_mean", "log_ratio_abs_max", "ratio_frac_high", "ratio_frac_low",
-                      "clip_frac", "prob_abs_diff_mean", "kl_k1"]
-    c1, c2 = st.columns([3, 1])
-    dim = c1.radio("Group tokens by", dims, key="tokens_dim", horizontal=True,
-                   format_func=lambda d: glossary.DIMENSIONS[d][0])
-    S.keep_choice("tokens_bucket_metric", bucket_metrics)
-    metric = c2.selectbox("Metric", bucket_metrics, key="tokens_bucket_metric")
-    df = S.cached(buckets.mismatch_by, sel.runs, dim, cap=sel.cap, clip=sel.clip, steps=sel.steps,
-                  metrics=[metric])  # the one shown: about half the query of the full table
-    if df.is_empty():
-        st.info("No tokens to group in this range.")
-    else:
-        st.plotly_chart(charts.bucket_chart(df, metric, colors, glossary.DIMENSIONS[dim][0], bars=dim == "lag"),
-                        key="tokens_bucket_chart")
-    missing = []
-    if not has_entropy:
-        missing.append("no `sampler_entropy`, so no entropy grouping")
-    if not has_versions:
-        missing.append("no `sampler_version` / `trainer_version`, so no staleness grouping (asynchronous "
-                       "trainers should log the policy version each side used)")
-    st.caption(f"**{metric}**: {glossary.describe(metric)}. {glossary.DIMENSIONS[dim][1]}"
-               + (f" These runs carry {'; '.join(missing)}." if missing else ""))
-
-st.subheader("Extreme tokens")
-with S.guard("compute the extreme-token curve"):
-    if hists is not None:  # else the shared pass failed, and said so, above
+if extreme_tab.open:
+    with extreme_tab, S.guard("compute the extreme-token curve"):
+        n_bins = st.session_state.get("tokens_bins", 80)  # the histograms' cached pass (remembered bins)
+        hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=n_bins, steps=sel.steps)
         st.plotly_chart(charts.extreme_curve(hists["extreme"], colors), key="tokens_extreme")
-    st.caption("F(τ): the share of tokens whose ratio is off by more than a factor τ in either direction "
-               "(max(r, 1/r) > τ). A heavy tail here is what breaks importance-sampling corrections.")
+        st.caption("F(τ): the share of tokens whose ratio is off by more than a factor τ in either direction "
+                   "(max(r, 1/r) > τ). A heavy tail here is what breaks importance-sampling corrections.")

@@ -187,6 +187,36 @@ def goto_page(page, label: str, title: str, timeout_ms: float = 60_000) -> float
     return time.perf_counter() - t0
 
 
+def goto_tab(page, label: str, timeout_ms: float = 60_000) -> float:
+    """Click a tab of the current page (its content runs only when open, so the click reruns the page); returns
+    seconds until that rerun is idle with the tab's charts drawn."""
+    page.evaluate(_MARK_RUN_JS)
+    tab = page.get_by_role("tab", name=label, exact=True)
+    t0 = time.perf_counter()
+    tab.click()
+    page.wait_for_function("() => window.__driftRan === true", timeout=timeout_ms, polling=20)
+    wait_idle(page, None, timeout_ms)
+    return time.perf_counter() - t0
+
+
+# Sets window.__driftRan once the script state turns "running" (a click that reruns the page).
+_MARK_RUN_JS = """() => {
+  window.__driftRan = false;
+  const app = document.querySelector("[data-testid='stApp']");
+  const obs = new MutationObserver(() => {
+    if (app.getAttribute("data-test-script-state") === "running") { window.__driftRan = true; obs.disconnect(); }
+  });
+  obs.observe(app, {attributes: true, attributeFilter: ["data-test-script-state"]});
+}"""
+
+# The tabs after the first (which opens with the page), per sidebar label: (tab label, screenshot suffix).
+TABS = {
+    "Token drift": [("One run in detail", "run"), ("Where the mismatch lives", "where"),
+                    ("Extreme tokens", "extreme")],
+    "Routing": [("Flips per token", "tokens"), ("Expert load", "load")],
+    "Compare": [("Distributions", "distributions"), ("Routing", "routing")],
+}
+
 PAGES = [  # (sidebar label, page title h1, screenshot name)
     ("Overview", "Overview", "overview"),
     ("Token drift", "Token drift", "token_drift"),

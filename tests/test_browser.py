@@ -1,6 +1,6 @@
 """The app in a real browser (headless Chromium): what AppTest cannot see. Every page draws its plotly charts
-without an exception box, an upload through the Data page becomes a run, and each page's screenshot is saved
-to docs/screenshots/<page>.png."""
+(and every tab of those with tabs) without an exception box, an upload through the Data page becomes a run, and
+each page's screenshot is saved to docs/screenshots/<page>.png (a tab's to <page>-<tab>.png)."""
 from __future__ import annotations
 
 import io
@@ -71,6 +71,13 @@ def test_pages_render_and_upload_works(server):
                 if label in CHART_PAGES:
                     assert page.locator("[data-testid='stPlotlyChart'] .main-svg").count() > 0, label
                 bu.full_screenshot(page, SHOTS / f"{name}.png")
+                for tab, suffix in bu.TABS.get(label, []):  # tabs run their content only when opened
+                    bu.goto_tab(page, tab)
+                    assert page.locator("[data-testid='stException']").count() == 0, f"exception on {label}/{tab}"
+                    errors = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
+                    assert not errors, f"{label}/{tab}: {errors}"
+                    assert page.locator("[data-testid='stPlotlyChart'] .main-svg").count() > 0, (label, tab)
+                    bu.full_screenshot(page, SHOTS / f"{name}-{suffix}.png")
 
             # a metrics table downloads as CSV (its data is made on click, on another server thread)
             bu.goto_page(page, "Data", "Data")

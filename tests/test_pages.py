@@ -151,8 +151,19 @@ def test_overview_metric_picker_smoothing_and_configs(monkeypatch, shared_db):
 
 
 # -- token drift --------------------------------------------------------------------------------------
+def open_tab(at, key: str, label: str):
+    at.session_state[key] = label  # what clicking the tab does (on_change="rerun": the page reruns)
+    return at.run()
+
+
 def test_token_drift_groupings_and_run_choice(monkeypatch, shared_db):
     at = open_app(monkeypatch, shared_db, "pages/token_drift.py")
+    assert [t.label for t in at.tabs] == ["Distribution", "One run in detail", "Where the mismatch lives",
+                                          "Extreme tokens"]
+    assert charts(at) == 2  # the first tab's two histograms; the other tabs did not run
+    at.slider(key="tokens_bins").set_value(40).run()
+
+    open_tab(at, "tokens_tab", "Where the mismatch lives")
     assert at.radio(key="tokens_dim").options == [
         "sampler probability exp(s)", "position in the response", "response length", "sampler entropy",
         "staleness (lag)"]
@@ -162,40 +173,85 @@ def test_token_drift_groupings_and_run_choice(monkeypatch, shared_db):
         assert not at.exception and not errors(at), errors(at)
         assert "**ratio_frac_high**" in texts(at.caption)
     assert "Lag = trainer_version − sampler_version" in texts(at.caption)
+
+    open_tab(at, "tokens_tab", "One run in detail")
+    assert charts(at) == 2 and "**ratio_frac_high**" not in texts(at.caption)
     at.selectbox(key="tokens_run").set_value(bu.RUN_DENSE)
     at.toggle(key="tokens_density_log").set_value(True)
-    at.toggle(key="tokens_top_show").set_value(True)
-    at.slider(key="tokens_bins").set_value(40).run()
+    at.toggle(key="tokens_top_show").set_value(True).run()
     assert not at.exception and not errors(at)
     assert "No token occurs at least 5 times" in texts(at.caption)  # the dense run logged no token ids
     at.selectbox(key="tokens_run").set_value(bu.RUN_BOTH).run()
     assert list(at.dataframe[0].value.columns)[:2] == ["token_id", "token"]
+
+    open_tab(at, "tokens_tab", "Extreme tokens")
+    assert charts(at) == 1 and not errors(at)
+    # the widgets of tabs not shown kept their values
+    open_tab(at, "tokens_tab", "Where the mismatch lives")
+    assert at.radio(key="tokens_dim").value == "lag"
+    assert at.selectbox(key="tokens_bucket_metric").value == "ratio_frac_high"
+    open_tab(at, "tokens_tab", "Distribution")
+    assert at.slider(key="tokens_bins").value == 40
+    open_tab(at, "tokens_tab", "One run in detail")
+    assert at.selectbox(key="tokens_run").value == bu.RUN_BOTH and at.toggle(key="tokens_density_log").value
+
     # a run without versions or entropy: those groupings disappear and the caption says why
     at.multiselect(key="sidebar_runs").set_value([bu.RUN_DENSE]).run()
+    open_tab(at, "tokens_tab", "Where the mismatch lives")
     assert at.radio(key="tokens_dim").options == [
         "sampler probability exp(s)", "position in the response", "response length"]
     assert "no `sampler_version` / `trainer_version`" in texts(at.caption)
 
 
+def test_tabs_run_only_the_open_tabs_queries(monkeypatch, own_db):
+    """A page runs the analysis calls of its open tab only: the others cost nothing until clicked."""
+    from ui import state as S
+
+    calls: list[str] = []
+    real = S._resolve
+    monkeypatch.setattr(S, "_resolve", lambda module, name: (calls.append(name), real(module, name))[1])
+    at = open_app(monkeypatch, own_db, "pages/token_drift.py")  # a database of its own: nothing cached yet
+    assert "drift_histograms" in calls and not {"step_histogram", "prob_density_2d", "mismatch_by"} & set(calls)
+    calls.clear()
+    open_tab(at, "tokens_tab", "One run in detail")
+    assert {"step_histogram", "prob_density_2d"} <= set(calls) and "mismatch_by" not in calls
+
+    calls.clear()
+    at = open_app(monkeypatch, own_db, "pages/routing.py")
+    assert "layer_profile" in calls and "flip_views" not in calls and "expert_load" not in calls
+    open_tab(at, "routing_tab", "Flips per token")
+    assert "flip_views" in calls and "expert_load" not in calls
+    open_tab(at, "routing_tab", "Expert load")
+    assert "expert_load" in calls
+
+
 # -- routing ------------------------------------------------------------------------------------------
 def test_routing_states_for_each_kind_of_run(monkeypatch, shared_db):
     at = open_app(monkeypatch, shared_db, "pages/routing.py")
-    heads = [h.value for h in at.subheader]
-    assert heads[0] == "Flips per step and layer" and "Expert load" in heads
+    assert [t.label for t in at.tabs] == ["Flips per layer", "Flips per token", "Expert load"]
+    assert charts(at) == 2  # step × layer heat map and layer profile
     assert "Only the sampler's routing was recorded for moe-replay" in texts(at.warning)
+    assert "on the Expert load tab" in texts(at.warning)
     at.radio(key="routing_layer_metric").set_value("overlap").run()
     assert "**overlap**" in texts(at.caption)
 
+    open_tab(at, "routing_tab", "Flips per token")
+    assert charts(at) == 3 and not errors(at)
+    assert "**token_any_flip_rate**" in texts(at.caption)
+
+    open_tab(at, "routing_tab", "Expert load")
     at.selectbox(key="routing_load_run").set_value(bu.RUN_REPLAY).run()
     at.selectbox(key="routing_load_step").set_value(2)
     at.selectbox(key="routing_load_layer").set_value(3).run()
     assert not at.exception and not errors(at), errors(at)
-    assert not texts(at.info)  # the replay run's expert load is drawn
+    assert not texts(at.info) and charts(at) == 1  # the replay run's expert load is drawn
+    open_tab(at, "routing_tab", "Flips per layer")
+    assert at.radio(key="routing_layer_metric").value == "overlap"  # kept while another tab was shown
 
     at.multiselect(key="sidebar_runs").set_value([bu.RUN_REPLAY]).run()
     heads = [h.value for h in at.subheader]
-    assert heads == ["Expert load"] and charts(at) == 1
-    assert "Flips need the trainer's side too" in texts(at.warning)
+    assert heads == ["Expert load"] and charts(at) == 1 and not at.tabs
+    assert "Flips need the trainer's side too" in texts(at.warning) and "shown below" in texts(at.warning)
 
     at.multiselect(key="sidebar_runs").set_value([bu.RUN_DENSE]).run()
     assert "None of the chosen runs has MoE routing" in texts(at.info)
@@ -239,7 +295,21 @@ def test_compare_needs_two_runs_and_follows_the_baseline(monkeypatch, shared_db)
     deltas = at.dataframe[1].value
     assert f"{bu.RUN_BOTH}_delta" in deltas.columns and f"{bu.RUN_DENSE}_delta" not in deltas.columns
     at.multiselect(key="compare_metrics").set_value(["kl_k2"]).run()
-    assert "**kl_k2**" in texts(at.markdown)
+    assert "**kl_k2**" in texts(at.markdown) and charts(at) == 1
+    assert [t.label for t in at.tabs] == ["Metric deltas", "Distributions", "Routing"]
+
+    open_tab(at, "compare_tab", "Distributions")
+    assert charts(at) == 3 and not errors(at) and len(at.dataframe) == 1  # histogram, F(τ), per-step curves
+    open_tab(at, "compare_tab", "Routing")
+    assert charts(at) == 1 and "**Routing flip rate per layer**" in texts(at.markdown)
+    open_tab(at, "compare_tab", "Metric deltas")  # the baseline and the charted metrics were kept
+    assert at.selectbox(key="compare_baseline").value == bu.RUN_DENSE
+    assert at.multiselect(key="compare_metrics").value == ["kl_k2"]
+
+    at.multiselect(key="sidebar_runs").set_value([bu.RUN_BOTH, bu.RUN_DENSE]).run()
+    assert [t.label for t in at.tabs] == ["Metric deltas", "Distributions", "Routing"]
+    at.multiselect(key="sidebar_runs").set_value([bu.RUN_DENSE, bu.RUN_REPLAY]).run()
+    assert [t.label for t in at.tabs] == ["Metric deltas", "Distributions"]  # no run with both routing sides
 
     at.multiselect(key="sidebar_runs").set_value([bu.RUN_BOTH]).run()
     assert "at least 2 runs" in texts(at.info)

@@ -72,7 +72,7 @@ def expert_load(df: pl.DataFrame) -> go.Figure:
 def flip_mismatch(df: pl.DataFrame, colors: dict[str, str]) -> go.Figure:
     """[run, flipped, n_tokens, log_ratio_abs_mean, kl_k3] → two panels, flipped vs unflipped per run."""
     metrics = ["log_ratio_abs_mean", "kl_k3"]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["mean |Δ|", "kl_k3"])
+    fig = make_subplots(rows=1, cols=2)  # panel names go under the panels: a wrapped legend covers titles
     for i, metric in enumerate(metrics):
         for run in ordered_runs(df, colors):
             part = df.filter(pl.col("run") == run).sort("flipped")
@@ -82,7 +82,10 @@ def flip_mismatch(df: pl.DataFrame, colors: dict[str, str]) -> go.Figure:
                                  hovertemplate=f"{run}<br>%{{x}}<br>{metric} %{{y:.4g}}<br>tokens %{{customdata:,}}"
                                                "<extra></extra>"), row=1, col=i + 1)
     fig.update_layout(barmode="group")
-    return layout(fig)
+    fig = layout(fig)
+    fig.update_xaxes(title_text="mean |Δ|", row=1, col=1)
+    fig.update_xaxes(title_text="kl_k3", row=1, col=2)
+    return fig
 
 
 def flip_grid(df: pl.DataFrame) -> go.Figure:

@@ -157,6 +157,27 @@ def keep_choices(key: str, options: Sequence, default: Sequence = ()) -> None:
         st.session_state[key] = [v for v in default if v in options]
 
 
+_KEPT = "_kept_"  # prefix of the copies `remember` keeps
+
+
+def remember(*keys: str) -> None:
+    """Call at the top of a page, before its widgets: the widgets with these keys keep their values while they
+    are not drawn (another page, another tab). Streamlit forgets a widget's value after a run that did not draw
+    it; a copy under another key is not a widget's, so it stays, and puts the value back on the next draw."""
+    ss = st.session_state
+    for key in keys:
+        if key in ss:
+            ss[_KEPT + key] = ss[key]
+        elif _KEPT + key in ss:
+            ss[key] = ss[_KEPT + key]
+
+
+def tabs(labels: Sequence[str], key: str) -> list:
+    """Tabs that run only the shown tab's content (`if tab.open:`): a page draws one tab's charts, not all of
+    them, and clicking a tab reruns the page. Opens on the first tab whenever the page is visited."""
+    return list(st.tabs(list(labels), key=key, on_change="rerun"))
+
+
 def run_colors() -> dict[str, str]:
     """One colour per run, stable across pages (by the order runs were created)."""
     return {r: PALETTE[i % len(PALETTE)] for i, r in enumerate(run_names())}
