@@ -10,6 +10,7 @@ st.caption("How far the trainer's recomputed log-probs **t** drift from the log-
            "per run. Δ = t − s, r = exp(Δ) = π_trainer / π_sampler.")
 
 sel = S.selection()
+S.remember("overview_metrics", "overview_smooth", "overview_logy", "overview_cfg_diff")  # kept across pages
 S.require_runs(sel, what="the overview")
 colors = S.run_colors()
 kinds = S.cached(views.routing_kinds, sel.runs)

@@ -10,6 +10,7 @@ st.caption("Find the responses whose log-probs disagree most, then read one toke
            "by Δ = t − s; hover a token for s, t, Δ and r.")
 
 sel = S.selection()
+S.remember("seq_run", "seq_step", "seq_order", "seq_sample", "seq_scale")  # kept across pages
 S.require_runs(sel, what="sequences")
 
 c1, c2, c3 = st.columns([2, 1, 2])

@@ -148,6 +148,12 @@ def test_overview_metric_picker_smoothing_and_configs(monkeypatch, shared_db):
     assert set(cfg["key"]) == {"engine", "replay", "sampler_dtype"}
     at.toggle(key="overview_cfg_diff").set_value(False).run()
     assert "trainer_dtype" in set(at.dataframe[-1].value["key"])
+    # another page and back: the page is as it was left
+    at.switch_page("pages/sequences.py").run()
+    at.switch_page("pages/overview.py").run()
+    assert at.multiselect(key="overview_metrics").value == ["kl_k1", "chi2_token"]
+    assert at.slider(key="overview_smooth").value == 3 and at.toggle(key="overview_logy").value
+    assert not at.toggle(key="overview_cfg_diff").value
 
 
 # -- token drift --------------------------------------------------------------------------------------
