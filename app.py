@@ -5,12 +5,16 @@ once per process (DRIFT_DB, default data/drift.duckdb). An empty database gets t
 DRIFT_NO_DEMO=1; DRIFT_READ_ONLY=1 turns the app into a viewer. With an [auth] section in the secrets, nothing but a
 sign-in screen shows until the user has signed in (ui/auth.py; docs/hosting.md).
 """
+from pathlib import Path
+
 import streamlit as st
 
-st.set_page_config(page_title="Driftscope", page_icon=":material/troubleshoot:", layout="wide",
-                   initial_sidebar_state="expanded")
+# A local icon: a material-icon favicon is fetched from fonts.gstatic.com on every page (an outside request from
+# every visitor's browser, and a failed one on an offline host).
+st.set_page_config(page_title="Driftscope", page_icon=Path(__file__).parent / "ui" / "static" / "favicon.svg",
+                   layout="wide", initial_sidebar_state="expanded")
 
-from ui import auth, nav, sidebar  # noqa: E402  (set_page_config must come first)
+from ui import auth, nav, prefetch, sidebar  # noqa: E402  (set_page_config must come first)
 from ui import state as S  # noqa: E402
 
 pages = {section: [st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url, default=p is nav.OVERVIEW)
@@ -28,10 +32,12 @@ except Exception as e:  # a broken database must still leave a readable page
     st.error(f"Could not open the database: {S.explain(e)}")
     st.stop()
 
-try:  # the page's own default views first, then the other pages' (ui/prefetch.py)
-    from ui import prefetch
+try:  # queue the default views of this page's other tabs and of the other pages (ui/prefetch.py)
     prefetch.start(S.selection(), page.url_path)
 except Exception:
     S.log.exception("prefetch failed to start")
 
-page.run()
+try:
+    page.run()
+finally:  # also after st.stop() or an error: the worker may start once the browser has drawn this page
+    prefetch.page_done()

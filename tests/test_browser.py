@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import zipfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -59,6 +60,9 @@ def test_pages_render_and_upload_works(server):
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         dialogs: list[str] = []
         page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))  # an alert() would be injected HTML
+        outside: list[str] = []  # a hosted app must not make its visitors' browsers call third parties
+        page.on("request", lambda r: outside.append(r.url) if r.url.startswith("http")
+                and urlsplit(r.url).hostname not in ("127.0.0.1", "localhost") else None)
         try:
             page.goto(url)
             bu.wait_idle(page, "Overview", timeout_ms=90_000)
@@ -102,6 +106,9 @@ def test_pages_render_and_upload_works(server):
             assert page.locator("[data-testid='stException']").count() == 0
             bu.full_screenshot(page, SHOTS / "data_upload.png")
             assert not dialogs, dialogs
+            assert not outside, outside
+            icon = page.evaluate("document.querySelector(\"link[rel~='icon']\").href")
+            assert icon.startswith("data:image/svg+xml"), icon[:80]  # ui/static/favicon.svg, inlined
         finally:
             browser.close()
     log = (root / "server.log").read_text(errors="replace")

@@ -475,3 +475,31 @@ def test_prefetch_warms_the_other_pages(monkeypatch, own_db):
     # allowed: the expert-load step's per-layer list (one step only) and compare's all-keys-free config table
     assert set(heavy) <= {"routing_metrics", "routing_kinds"}, misses
     assert heavy.count("routing_metrics") <= 1, misses
+
+
+def test_prefetch_waits_for_the_page_to_finish_and_draw(monkeypatch):
+    """The worker computes nothing while the page's script runs, nor in the GRACE_S after it, when the browser
+    draws; a newer job (another selection) replaces a queued one."""
+    import time
+    from types import SimpleNamespace
+
+    from ui import prefetch
+    from ui import state as S
+
+    done: list[tuple[str, float]] = []
+    monkeypatch.setattr(S, "_cached_call", lambda module, name, path, version, args, kwargs:
+                        done.append((args[0], time.monotonic())))
+    monkeypatch.setattr(prefetch, "_warm_lab_import", lambda: None)
+    monkeypatch.setattr(prefetch, "GRACE_S", 0.3)
+    app = SimpleNamespace(store=SimpleNamespace(path="x.duckdb"), version=0)
+    call = lambda name: (len, (name,), {})  # noqa: E731
+    worker = prefetch._Worker()
+    worker.submit(app, 0, [call("old")])
+    worker.submit(app, 0, [call("a"), call("b")])  # replaces "old" before it started
+    time.sleep(0.5)
+    assert done == []  # the page has not said it finished
+    t0 = time.monotonic()
+    worker.page_done()
+    assert worker.idle.wait(10)
+    assert [name for name, _ in done] == ["a", "b"]
+    assert done[0][1] - t0 >= 0.3

@@ -10,6 +10,7 @@ import math
 from typing import Sequence
 
 import numpy as np
+import plotly.colors
 import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
@@ -267,6 +268,16 @@ def extreme_curve(df: pl.DataFrame, colors: dict[str, str]) -> go.Figure:
 
 
 # -- one sequence -------------------------------------------------------------------------------------
+def diverging_colors(values: Sequence[float]) -> list[str]:
+    """One colour per value on DIVERGING, symmetric around 0 (what cmid=0 gives), computed here: a bar chart
+    given numbers as colours draws them, but plotly.js also logs a warning per bar (half a second of console
+    traces for a few hundred tokens in Chromium)."""
+    m = max((abs(v) for v in values), default=0.0)
+    if not m or not math.isfinite(m):
+        return plotly.colors.sample_colorscale(DIVERGING, [0.5] * len(values))
+    return plotly.colors.sample_colorscale(DIVERGING, [0.5 + 0.5 * v / m for v in values])
+
+
 def sequence_delta(df: pl.DataFrame) -> go.Figure:
     """[pos, token, sampler_logprob, trainer_logprob, delta, ratio] → Δ per position, hover with the token."""
     tokens = [("" if t is None else str(t)) for t in (df["token"].to_list() if "token" in df.columns
@@ -275,8 +286,7 @@ def sequence_delta(df: pl.DataFrame) -> go.Figure:
     labels = [t if t else (f"id {i}" if i is not None else "") for t, i in zip(tokens, ids)]
     deltas = df["delta"].to_list()
     fig = go.Figure(go.Bar(
-        x=df["pos"].to_list(), y=deltas,
-        marker=dict(color=deltas, colorscale=DIVERGING, cmid=0, showscale=False),
+        x=df["pos"].to_list(), y=deltas, marker=dict(color=diverging_colors(deltas)),
         customdata=list(zip(labels, df["sampler_logprob"].to_list(), df["trainer_logprob"].to_list(),
                             df["ratio"].to_list())),
         hovertemplate=("pos %{x}: %{customdata[0]}<br>s %{customdata[1]:.4f}<br>t %{customdata[2]:.4f}"

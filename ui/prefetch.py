@@ -1,9 +1,10 @@
 """Warm the cache for the other pages' default views while the user reads the current one.
 
-On a large database one page's queries take seconds (each scans millions of tokens); the user mostly looks at
-a page for longer than that. When a page starts, one background thread computes what every page shows first
-for the same selection, through the same cache, the current page's views first, so that the next click is
-served from it.
+On a large database one page's queries take a second (each scans millions of tokens); the user mostly looks at
+a page for longer than that. Once a page has run and the browser has had a moment to draw it, one background
+thread computes what every page (and every tab) shows first for the same selection, through the same cache,
+the current page's other tabs first, so that the next click is served from it. It waits because the browser
+and DuckDB share the machine's cores: computing while the browser draws delayed the first page by seconds.
 Calls that are already cached cost nothing; a call a page needs while the thread computes it waits for that
 one result instead of running it twice (streamlit's cache holds a lock per key).
 When the database can be written, the drift lab's module (torch) is imported last, for the Lab page.
@@ -15,6 +16,7 @@ import importlib
 import os
 import sys
 import threading
+import time
 from typing import Callable
 
 from analysis import buckets, compare, distributions, inspect, routing, views
@@ -22,6 +24,7 @@ from ui import access, nav
 from ui import state as S
 
 Call = tuple[Callable, tuple, dict]
+GRACE_S = 1.0  # after the page's script has finished: the browser draws it before the worker takes the cores
 _started: set[tuple] = set()
 _lock = threading.Lock()
 
@@ -79,15 +82,20 @@ class _Worker:
         self._thread: threading.Thread | None = None
         self.idle = threading.Event()
         self.idle.set()
+        self._page_done = threading.Event()
 
     def submit(self, app: S.AppDB, version: int, calls: list[Call]) -> None:
         with self._cv:
             self._job = (app, version, calls)
+            self._page_done.clear()
             self.idle.clear()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="driftscope-prefetch", daemon=True)
                 self._thread.start()
             self._cv.notify()
+
+    def page_done(self) -> None:
+        self._page_done.set()
 
     def _loop(self) -> None:
         while True:
@@ -97,6 +105,8 @@ class _Worker:
                     self._cv.wait()
                 app, version, calls = self._job
                 self._job = None
+            self._page_done.wait(timeout=60)  # a page that never says so (an error) holds nothing up for long
+            time.sleep(GRACE_S)
             path = str(app.store.path)
             for fn, args, kwargs in calls:
                 if app.version != version or self._job is not None:  # stale data, or a newer selection
@@ -123,9 +133,8 @@ _worker = _Worker()
 
 def start(sel: S.Selection, page: str | None = None) -> None:
     """Prefetch the default views for `sel` once per (database, data version, selection), those of `page`
-    (the url of the page being drawn) first: started before the page runs, the worker and the page share
-    its calls (each computed once, streamlit's cache holds a lock per key), then the worker goes on to the
-    other pages while the browser draws this one."""
+    (the url of the page being drawn) first: queued before the page runs, computed from GRACE_S after
+    `page_done()` (a view the page itself computed is cached by then and costs nothing)."""
     if not enabled() or not sel.runs:
         return
     app = S.db()
@@ -138,6 +147,11 @@ def start(sel: S.Selection, page: str | None = None) -> None:
         _started.add(key)
     kinds = S.cached(views.routing_kinds, sel.runs)
     _worker.submit(app, app.version, default_calls(sel, kinds, page))
+
+
+def page_done() -> None:
+    """app.py calls this when the page's script has finished (whatever way): the worker starts GRACE_S later."""
+    _worker.page_done()
 
 
 def wait_idle(timeout: float) -> bool:

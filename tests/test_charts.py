@@ -1,0 +1,35 @@
+"""Figure builders: what the browser is given (colours computed in Python, not by plotly.js)."""
+from __future__ import annotations
+
+import plotly.colors
+import polars as pl
+
+from ui import charts
+
+
+def _rgb(color: str) -> tuple[int, ...]:
+    return tuple(int(float(c)) for c in color.strip("rgb() ").split(","))
+
+
+def test_diverging_colors_are_symmetric_around_zero():
+    scale = plotly.colors.get_colorscale(charts.DIVERGING)
+    low, high = _rgb(scale[0][1]), _rgb(scale[-1][1])
+    # the largest |Δ| takes an end of the scale whatever its sign; 0 the middle; -v and v mirror positions
+    out = [_rgb(c) for c in charts.diverging_colors([-0.05, 0.0, 0.05, 0.2])]
+    assert out[3] == high and out[1] == _rgb(plotly.colors.sample_colorscale(scale, [0.5])[0])
+    assert out[0] == _rgb(plotly.colors.sample_colorscale(scale, [0.375])[0])
+    assert out[2] == _rgb(plotly.colors.sample_colorscale(scale, [0.625])[0])
+    assert [_rgb(c) for c in charts.diverging_colors([-3.0, 1.0])][0] == low
+    assert charts.diverging_colors([]) == []
+    assert len(set(charts.diverging_colors([0.0, 0.0]))) == 1  # no drift: every bar the middle colour
+
+
+def test_sequence_delta_bars_carry_colour_strings():
+    df = pl.DataFrame({"pos": [0, 1, 2], "token": ["a", None, "c"], "token_id": [5, 6, 7],
+                       "sampler_logprob": [-1.0, -2.0, -0.5], "trainer_logprob": [-1.1, -2.0, -0.2],
+                       "delta": [-0.1, 0.0, 0.3], "ratio": [0.905, 1.0, 1.35]})
+    bar = charts.sequence_delta(df).data[0]
+    colors = list(bar.marker.color)
+    assert all(isinstance(c, str) and c.startswith("rgb") for c in colors)
+    assert colors == charts.diverging_colors([-0.1, 0.0, 0.3])
+    assert [d[0] for d in bar.customdata] == ["a", "id 6", "c"]  # a token without text shows its id
