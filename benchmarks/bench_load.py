@@ -5,7 +5,8 @@
 Each session is its own process with its own headless Chromium (Playwright's sync objects must stay in the thread
 that made them). A warm-up visit opens the app once first (on the demo database this loads the demo runs); then
 all sessions start together and each visits the seven pages in a new random order per round, timing the click on
-the page's sidebar link until the page is idle (script finished, title shown, every plotly chart drawn). Errors
+the page's sidebar link until the page is idle (script finished, title shown, every plotly chart drawn), then
+each of the page's other tabs (`page › tab`) from the click on the tab. Errors
 counted: exception boxes, error alerts, pages that never got idle (timeouts), and tracebacks in the server's log.
 
 --db demo (default): a fresh database in benchmarks/work/ that the app fills with the demo runs. --db large: a
@@ -75,6 +76,9 @@ def session(idx: int, url: str, rounds: int, think: float, timeout_s: float, see
                     seconds = bu.goto_page(page, label, title, timeout_ms=timeout_s * 1000)
                     visits.append((label, seconds, _errors_on_page(page)))
                     current = label
+                    for tab, _ in bu.TABS.get(label, []):  # then the page's other tabs, in order
+                        seconds = bu.goto_tab(page, tab, timeout_ms=timeout_s * 1000)
+                        visits.append((f"{label} › {tab}", seconds, _errors_on_page(page)))
                 except PlaywrightTimeout:
                     visits.append((label, None, [f"timeout after {timeout_s:g} s"]))
                     page.goto(url)  # start over from a fresh page load
@@ -156,7 +160,8 @@ def pct(xs: list[float], q: float) -> float:
 
 def render(cmd: str, desc: str, size: str, env: dict, warmup: float, results: list[dict], wall: float,
            log_tracebacks: int, load: tuple[float, float, float], phase: tuple[float, float]) -> str:
-    times: dict[str, list[float]] = {label: [] for label, _, _ in bu.PAGES}
+    times: dict[str, list[float]] = {view: [] for label, _, _ in bu.PAGES
+                                     for view in [label] + [f"{label} › {tab}" for tab, _ in bu.TABS.get(label, [])]}
     errors: list[str] = []
     for r in results:
         for label, seconds, errs in r["visits"]:
@@ -174,7 +179,7 @@ def render(cmd: str, desc: str, size: str, env: dict, warmup: float, results: li
              f"- Warm-up visit (server started → Overview idle, alone): {warmup:.2f} s. Per-session first load once "
              f"all {len(results)} opened together: "
              + ", ".join(f"{r['first_load']:.1f}" for r in results) + " s.",
-             f"- {n_visits} page visits in {wall:.0f} s of concurrent clicking "
+             f"- {n_visits} page and tab visits in {wall:.0f} s of concurrent clicking "
              f"({n_visits / wall * 60:.0f} visits/min across sessions).",
              f"- Server process CPU while the sessions ran ({phase[0]:.0f} s, their first loads included): "
              f"{phase[1]:.1f} s, {phase[1] / phase[0]:.0%} of one core, "
@@ -184,7 +189,7 @@ def render(cmd: str, desc: str, size: str, env: dict, warmup: float, results: li
              f"max {max(every, default=float('nan')):.2f} s.**",
              f"- Errors: {len(errors)} on pages" + (": " + "; ".join(errors[:10]) if errors else "")
              + f"; server log tracebacks: {log_tracebacks}.", "",
-             "| page | visits | p50 s | p95 s | max s |", "|---|---:|---:|---:|---:|"]
+             "| page › tab | visits | p50 s | p95 s | max s |", "|---|---:|---:|---:|---:|"]
     for label, ts in times.items():
         lines.append(f"| {label} | {len(ts)} | {pct(ts, 50):.2f} | {pct(ts, 95):.2f} | "
                      f"{max(ts, default=float('nan')):.2f} |")
