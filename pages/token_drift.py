@@ -43,8 +43,8 @@ if dist_tab.open:
 if run_tab.open:
     with run_tab:
         S.keep_choice("tokens_run", sel.runs)
-        run = st.selectbox("Run", sel.runs, key="tokens_run",
-                           help="The heat map and the density show one run at a time.")
+        run = st.columns([2, 3])[0].selectbox("Run", sel.runs, key="tokens_run",
+                                              help="The heat map and the density show one run at a time.")
         left, right = st.columns(2)
         with left, S.guard("bin Δ per step"):
             df = S.cached(distributions.step_histogram, run, n_bins=60, steps=sel.steps)
