@@ -30,8 +30,8 @@ tabs = S.tabs(labels, key="compare_tab")  # only the open tab runs its queries
 if tabs[0].open:
     with tabs[0]:
         S.keep_choice("compare_baseline", sel.runs)
-        baseline = st.selectbox("Baseline", sel.runs, key="compare_baseline",
-                                help="Deltas are each run's value minus the baseline's.")
+        baseline = st.columns([2, 3])[0].selectbox("Baseline", sel.runs, key="compare_baseline",
+                                                   help="Deltas are each run's value minus the baseline's.")
         deltas = None
         with S.guard("compute the metric deltas"):
             # the Overview's run summary (usually cached already) plus the routing rates, pivoted here in polars
