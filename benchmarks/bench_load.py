@@ -79,6 +79,8 @@ def session(idx: int, url: str, rounds: int, think: float, timeout_s: float, see
                     for tab, _ in bu.TABS.get(label, []):  # then the page's other tabs, in order
                         seconds = bu.goto_tab(page, tab, timeout_ms=timeout_s * 1000)
                         visits.append((f"{label} › {tab}", seconds, _errors_on_page(page)))
+                    if label in bu.FIRST_TAB:  # back to the first tab (untimed): the next visit opens on it
+                        bu.goto_tab(page, bu.FIRST_TAB[label], timeout_ms=timeout_s * 1000)
                 except PlaywrightTimeout:
                     visits.append((label, None, [f"timeout after {timeout_s:g} s"]))
                     page.goto(url)  # start over from a fresh page load

@@ -104,6 +104,8 @@ def measure(db: Path, rounds: int, env: dict, think: float = 0.0) -> dict:
                     out["pages"][f"{label} › {tab}"].append(seconds)
                     print(f"  {db.stem:12s} {label} › {tab}: {seconds:6.2f}s", flush=True)
                     page.wait_for_timeout(think * 1000)
+                if label in bu.FIRST_TAB:  # back to the first tab (untimed): the next visit opens on it again
+                    bu.goto_tab(page, bu.FIRST_TAB[label], timeout_ms=300_000)
         browser.close()
     return out
 

@@ -209,7 +209,9 @@ _MARK_RUN_JS = """() => {
   obs.observe(app, {attributes: true, attributeFilter: ["data-test-script-state"]});
 }"""
 
-# The tabs after the first (which opens with the page), per sidebar label: (tab label, screenshot suffix).
+# The first tab of each page with tabs: a page opens on it, and reopens on the tab last shown (it is in the URL).
+FIRST_TAB = {"Token drift": "Distribution", "Routing": "Flips per layer", "Compare": "Metric deltas"}
+# The other tabs, per sidebar label: (tab label, screenshot suffix).
 TABS = {
     "Token drift": [("One run in detail", "run"), ("Where the mismatch lives", "where"),
                     ("Extreme tokens", "extreme")],

@@ -113,3 +113,38 @@ def test_pages_render_and_upload_works(server):
             browser.close()
     log = (root / "server.log").read_text(errors="replace")
     assert "Traceback" not in log, log[-3000:]  # the pages catch errors; the server logged none either
+
+
+def test_a_link_to_a_page_and_tab_opens_it_on_a_fresh_server(app_template_db, tmp_path):
+    """A shared link is often the first request a fresh server gets. Streamlit then routes it with its pages/
+    folder routing (it knows pages by file stem) before st.navigation takes over: a page whose URL differed from
+    its file stem opened under a "Page not found" dialog. A link also names the open tab (bound to the URL)."""
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    db = tmp_path / "drift.duckdb"
+    shutil.copy(app_template_db, db)
+    with bu.streamlit_server(db, env={"DRIFT_NO_DEMO": "1", "DRIFT_PREFETCH": "0"}) as url, sync_playwright() as p:
+        browser = bu.launch_chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{url}/token_drift?tokens_tab=Extreme+tokens")
+            bu.wait_idle(page, "Token drift", timeout_ms=90_000)
+            page.wait_for_timeout(300)  # the dialog, when there was one, came with the first run
+            assert page.locator("[role='dialog']").count() == 0, page.locator("[role='dialog']").all_inner_texts()
+            assert page.locator("[role='tab'][aria-selected='true']").inner_text() == "Extreme tokens"
+            bu.goto_tab(page, "One run in detail")
+            assert page.url.endswith("/token_drift?tokens_tab=One+run+in+detail"), page.url
+            bu.goto_tab(page, "Distribution")  # the first tab: a clean URL
+            assert page.url.endswith("/token_drift"), page.url
+        finally:
+            browser.close()
+
+
+def test_every_page_url_is_its_file_stem():
+    """What the test above needs of every page: Streamlit's pages/ folder routing finds it under that URL."""
+    from ui import nav
+
+    for p in nav.ALL:
+        assert p is nav.OVERVIEW or p.url == Path(p.path).stem, p

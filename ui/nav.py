@@ -13,7 +13,7 @@ class PageInfo:
 
 
 OVERVIEW = PageInfo("pages/overview.py", "Overview", ":material/dashboard:", "overview")
-TOKENS = PageInfo("pages/token_drift.py", "Token drift", ":material/stacked_line_chart:", "token-drift")
+TOKENS = PageInfo("pages/token_drift.py", "Token drift", ":material/stacked_line_chart:", "token_drift")
 ROUTING = PageInfo("pages/routing.py", "Routing", ":material/alt_route:", "routing")
 SEQUENCES = PageInfo("pages/sequences.py", "Sequences", ":material/notes:", "sequences")
 COMPARE = PageInfo("pages/compare.py", "Compare", ":material/compare_arrows:", "compare")

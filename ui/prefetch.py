@@ -36,7 +36,7 @@ def enabled() -> bool:
 def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | None = None) -> list[Call]:
     """What each page computes before any widget is touched, with the exact arguments the pages use
     (a different argument is a different cache entry). Page by page in the sidebar's order, `first_page`
-    (a page's url, e.g. "token-drift") first."""
+    (a page's url, e.g. "token_drift") first."""
     runs, steps, cap, clip = sel.runs, sel.steps, sel.cap, sel.clip
     first = runs[0]
     both = [r for r in runs if kinds.get(r) == "both"]

@@ -174,8 +174,9 @@ def remember(*keys: str) -> None:
 
 def tabs(labels: Sequence[str], key: str) -> list:
     """Tabs that run only the shown tab's content (`if tab.open:`): a page draws one tab's charts, not all of
-    them, and clicking a tab reruns the page. Opens on the first tab whenever the page is visited."""
-    return list(st.tabs(list(labels), key=key, on_change="rerun"))
+    them, and clicking a tab reruns the page. The open tab is in the URL (`?<key>=<label>`, none for the first
+    tab), so a shared link opens it, and the page reopens on it when the user comes back."""
+    return list(st.tabs(list(labels), key=key, on_change="rerun", bind="query-params"))
 
 
 def run_colors() -> dict[str, str]:
