@@ -13,15 +13,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from analysis.lab.presets import LabConfig
+
 
 @dataclass
 class GPTConfig:
-    vocab: int = 512
-    d_model: int = 64
-    n_heads: int = 4
-    n_layers: int = 4
-    n_experts: int = 8
-    top_k: int = 2
+    # the model's size defaults are the lab's (LabConfig, torch-free, is where they are set)
+    vocab: int = LabConfig.vocab
+    d_model: int = LabConfig.d_model
+    n_heads: int = LabConfig.n_heads
+    n_layers: int = LabConfig.n_layers
+    n_experts: int = LabConfig.n_experts
+    top_k: int = LabConfig.top_k
     max_len: int = 64
     d_ff: int = 128             # hidden width of one expert
     fp32_lm_head: bool = False  # head matmul + log_softmax in fp32 (MiniMax-M1-style mitigation)
