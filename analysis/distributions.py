@@ -10,7 +10,7 @@ import math
 import polars as pl
 
 from analysis import metrics
-from analysis.metrics import CLAMP, check_runs, clamp_sql, ratio_sql, token_filter
+from analysis.metrics import CLAMP, check_runs, clamp_log_ratio_sql, ratio_sql, token_filter
 from analysis.store import Store
 
 MAX_CELLS = 100_000  # most points a chart is ever sent
@@ -100,8 +100,7 @@ def ratio_histogram(store: Store, runs: list[str], n_bins: int = 80,
     """
     n_bins = _check_bins(n_bins)
     where, params = token_filter(store, check_runs(runs), steps)
-    xsrc = (f"SELECT run, {clamp_sql('trainer_logprob - sampler_logprob', f'-{CLAMP}::DOUBLE', f'{CLAMP}::DOUBLE')}"
-            f" / ln(10) AS x "
+    xsrc = (f"SELECT run, {clamp_log_ratio_sql('trainer_logprob - sampler_logprob')} / ln(10) AS x "
             f"FROM tokens WHERE {where}")
     out = _binned(store, xsrc, ["run"], params, n_bins, None, None)
     if out is None:
@@ -123,7 +122,7 @@ def drift_histograms(store: Store, runs: list[str], n_bins: int = 80,
     n_bins = _check_bins(n_bins)
     where, params = token_filter(store, check_runs(runs), steps)
     d = "trainer_logprob - sampler_logprob"
-    src = (f"SELECT run, {d} AS xd, {clamp_sql(d, f'-{CLAMP}::DOUBLE', f'{CLAMP}::DOUBLE')} / ln(10) AS xr, "
+    src = (f"SELECT run, {d} AS xd, {clamp_log_ratio_sql(d)} / ln(10) AS xr, "
            f"{ratio_sql(d)} AS r FROM tokens WHERE {where}")
     lo_d, hi_d = store.rows(f"SELECT min({d}), max({d}) FROM tokens WHERE {where}", params)[0]
     if lo_d is None:

@@ -21,6 +21,8 @@ TOKEN_METRICS = (
     "ratio_max", "chi2_token", "ratio_frac_high", "ratio_frac_low", "clip_frac", "ess", "ppl_ratio", "chi2_seq",
     "seq_log_ratio_abs_max",
 )
+# the metrics of the per-sequence pass (averaged over sequences); n_sequences is counted there too
+SEQUENCE_METRICS = ("ppl_ratio", "chi2_seq", "seq_log_ratio_abs_max")
 
 
 # -- shared SQL helpers (used by buckets, distributions, routing, inspect) ------------------------------
@@ -88,9 +90,14 @@ def token_filter(store: Store, runs: Sequence[str], steps: tuple[int, int] | Non
     return run_filter(runs, steps, alias=alias, by_run=not covers)
 
 
+def clamp_log_ratio_sql(d: str = "d") -> str:
+    """SQL for clamp(Δ, −CLAMP, CLAMP) given the SQL of Δ (or of a sum of Δ)."""
+    return clamp_sql(d, f"-{CLAMP}::DOUBLE", f"{CLAMP}::DOUBLE")
+
+
 def ratio_sql(d: str = "d") -> str:
     """SQL for r = exp(clamp(Δ, −20, 20)) given the SQL of Δ."""
-    return f"exp({clamp_sql(d, f'-{CLAMP}::DOUBLE', f'{CLAMP}::DOUBLE')})"
+    return f"exp({clamp_log_ratio_sql(d)})"
 
 
 def kl3_sql(r: str = "r", d: str = "d") -> str:
@@ -105,7 +112,7 @@ def token_aggregates(cap_param: str = "$cap", clip_param: str = "$clip") -> dict
     Exactness on identical log-probs: Δ = 0 gives r = exp(0) = 1 exactly, so every sum below is of exact
     zeros/ones. Spreads that could come out as rounding noise are guarded with min = max.
     """
-    w = f"least(greatest(r, 1.0 / {cap_param}), {cap_param})"
+    w = clamp_sql("r", f"1.0 / {cap_param}", cap_param)
     return {
         "n_tokens": "count(*)",
         "kl_k1": "avg(s - t)",
@@ -161,7 +168,7 @@ def grouped_token_metrics_sql(src: str, keys: Sequence[str], only: Sequence[str]
         gid = f"GROUPING({k}) AS grouping_id, "
     base = f"""base AS NOT MATERIALIZED (
         SELECT {{seq_keys}}, s, t, t - s AS d, {ratio_sql('t - s')} AS r, exp(s) AS ps, exp(t) AS pt FROM ({src}) src_)"""
-    if only is not None and not {"n_sequences", "ppl_ratio", "chi2_seq", "seq_log_ratio_abs_max"} & set(only):
+    if only is not None and not {"n_sequences", *SEQUENCE_METRICS} & set(only):
         # token aggregates only: one GROUP BY, no per-sequence pass
         return f"""WITH {base.format(seq_keys=k)}
     SELECT {gid}{token_aggregates_sql(keys, only=["n_tokens", *only])} FROM base GROUP BY {group} ORDER BY {k}"""
@@ -170,18 +177,18 @@ def grouped_token_metrics_sql(src: str, keys: Sequence[str], only: Sequence[str]
     on = " AND ".join([f"tok.{c} IS NOT DISTINCT FROM sq.{c}" for c in keys]
                       + (["tok.grouping_id = sq.grouping_id"] if gid else []))
     token_cols = ", ".join(f"{'sq' if m == 'n_sequences' else 'tok'}.{m}" for m in TOKEN_METRICS
-                           if m not in ("ppl_ratio", "chi2_seq", "seq_log_ratio_abs_max"))
+                           if m not in SEQUENCE_METRICS)
     return f"""
     WITH {base.format(seq_keys=seq_keys)},
     tok AS (SELECT {gid}{token_aggregates_sql(keys)} FROM base GROUP BY {group}),
     seq AS (SELECT {seq_keys}, sum(d) AS sum_d, avg(s - t) AS mean_s_minus_t FROM base GROUP BY {seq_keys}),
     sq AS (SELECT {gid}{k}, count(*) AS n_sequences,
                   avg(exp(mean_s_minus_t)) AS ppl_ratio,
-                  avg(exp(2.0 * least(greatest(sum_d, -{CLAMP}), {CLAMP})) - 1.0) AS chi2_seq,
+                  avg(exp(2.0 * {clamp_log_ratio_sql('sum_d')}) - 1.0) AS chi2_seq,
                   max(abs(sum_d)) AS seq_log_ratio_abs_max
            FROM seq GROUP BY {group})
     SELECT {'tok.grouping_id, ' if gid else ''}{', '.join('tok.' + c for c in keys)}, {token_cols},
-           sq.ppl_ratio, sq.chi2_seq, sq.seq_log_ratio_abs_max
+           {', '.join('sq.' + m for m in SEQUENCE_METRICS)}
     FROM tok JOIN sq ON {on}
     ORDER BY {'tok.grouping_id, ' if gid else ''}{', '.join('tok.' + c for c in keys)}"""
 
