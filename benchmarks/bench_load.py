@@ -76,11 +76,8 @@ def session(idx: int, url: str, rounds: int, think: float, timeout_s: float, see
                     seconds = bu.goto_page(page, label, title, timeout_ms=timeout_s * 1000)
                     visits.append((label, seconds, _errors_on_page(page)))
                     current = label
-                    for tab, _ in bu.TABS.get(label, []):  # then the page's other tabs, in order
-                        seconds = bu.goto_tab(page, tab, timeout_ms=timeout_s * 1000)
+                    for tab, _, seconds in bu.visit_tabs(page, label, timeout_ms=timeout_s * 1000):
                         visits.append((f"{label} › {tab}", seconds, _errors_on_page(page)))
-                    if label in bu.FIRST_TAB:  # back to the first tab (untimed): the next visit opens on it
-                        bu.goto_tab(page, bu.FIRST_TAB[label], timeout_ms=timeout_s * 1000)
                 except PlaywrightTimeout:
                     visits.append((label, None, [f"timeout after {timeout_s:g} s"]))
                     page.goto(url)  # start over from a fresh page load
@@ -162,8 +159,7 @@ def pct(xs: list[float], q: float) -> float:
 
 def render(cmd: str, desc: str, size: str, env: dict, warmup: float, results: list[dict], wall: float,
            log_tracebacks: int, load: tuple[float, float, float], phase: tuple[float, float]) -> str:
-    times: dict[str, list[float]] = {view: [] for label, _, _ in bu.PAGES
-                                     for view in [label] + [f"{label} › {tab}" for tab, _ in bu.TABS.get(label, [])]}
+    times: dict[str, list[float]] = {view: [] for view in bu.view_names()}
     errors: list[str] = []
     for r in results:
         for label, seconds, errs in r["visits"]:

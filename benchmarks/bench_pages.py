@@ -78,7 +78,7 @@ def build_large() -> None:
 def measure(db: Path, rounds: int, env: dict, think: float = 0.0) -> dict:
     from playwright.sync_api import sync_playwright
 
-    out: dict = {"first_load": None, "pages": {view: [] for view in timed_views()}}
+    out: dict = {"first_load": None, "pages": {view: [] for view in bu.view_names()}}
     with bu.streamlit_server(db, env=env, timeout=300, log=WORK / f"{db.stem}.server.log") as url, \
             sync_playwright() as p:
         browser = bu.launch_chromium(p)
@@ -97,22 +97,14 @@ def measure(db: Path, rounds: int, env: dict, think: float = 0.0) -> dict:
                 out["pages"][label].append(seconds)
                 print(f"  {db.stem:12s} {label:12s} {seconds:6.2f}s", flush=True)
                 page.wait_for_timeout(think * 1000)
-                for tab, _ in bu.TABS.get(label, []):  # a tab runs its queries when first opened
-                    seconds = bu.goto_tab(page, tab, timeout_ms=300_000)
+                for tab, _, seconds in bu.visit_tabs(page, label, timeout_ms=300_000):  # each runs its queries
                     if page.locator("[data-testid='stException'], [data-testid='stAlertContentError']").count():
                         raise RuntimeError(f"{label} › {tab} shows an error on {db.name}")
                     out["pages"][f"{label} › {tab}"].append(seconds)
                     print(f"  {db.stem:12s} {label} › {tab}: {seconds:6.2f}s", flush=True)
                     page.wait_for_timeout(think * 1000)
-                if label in bu.FIRST_TAB:  # back to the first tab (untimed): the next visit opens on it again
-                    bu.goto_tab(page, bu.FIRST_TAB[label], timeout_ms=300_000)
         browser.close()
     return out
-
-
-def timed_views() -> list[str]:
-    """What is timed: each page (opening on its first tab), then each of its other tabs."""
-    return [v for label, _, _ in bu.PAGES for v in [label] + [f"{label} › {tab}" for tab, _ in bu.TABS.get(label, [])]]
 
 
 def profile(db: Path) -> list[tuple[str, float]]:
@@ -204,7 +196,7 @@ def render(results: dict, args) -> str:
     names = list(results)
     head = "| page | " + " | ".join(f"{n} cold | {n} warm" for n in names) + " |"
     lines += [head, "|---|" + "---:|---:|" * len(names)]
-    for label in timed_views():
+    for label in bu.view_names():
         cells = []
         for n in names:
             t = results[n]["pages"][label]

@@ -209,15 +209,30 @@ _MARK_RUN_JS = """() => {
   obs.observe(app, {attributes: true, attributeFilter: ["data-test-script-state"]});
 }"""
 
-# The first tab of each page with tabs: a page opens on it, and reopens on the tab last shown (it is in the URL).
-FIRST_TAB = {"Token drift": "Distribution", "Routing": "Flips per layer", "Compare": "Metric deltas"}
-# The other tabs, per sidebar label: (tab label, screenshot suffix).
+# The tabs of each page that has them, in order: (tab label, screenshot suffix). A page opens on its first
+# tab, and reopens on the tab last shown (it is in the URL).
 TABS = {
-    "Token drift": [("One run in detail", "run"), ("Where the mismatch lives", "where"),
+    "Token drift": [("Distribution", ""), ("One run in detail", "run"), ("Where the mismatch lives", "where"),
                     ("Extreme tokens", "extreme")],
-    "Routing": [("Flips per token", "tokens"), ("Expert load", "load")],
-    "Compare": [("Distributions", "distributions"), ("Routing", "routing")],
+    "Routing": [("Flips per layer", ""), ("Flips per token", "tokens"), ("Expert load", "load")],
+    "Compare": [("Metric deltas", ""), ("Distributions", "distributions"), ("Routing", "routing")],
 }
+
+
+def visit_tabs(page, label: str, timeout_ms: float = 60_000) -> Iterator[tuple[str, str, float]]:
+    """On page `label` (open on its first tab): click each other tab in order, yielding (tab, screenshot
+    suffix, seconds to idle) after each; then back to the first tab, untimed, so the next visit opens on it."""
+    tabs = TABS.get(label, [])
+    for tab, suffix in tabs[1:]:
+        yield tab, suffix, goto_tab(page, tab, timeout_ms)
+    if len(tabs) > 1:
+        goto_tab(page, tabs[0][0], timeout_ms)
+
+
+def view_names() -> list[str]:
+    """What the benchmarks time: each page (on its first tab), then "<page> › <tab>" for each other tab."""
+    return [v for label, _, _ in PAGES for v in [label] + [f"{label} › {tab}" for tab, _ in TABS.get(label, [])[1:]]]
+
 
 PAGES = [  # (sidebar label, page title h1, screenshot name)
     ("Overview", "Overview", "overview"),

@@ -75,8 +75,7 @@ def test_pages_render_and_upload_works(server):
                 if label in CHART_PAGES:
                     assert page.locator("[data-testid='stPlotlyChart'] .main-svg").count() > 0, label
                 bu.full_screenshot(page, SHOTS / f"{name}.png")
-                for tab, suffix in bu.TABS.get(label, []):  # tabs run their content only when opened
-                    bu.goto_tab(page, tab)
+                for tab, suffix, _ in bu.visit_tabs(page, label):  # tabs run their content only when opened
                     assert page.locator("[data-testid='stException']").count() == 0, f"exception on {label}/{tab}"
                     errors = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
                     assert not errors, f"{label}/{tab}: {errors}"
