@@ -1,0 +1,180 @@
+"""What each off-policy correction of METRICS.md (Corrections) would do to the logged tokens.
+
+A correction reweights or masks tokens and sequences by the importance ratio r = exp(clamp(Δ, −20, 20)),
+Δ = t − s. Applied to what was logged, each method's rule tells per step and per run how many tokens and
+sequences it would have thrown away, how the weights of what it keeps spread (ESS), and, where the trainer logged
+rewards and advantages (table `sequences`), whether what it throws away was good data.
+
+Two passes, both in DuckDB: per sequence, the partial sums a group needs (`_SEQUENCE_PARTIALS`); per group
+(step or run), sums of those partials. A sequence rule (geo_rs, seq_rs, veto) needs only per-sequence
+aggregates of Δ, so the per-sequence pass is where exact per-sequence summary tables can stand in for the
+token rows once they exist; token rules (icepop) and the kept tokens' ESS need the tokens.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import polars as pl
+
+from analysis.metrics import check_runs, clamp_log_ratio_sql, clamp_sql, ratio_sql, token_filter
+from analysis.store import Store
+
+ESS_CAP = 2.0  # C of the ESS weight clamp(r, 1/C, C) for the masking methods (METRICS.md: ess_after)
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    defaults: dict[str, float]   # parameter -> default, in the order METRICS.md lists them
+    rule: str                    # what it does, in words
+    source: str                  # where the method comes from
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("tis", {"C": 2.0}, "weight w = min(r, C); masks nothing", "verl token TIS, slime --use-tis"),
+    Method("icepop", {"alpha": 0.5, "beta": 5.0}, "masks a token with r < alpha or r > beta",
+           "IcePop (Ring-1T), NeMo icepop"),
+    Method("geo_rs", {"lo": 0.999, "hi": 1.001}, "masks a sequence whose exp(mean Δ) is outside [lo, hi]",
+           "verl seq_mean_k1 rejection"),
+    Method("seq_rs", {"lo": 0.5, "hi": 2.0}, "masks a sequence whose exp(clamp(ΣΔ, −20, 20)) is outside [lo, hi]",
+           "verl sequence rejection seq_sum_k1"),
+    Method("veto", {"tau": 1e-4}, "masks a sequence with any token r < tau",
+           "slime --rs-veto-threshold, verl veto"),
+)}
+
+COLUMNS = ("method", "params", "run", "step", "n_tokens", "n_sequences", "masked_token_frac", "masked_seq_frac",
+           "weight_mean", "ess_after", "masked_reward_mean", "kept_reward_mean", "masked_adv_pos_frac",
+           "masked_adv_neg_frac")
+
+
+def resolve_params(method: str, params: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The method's parameters: its defaults overridden by `params`. ValueError names an unknown method or
+    parameter, and a value that breaks the method's rule (bands must be positive and ordered)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown correction method {method!r}; expected one of {', '.join(METHODS)}")
+    m = METHODS[method]
+    out = dict(m.defaults)
+    for key, value in (params or {}).items():
+        if key not in out:
+            raise ValueError(f"{method} has no parameter {key!r}; its parameters are "
+                             f"{', '.join(f'{k} (default {v:g})' for k, v in m.defaults.items())}")
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{method} parameter {key!r} must be a number, got {value!r}") from None
+    if not all(v > 0 for v in out.values()):
+        raise ValueError(f"{method}: every parameter must be > 0, got {out}")
+    if method == "icepop" and not out["alpha"] < out["beta"]:
+        raise ValueError(f"icepop: alpha must be < beta, got alpha={out['alpha']:g}, beta={out['beta']:g}")
+    if method in ("geo_rs", "seq_rs") and not out["lo"] <= out["hi"]:
+        raise ValueError(f"{method}: lo must be <= hi, got lo={out['lo']:g}, hi={out['hi']:g}")
+    return out
+
+
+def parse_param_args(items: Sequence[str]) -> dict[str, float]:
+    """`--param K=V` strings as a dict (values as given; `resolve_params` checks them)."""
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--param takes K=V (e.g. --param alpha=0.5), got {item!r}")
+        out[key.strip()] = value.strip()  # type: ignore[assignment]
+    return out
+
+
+def _rules(method: str) -> tuple[str, str]:
+    """(token rule, sequence rule) as SQL: a token is masked by the token rule over columns d, r (per token),
+    a sequence by the sequence rule over its aggregates sum_d, mean_d, min_r."""
+    if method == "icepop":
+        return "(r < $alpha OR r > $beta)", "FALSE"
+    if method == "geo_rs":
+        return "FALSE", "(exp(mean_d) < $lo OR exp(mean_d) > $hi)"
+    if method == "seq_rs":
+        seq_ratio = f"exp({clamp_log_ratio_sql('sum_d')})"
+        return "FALSE", f"({seq_ratio} < $lo OR {seq_ratio} > $hi)"
+    if method == "veto":
+        return "FALSE", "(min_r < $tau)"
+    return "FALSE", "FALSE"  # tis
+
+
+def _sequence_partials_sql(method: str, where: str) -> str:
+    """Per sequence (run, step, sample): counts and sums of its tokens under the method's rule.
+
+    w_ess is the ESS weight of a kept token (min(r, C) for tis, clamp(r, 1/C, C) with C = 2 otherwise); weight
+    is the correction's weight (min(r, C) for tis, r for kept tokens of the masking methods)."""
+    token_rule, seq_rule = _rules(method)
+    if method == "tis":
+        w_ess = weight = "least(r, $C)"
+    else:
+        w_ess, weight = clamp_sql("r", f"1.0 / {ESS_CAP}", str(ESS_CAP)), "r"
+    return f"""
+        WITH tok AS (SELECT run, step, sample, d, r, {token_rule} AS masked
+                     FROM (SELECT run, step, sample, trainer_logprob - sampler_logprob AS d,
+                                  {ratio_sql('trainer_logprob - sampler_logprob')} AS r
+                           FROM tokens WHERE {where})),
+        seq AS (SELECT run, step, sample, count(*) AS n_tok, sum(d) AS sum_d, avg(d) AS mean_d, min(r) AS min_r,
+                       count_if(masked) AS n_tok_masked,
+                       sum(CASE WHEN masked THEN 0.0 ELSE {weight} END) AS sum_weight,
+                       count_if(NOT masked) AS n_kept,
+                       sum(CASE WHEN masked THEN 0.0 ELSE {w_ess} END) AS sw,
+                       sum(CASE WHEN masked THEN 0.0 ELSE {w_ess} * {w_ess} END) AS sw2
+                FROM tok GROUP BY run, step, sample)
+        SELECT run, step, sample, n_tok,
+               CASE WHEN {seq_rule} THEN n_tok ELSE n_tok_masked END AS n_masked,
+               CASE WHEN {seq_rule} THEN 0.0 ELSE sum_weight END AS sum_weight,
+               CASE WHEN {seq_rule} THEN 0 ELSE n_kept END AS n_kept,
+               CASE WHEN {seq_rule} THEN 0.0 ELSE sw END AS sw,
+               CASE WHEN {seq_rule} THEN 0.0 ELSE sw2 END AS sw2
+        FROM seq"""
+
+
+def corrections(store: Store, runs: Sequence[str] | str, method: str, params: Mapping[str, float] | None = None,
+                by: str = "step", steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """METRICS.md Corrections columns of one method per (run, step) (`by="step"`) or per run (`by="run"`).
+
+    masked_token_frac = masked tokens / n_tokens; masked_seq_frac = sequences with a masked token / n_sequences;
+    weight_mean = mean over all tokens of the weight (min(r, C) for tis; r kept, 0 masked otherwise);
+    ess_after = (Σw)² / (n_kept · Σw²) over kept tokens (w = min(r, C) for tis, clamp(r, 1/2, 2) otherwise),
+    NULL when nothing is kept; masked/kept_reward_mean = mean reward of masked/kept sequences (NULL without
+    rewards or such sequences); masked_adv_pos/neg_frac = masked tokens / tokens among sequences with advantage
+    > 0 / < 0 (NULL without such tokens). Returns COLUMNS (without step for by="run"); empty groups give no row.
+
+    Example: icepop (alpha 0.5, beta 5) on one sequence with r = 1, 0.25 masks 1 of 2 tokens: masked_token_frac
+    0.5, masked_seq_frac 1, weight_mean 0.5, ess_after 1.
+    """
+    if by not in ("step", "run"):
+        raise ValueError(f"by must be 'step' or 'run', got {by!r}")
+    values = resolve_params(method, params)
+    runs = check_runs(runs)
+    where, qp = token_filter(store, runs, steps)
+    qp.update(values)
+    keys = ["run", "step"] if by == "step" else ["run"]
+    k = ", ".join(f"p.{c}" for c in keys)
+    df = store.sql(f"""
+        WITH p AS ({_sequence_partials_sql(method, where)})
+        SELECT {k}, sum(p.n_tok)::BIGINT AS n_tokens, count(*)::BIGINT AS n_sequences,
+               sum(p.n_masked)::DOUBLE / sum(p.n_tok) AS masked_token_frac,
+               count_if(p.n_masked > 0)::DOUBLE / count(*) AS masked_seq_frac,
+               sum(p.sum_weight) / sum(p.n_tok) AS weight_mean,
+               CASE WHEN sum(p.n_kept) = 0 THEN NULL
+                    ELSE sum(p.sw) * sum(p.sw) / (sum(p.n_kept) * sum(p.sw2)) END AS ess_after,
+               avg(q.reward) FILTER (WHERE p.n_masked > 0) AS masked_reward_mean,
+               avg(q.reward) FILTER (WHERE p.n_masked = 0) AS kept_reward_mean,
+               sum(p.n_masked) FILTER (WHERE q.advantage > 0)::DOUBLE
+                   / nullif(sum(p.n_tok) FILTER (WHERE q.advantage > 0), 0) AS masked_adv_pos_frac,
+               sum(p.n_masked) FILTER (WHERE q.advantage < 0)::DOUBLE
+                   / nullif(sum(p.n_tok) FILTER (WHERE q.advantage < 0), 0) AS masked_adv_neg_frac
+        FROM p LEFT JOIN sequences q ON q.run = p.run AND q.step = p.step AND q.sample = p.sample
+        GROUP BY {k} ORDER BY {k}""", qp)
+    params_json = json.dumps(values)
+    df = df.with_columns(method=pl.lit(method), params=pl.lit(params_json))
+    return df.select([c for c in COLUMNS if c in df.columns])
+
+
+def compare_methods(store: Store, runs: Sequence[str] | str, choices: Sequence[tuple[str, Mapping[str, float]]],
+                    by: str = "step", steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """`corrections` of several (method, params) choices stacked into one frame (the simulator's table)."""
+    frames = [corrections(store, runs, m, p, by=by, steps=steps) for m, p in choices]
+    return pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame(schema={c: pl.Float64 for c in COLUMNS})
