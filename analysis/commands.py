@@ -51,9 +51,9 @@ def _corrections(store: Store, runs: list[str], args) -> int:
 
 
 def _findings(store: Store, runs: list[str], args) -> int:
-    from analysis.findings import findings
-    steps = parse_steps(args.steps)
-    out = {run: [f.as_dict() for f in findings(store, run, steps=steps)] for run in runs}
+    from analysis.findings import findings_many
+    found = findings_many(store, runs, steps=parse_steps(args.steps))
+    out = {run: [f.as_dict() for f in items] for run, items in found.items()}
     if args.format == "json":
         sys.stdout.write(json.dumps(out if len(runs) > 1 else out[runs[0]], indent=2) + "\n")
         return 0

@@ -178,3 +178,46 @@ def compare_methods(store: Store, runs: Sequence[str] | str, choices: Sequence[t
     """`corrections` of several (method, params) choices stacked into one frame (the simulator's table)."""
     frames = [corrections(store, runs, m, p, by=by, steps=steps) for m, p in choices]
     return pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame(schema={c: pl.Float64 for c in COLUMNS})
+
+
+# -- the noise floor: how wide a band is against the measured spread of what it acts on ---------------------
+
+# what each method's band acts on: token |Δ|, per-sequence |mean Δ| or per-sequence |ΣΔ|
+BAND_QUANTITY = {"tis": "token", "icepop": "token", "veto": "token", "geo_rs": "seq_mean", "seq_rs": "seq_sum"}
+QUANTITY_LABELS = {"token": "|Δ| per token", "seq_mean": "|mean Δ| per sequence", "seq_sum": "|ΣΔ| per sequence"}
+
+
+def band_log_width(method: str, params: Mapping[str, float] | None = None) -> float:
+    """How far the method's band reaches from Δ = 0 in log units, on its narrower side: ln C for tis,
+    min(−ln alpha, ln beta) for icepop, −ln tau for veto, min(−ln lo, ln hi) for geo_rs and seq_rs (0 when the
+    band does not contain 1: such a band masks even identical log-probs)."""
+    import math
+    p = resolve_params(method, params)
+    if method == "tis":
+        return math.log(p["C"])
+    if method == "veto":
+        return max(0.0, -math.log(p["tau"]))
+    lo, hi = (p["alpha"], p["beta"]) if method == "icepop" else (p["lo"], p["hi"])
+    return max(0.0, min(-math.log(lo), math.log(hi)))
+
+
+def log_ratio_quantiles(store: Store, runs: Sequence[str] | str, by: str = "run",
+                        steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """p50 and p99 (linear interpolation, as numpy's default) of token |Δ|, per-sequence |mean Δ| and
+    per-sequence |ΣΔ|, per run or per (run, step): the measured noise a correction's band is set against.
+    Returns [run, (step,) token_p50, token_p99, seq_mean_p50, seq_mean_p99, seq_sum_p50, seq_sum_p99]."""
+    if by not in ("step", "run"):
+        raise ValueError(f"by must be 'step' or 'run', got {by!r}")
+    runs = check_runs(runs)
+    where, qp = token_filter(store, runs, steps)
+    k = "run, step" if by == "step" else "run"
+    return store.sql(f"""
+        WITH tok AS (SELECT run, step, sample, trainer_logprob - sampler_logprob AS d FROM tokens WHERE {where}),
+        t AS (SELECT {k}, quantile_cont(abs(d), 0.5) AS token_p50, quantile_cont(abs(d), 0.99) AS token_p99
+              FROM tok GROUP BY {k}),
+        s AS (SELECT {k}, quantile_cont(abs(mean_d), 0.5) AS seq_mean_p50,
+                     quantile_cont(abs(mean_d), 0.99) AS seq_mean_p99,
+                     quantile_cont(abs(sum_d), 0.5) AS seq_sum_p50, quantile_cont(abs(sum_d), 0.99) AS seq_sum_p99
+              FROM (SELECT run, step, avg(d) AS mean_d, sum(d) AS sum_d FROM tok GROUP BY run, step, sample)
+              GROUP BY {k})
+        SELECT * FROM t JOIN s USING ({k}) ORDER BY {k}""", qp)
