@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable
 
-from analysis import buckets, compare, distributions, inspect, routing, views
+from analysis import buckets, compare, distributions, findings, inspect, routing, views
 from ui import access, nav
 from ui import state as S
 
@@ -64,6 +64,7 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
             (compare.routing_rates, (runs,), dict(steps=steps)),
             (distributions.drift_histograms, (runs,), dict(n_bins=80, steps=steps)),
         ] if len(runs) > 1 else [],
+        nav.FINDINGS.url: [(findings.findings_table, (runs,), dict(steps=steps, cap=cap, clip=clip))],
     }
     first_page = first_page or nav.OVERVIEW.url  # the default page's url_path is ""
     order = sorted(pages, key=lambda url: url != first_page)  # stable: the rest keep the sidebar's order
