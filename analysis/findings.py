@@ -120,8 +120,12 @@ class Finding:
                 "action": self.action, "source": self.source, "rule": self.rule}
 
 
+# Token drift's grouping radio binds its shown label to the URL (ui/glossary.DIMENSIONS; a test keeps them equal)
+TOKENS_DIM_LABELS = {"prob": "sampler probability exp(s)", "length": "response length", "lag": "staleness (lag)"}
+
+
 def _where(dim: str) -> tuple[str, dict]:
-    return TOKENS_WHERE[0], {**TOKENS_WHERE[1], "tokens_dim": dim}
+    return TOKENS_WHERE[0], {**TOKENS_WHERE[1], "tokens_dim": TOKENS_DIM_LABELS[dim]}
 
 
 def _mass(df: pl.DataFrame) -> pl.DataFrame:
@@ -277,15 +281,12 @@ def _trend(store, run, steps: pl.DataFrame, cause_sev) -> list[Finding]:
                     nums, *FINDINGS, 1.0)]
 
 
-def _step0(store, run, first_step, steps: pl.DataFrame) -> list[Finding]:
+def _step0(run, first_step, steps: pl.DataFrame, max_lag: int | None) -> list[Finding]:
     row = steps.filter(pl.col("step") == first_step)
     if row.is_empty():
         return []
     v = row["kl_k3"][0]
-    if v < KL_FLOOR:
-        return []
-    lags = buckets.mismatch_by(store, [run], "lag", steps=(first_step, first_step), metrics=["kl_k3"])
-    if lags.height and lags["bucket"].max() > 0:
+    if v < KL_FLOOR or (max_lag is not None and max_lag > 0):
         return []
     return [Finding(run, "step0_mismatch", "info", f"kl_k3 = {v:.3g} already at step {first_step}, before any "
                     "update: kernel non-determinism or precision, not training drift",
@@ -345,6 +346,7 @@ def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | No
         if has_lag else None
     noise = corrections.log_ratio_quantiles(store, runs, by="run", steps=steps)
     first_steps = dict(store.runs().select("run", "first_step").iter_rows())
+    first_lag = _first_step_lags(store, runs, first_steps, steps) if has_lag else {}
     out: dict[str, list[Finding]] = {}
     for run in runs:
         srow = summary.filter(pl.col("run") == run)
@@ -372,7 +374,7 @@ def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | No
             found += _trend(store, run, rsteps, cause_sev)
         first = first_steps.get(run)
         if first is not None and (steps is None or steps[0] is None or steps[0] <= first):
-            found += _step0(store, run, first, rsteps)
+            found += _step0(run, first, rsteps, first_lag.get(run))
         found += _bands(run, rgates)
         qrow = of(noise)
         if qrow.height:
@@ -384,6 +386,20 @@ def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | No
                                  f"No cause found: kl_k3 = {row['kl_k3']:.3g}", {"kl_k3": row["kl_k3"],
                                  "mult_prob_error": row["mult_prob_error"]}, *OVERVIEW, 0.0))
         out[run] = rank(found)
+    return out
+
+
+def _first_step_lags(store: Store, runs: list[str], first_steps: dict, steps) -> dict[str, int]:
+    """{run: the largest lag among the tokens of its first step}: one lag grouping per distinct first step."""
+    out: dict[str, int] = {}
+    by_first: dict[int, list[str]] = {}
+    for run in runs:
+        first = first_steps.get(run)
+        if first is not None and (steps is None or steps[0] is None or steps[0] <= first):
+            by_first.setdefault(first, []).append(run)
+    for first, group in by_first.items():
+        lags = buckets.mismatch_by(store, group, "lag", steps=(first, first), metrics=["kl_k3"])
+        out.update(dict(lags.group_by("run").agg(pl.col("bucket").max()).iter_rows()))
     return out
 
 

@@ -3,7 +3,7 @@ step ranges (waterfall), what each off-policy correction would mask (simulator),
 import streamlit as st
 
 from analysis import corrections, decomposition, findings, gates, inspect, views
-from ui import findings_charts, glossary, nav
+from ui import findings_charts, nav
 from ui import state as S
 
 st.title("Findings")
@@ -35,29 +35,40 @@ def _number(v) -> str:
     return str(v)
 
 
-def finding_card(f: dict, i: int) -> None:
+def finding_card(group: list[dict]) -> None:
+    """One card: a finding, or all of a run's findings of one symptom kind (band violations, noise floors)."""
+    f = group[0]
+    ev = f["evidence"]
     with st.container(border=True):
         color = findings_charts.SEVERITY_COLORS[f["severity"]]
-        st.markdown(f":{color}-badge[{f['severity']}] `{f['kind']}` **{_md(f['title'])}**")
-        ev = f["evidence"]
-        st.caption(" · ".join(f"{_md(k)} = {_md(_number(v))}" for k, v in ev["numbers"].items()))
-        st.markdown(f"**Try:** {_md(f['action'])} — *{_md(f['source'])}*")
-        c1, c2 = st.columns([1, 3])
+        lines = [f":{color}-badge[{f['severity']}] `{f['kind']}` **{_md(f['title'])}**"]
+        lines += [f"- :{findings_charts.SEVERITY_COLORS[g['severity']]}[{g['severity']}] {_md(g['title'])} — "
+                  f"*{_md(g['source'])}*" for g in group[1:]]
+        numbers = " · ".join(f"{_md(k)} = {_md(_number(v))}" for k, v in ev["numbers"].items())
+        lines.append(f"**Try:** {_md(f['action'])} — *{_md(f['source'])}*  \n:gray[{numbers}. Rule: {_md(f['rule'])}]")
+        st.markdown("\n\n".join(lines))
         page = PAGES.get(ev["page"])
         if page is nav.FINDINGS:
-            c1.caption("Evidence: the waterfall and the simulator below.")
+            st.caption("Evidence: the waterfall and the simulator below.")
         elif page is not None:
-            c1.page_link(page.path, label="Open the evidence", icon=":material/open_in_new:",
-                         query_params=_query(ev["query"]), help=f"{page.title}: {ev['url']}")
-        c2.caption(f"Rule: {_md(f['rule'])}")
+            st.page_link(page.path, label="Open the evidence", icon=":material/open_in_new:",
+                         query_params=ev["query"], help=f"{page.title}: {ev['url']}")
 
 
-def _query(query: dict) -> dict:
-    """The finding's query with the Token drift grouping as the page's radio shows it (it binds its label)."""
-    q = dict(query)
-    if "tokens_dim" in q:
-        q["tokens_dim"] = glossary.DIMENSIONS[q["tokens_dim"]][0]
-    return q
+def grouped(items: list[dict]) -> list[list[dict]]:
+    """Findings in rank order, a run's band violations and noise floors each folded into one card."""
+    out: list[list[dict]] = []
+    seen: dict[str, list[dict]] = {}
+    for f in items:
+        if f["kind"] in ("band_violation", "noise_floor"):
+            if f["kind"] in seen:
+                seen[f["kind"]].append(f)
+                continue
+            seen[f["kind"]] = [f]
+            out.append(seen[f["kind"]])
+        else:
+            out.append([f])
+    return out
 
 
 st.subheader("What carries the mismatch")
@@ -70,13 +81,13 @@ with S.guard("find the causes"):
         if not mine:
             st.caption("No tokens in this step range.")
         main = [f for f in mine if f["severity"] != "info"] or mine[:1]
-        for i, f in enumerate(main):
-            finding_card(f, i)
+        for group in grouped(main):
+            finding_card(group)
         rest = [f for f in mine if f not in main]
         if rest:
             with st.expander(f"{len(rest)} more (info)"):
-                for i, f in enumerate(rest):
-                    finding_card(f, len(main) + i)
+                for group in grouped(rest):
+                    finding_card(group)
 
 st.subheader("How kl_k3 changed between two step ranges")
 S.keep_choice("findings_run", sel.runs)

@@ -240,6 +240,7 @@ PAGES = [  # (sidebar label, page title h1, screenshot name)
     ("Routing", "Routing", "routing"),
     ("Sequences", "Sequences", "sequences"),
     ("Compare", "Compare runs", "compare"),
+    ("Findings", "Findings", "findings"),
     ("Data", "Data", "data"),
     ("Lab", "Drift lab", "lab"),
 ]

@@ -150,14 +150,17 @@ def test_demo_leads(demo):
     assert found["bf16"][0].kind == "routing_flips"
     assert kinds(found["fp32"]) == ["healthy"]
     assert found["bf16-async"][0].severity == "alert"
-    assert found["bf16-async"][0].url == "/token_drift?tokens_tab=Where+the+mismatch+lives&tokens_dim=lag"
+    assert found["bf16-async"][0].url == \
+        "/token_drift?tokens_tab=Where+the+mismatch+lives&tokens_dim=staleness+%28lag%29"
 
 
 def test_evidence_pages_exist():
-    from ui import nav
+    from ui import glossary, nav
     stems = {p.url for p in nav.ALL}
     for page, _ in (F.TOKENS_WHERE, F.ROUTING_TOKENS, F.OVERVIEW, F.FINDINGS):
         assert page in stems
+    for dim, label in F.TOKENS_DIM_LABELS.items():  # the radio binds its shown label to the URL
+        assert glossary.DIMENSIONS[dim][0] == label
 
 
 # -- decomposition ----------------------------------------------------------------------------------------
