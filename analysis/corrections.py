@@ -146,15 +146,26 @@ def corrections(store: Store, runs: Sequence[str] | str, method: str, params: Ma
     """
     if by not in ("step", "run"):
         raise ValueError(f"by must be 'step' or 'run', got {by!r}")
+    return _grouped(store, runs, method, params, steps)[by]
+
+
+def corrections_by_step_and_run(store: Store, runs: Sequence[str] | str, method: str,
+                                params: Mapping[str, float] | None = None,
+                                steps: tuple[int, int] | None = None) -> dict[str, pl.DataFrame]:
+    """{"step": corrections(by="step"), "run": corrections(by="run")} from one pass (GROUP BY GROUPING SETS)."""
+    return _grouped(store, runs, method, params, steps)
+
+
+def _grouped(store: Store, runs, method: str, params, steps) -> dict[str, pl.DataFrame]:
+    """Both groupings from one query; the per-step groups cost little next to the per-sequence pass."""
     values = resolve_params(method, params)
     runs = check_runs(runs)
     where, qp = token_filter(store, runs, steps)
     qp.update(values)
-    keys = ["run", "step"] if by == "step" else ["run"]
-    k = ", ".join(f"p.{c}" for c in keys)
     df = store.sql(f"""
         WITH p AS ({_sequence_partials_sql(method, where)})
-        SELECT {k}, sum(p.n_tok)::BIGINT AS n_tokens, count(*)::BIGINT AS n_sequences,
+        SELECT p.run, p.step, GROUPING(p.step) AS rolled_up,
+               sum(p.n_tok)::BIGINT AS n_tokens, count(*)::BIGINT AS n_sequences,
                sum(p.n_masked)::DOUBLE / sum(p.n_tok) AS masked_token_frac,
                count_if(p.n_masked > 0)::DOUBLE / count(*) AS masked_seq_frac,
                sum(p.sum_weight) / sum(p.n_tok) AS weight_mean,
@@ -167,17 +178,21 @@ def corrections(store: Store, runs: Sequence[str] | str, method: str, params: Ma
                sum(p.n_masked) FILTER (WHERE q.advantage < 0)::DOUBLE
                    / nullif(sum(p.n_tok) FILTER (WHERE q.advantage < 0), 0) AS masked_adv_neg_frac
         FROM p LEFT JOIN sequences q ON q.run = p.run AND q.step = p.step AND q.sample = p.sample
-        GROUP BY {k} ORDER BY {k}""", qp)
-    params_json = json.dumps(values)
-    df = df.with_columns(method=pl.lit(method), params=pl.lit(params_json))
-    return df.select([c for c in COLUMNS if c in df.columns])
+        GROUP BY GROUPING SETS ((p.run, p.step), (p.run)) ORDER BY p.run, p.step""", qp)
+    df = df.with_columns(method=pl.lit(method), params=pl.lit(json.dumps(values)))
+    out = {}
+    for by in ("step", "run"):  # GROUPING(step) is 1 on the per-run rows, where step is rolled up
+        part = df.filter(pl.col("rolled_up") == (1 if by == "run" else 0))
+        out[by] = part.select([c for c in COLUMNS if c != "step" or by == "step"])
+    return out
 
 
 def compare_methods(store: Store, runs: Sequence[str] | str, choices: Sequence[tuple[str, Mapping[str, float]]],
-                    by: str = "step", steps: tuple[int, int] | None = None) -> pl.DataFrame:
-    """`corrections` of several (method, params) choices stacked into one frame (the simulator's table)."""
-    frames = [corrections(store, runs, m, p, by=by, steps=steps) for m, p in choices]
-    return pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame(schema={c: pl.Float64 for c in COLUMNS})
+                    steps: tuple[int, int] | None = None) -> dict[str, pl.DataFrame]:
+    """`corrections_by_step_and_run` of several (method, params) choices, stacked: {"step": ..., "run": ...}
+    with one row per (method, run, step) / (method, run), methods in the order chosen (the simulator's tables)."""
+    parts = [corrections_by_step_and_run(store, runs, m, p, steps=steps) for m, p in choices]
+    return {by: pl.concat([x[by] for x in parts], how="vertical_relaxed") for by in ("step", "run")} if parts else {}
 
 
 # -- the noise floor: how wide a band is against the measured spread of what it acts on ---------------------

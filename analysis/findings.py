@@ -345,7 +345,7 @@ def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | No
     lag = buckets.mismatch_by(store, runs, "lag", cap=cap, clip=clip, steps=steps, metrics=["kl_k3"]) \
         if has_lag else None
     noise = corrections.log_ratio_quantiles(store, runs, by="run", steps=steps)
-    first_steps = dict(store.runs().select("run", "first_step").iter_rows())
+    first_steps = _first_steps(store, runs, per_step, steps)
     first_lag = _first_step_lags(store, runs, first_steps, steps) if has_lag else {}
     out: dict[str, list[Finding]] = {}
     for run in runs:
@@ -387,6 +387,14 @@ def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | No
                                  "mult_prob_error": row["mult_prob_error"]}, *OVERVIEW, 0.0))
         out[run] = rank(found)
     return out
+
+
+def _first_steps(store: Store, runs: list[str], per_step: pl.DataFrame, steps) -> dict[str, int]:
+    """{run: its first logged step}: the per-step table's first step unless a range start hides earlier ones."""
+    if steps is None or steps[0] is None:
+        return dict(per_step.group_by("run").agg(pl.col("step").min()).iter_rows())
+    where, params = metrics.run_filter(runs)
+    return dict(store.rows(f"SELECT run, min(step) FROM tokens WHERE {where} GROUP BY run", params))
 
 
 def _first_step_lags(store: Store, runs: list[str], first_steps: dict, steps) -> dict[str, int]:

@@ -141,11 +141,11 @@ with S.guard("simulate the corrections"):
     if not choices:
         st.info("Pick at least one method.")
     else:
-        per_step = S.cached(corrections.compare_methods, [run], choices, by="step", steps=sel.steps)
+        sim = S.cached(corrections.compare_methods, [run], choices, steps=sel.steps)
+        per_step, per_run = sim["step"], sim["run"]
         st.plotly_chart(findings_charts.simulator_curves(per_step, [
             ("masked_token_frac", "masked tokens"), ("masked_seq_frac", "masked sequences"),
             ("ess_after", "ESS after")]), key="findings_sim_curves")
-        per_run = S.cached(corrections.compare_methods, [run], choices, by="run", steps=sel.steps)
         st.dataframe(per_run, hide_index=True, key="findings_sim_table", column_config=S.number_columns(per_run))
         if per_run["masked_reward_mean"].null_count() == per_run.height and \
                 per_run["kept_reward_mean"].null_count() == per_run.height:

@@ -244,3 +244,13 @@ def test_cli(tmp_path, capsys):
     assert "veto has no parameter 'alpha'" in capsys.readouterr().err
     assert main(["corrections", "--db", db, "--run", "zz", "--method", "tis"]) == 1
     assert "no run named 'zz'" in capsys.readouterr().err
+
+
+def test_one_pass_equals_the_separate_calls_and_compare_methods_stacks(seeded):
+    store, _, _ = seeded
+    both = C.corrections_by_step_and_run(store, ["a", "b"], "icepop", {"alpha": 0.8}, steps=(1, 3))
+    for by in ("step", "run"):
+        assert both[by].equals(C.corrections(store, ["a", "b"], "icepop", {"alpha": 0.8}, by=by, steps=(1, 3)))
+    sim = C.compare_methods(store, ["a"], [("veto", {}), ("tis", {"C": 1.5})])
+    assert sim["run"]["method"].to_list() == ["veto", "tis"]
+    assert sim["step"].height == 2 * 4 and sim["step"].columns == list(C.COLUMNS)
