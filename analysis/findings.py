@@ -86,7 +86,10 @@ ACTIONS = {
 TOKENS_WHERE = ("token_drift", {"tokens_tab": "Where the mismatch lives"})
 ROUTING_TOKENS = ("routing", {"routing_tab": "Flips per token"})
 OVERVIEW = ("overview", {})
-FINDINGS = ("findings", {})
+FINDINGS_TABS = ("Waterfall", "Correction simulator", "Gates")  # the Findings page's other tabs (query-bound)
+WATERFALL = ("findings", {"findings_tab": FINDINGS_TABS[0]})
+SIMULATOR = ("findings", {"findings_tab": FINDINGS_TABS[1]})
+GATES = ("findings", {"findings_tab": FINDINGS_TABS[2]})
 
 
 @dataclass
@@ -251,9 +254,11 @@ def _spikes(run, steps: pl.DataFrame) -> list[Finding]:
     sev = "alert" if worst[2] > SPIKE_ALERT else "warn"
     where = ", ".join(f"{a}" for a, _, _ in hits[:6]) + ("…" if len(hits) > 6 else "")
     return [Finding(run, "spikes", sev, f"kl_k3 spikes at step{'s' if len(hits) > 1 else ''} {where}: "
-                    f"{worst[1]:.3g} at step {worst[0]}, {worst[2]:.3g}× its neighbours",
+                    f"{worst[1]:.3g} at step {worst[0]}, "
+                    + (f"{worst[2]:.3g}× its neighbours" if math.isfinite(worst[2]) else "its neighbours at 0"),
                     {"spike_steps": [a for a, _, _ in hits], "worst_step": worst[0], "worst_kl_k3": worst[1],
-                     "worst_factor": worst[2]}, *OVERVIEW, min(1.0, len(hits) / steps.height))]
+                     "worst_factor": worst[2] if math.isfinite(worst[2]) else None},  # JSON has no inf
+                    *OVERVIEW, min(1.0, len(hits) / steps.height))]
 
 
 def _trend(store, run, steps: pl.DataFrame, cause_sev) -> list[Finding]:
@@ -278,7 +283,7 @@ def _trend(store, run, steps: pl.DataFrame, cause_sev) -> list[Finding]:
     ratio = last / first if first > 0 else math.inf
     return [Finding(run, "rising_trend", cause_sev(1.0), f"kl_k3 rises over the run: median {first:.3g} (steps "
                     f"{a[0]}–{a[1]}) → {last:.3g} (steps {b[0]}–{b[1]}), ×{ratio:.3g}, Spearman {rho:.2f}{lead}",
-                    nums, *FINDINGS, 1.0)]
+                    nums, *WATERFALL, 1.0)]
 
 
 def _step0(run, first_step, steps: pl.DataFrame, max_lag: int | None) -> list[Finding]:
@@ -299,7 +304,7 @@ def _bands(run, gate_rows: pl.DataFrame) -> list[Finding]:
         out.append(Finding(run, "band_violation", g["severity"], f"{g['metric']} = {g['value']:.4g} breaks "
                            f"{g['gate']} ({g['band']})",
                            {"metric": g["metric"], "value": g["value"], "band": g["band"], "gate": g["gate"]},
-                           *OVERVIEW, 0.0, action=f"Bring {g['metric']} back {g['band']}: see the cause findings "
+                           *GATES, 0.0, action=f"Bring {g['metric']} back {g['band']}: see the cause findings "
                            "above for what carries it", source=g["source"]))
     return out
 
@@ -319,7 +324,7 @@ def _noise(run, q: dict) -> list[Finding]:
                            f"{'p50' if sev == 'warn' else 'p99'} = {p50 if sev == 'warn' else p99:.3g}: it "
                            f"{'masks noise' if method != 'tis' else 'truncates ordinary tokens'}",
                            {"method": method, "band_log_width": width, "p50": p50, "p99": p99,
-                            "quantity": quantity}, *FINDINGS, p99 and (1.0 - width / p99)))
+                            "quantity": quantity}, *SIMULATOR, p99 and (1.0 - width / p99)))
     return out
 
 

@@ -17,7 +17,7 @@ S.require_runs(sel, what="findings")
 S.remember("findings_run", "findings_a", "findings_b", "findings_methods",
            *(f"findings_{m}_{k}" for m, spec in corrections.METHODS.items() for k in spec.defaults))
 PAGES = {p.url: p for p in nav.ALL}
-PAGES["findings"] = nav.FINDINGS
+TABS = ["Findings", *findings.FINDINGS_TABS]  # the evidence links of findings name the other three
 
 
 def _md(text: str) -> str:
@@ -48,9 +48,7 @@ def finding_card(group: list[dict]) -> None:
         lines.append(f"**Try:** {_md(f['action'])} — *{_md(f['source'])}*  \n:gray[{numbers}. Rule: {_md(f['rule'])}]")
         st.markdown("\n\n".join(lines))
         page = PAGES.get(ev["page"])
-        if page is nav.FINDINGS:
-            st.caption("Evidence: the waterfall and the simulator below.")
-        elif page is not None:
+        if page is not None:
             st.page_link(page.path, label="Open the evidence", icon=":material/open_in_new:",
                          query_params=ev["query"], help=f"{page.title}: {ev['url']}")
 
@@ -71,36 +69,42 @@ def grouped(items: list[dict]) -> list[list[dict]]:
     return out
 
 
-st.subheader("What carries the mismatch")
-with S.guard("find the causes"):
-    found = S.cached(findings.findings_table, sel.runs, steps=sel.steps, cap=sel.cap, clip=sel.clip)
-    colors = S.run_colors()
-    for run in sel.runs:
-        mine = [f for f in found if f["run"] == run]
-        S.run_badge(run, colors.get(run, "#888"), f"{len(mine)} finding{'s' if len(mine) != 1 else ''}")
-        if not mine:
-            st.caption("No tokens in this step range.")
-        main = [f for f in mine if f["severity"] != "info"] or mine[:1]
-        for group in grouped(main):
-            finding_card(group)
-        rest = [f for f in mine if f not in main]
-        if rest:
-            with st.expander(f"{len(rest)} more (info)"):
-                for group in grouped(rest):
-                    finding_card(group)
 
-st.subheader("How kl_k3 changed between two step ranges")
-S.keep_choice("findings_run", sel.runs)
-run = st.columns([2, 3])[0].selectbox("Run", sel.runs, key="findings_run",
-                                      help="The waterfall and the simulator show one run at a time.")
-with S.guard("decompose the change of kl_k3"):
-    steps = S.cached(inspect.run_steps, run)
-    if sel.steps:
-        steps = [s for s in steps if sel.steps[0] <= s <= sel.steps[1]]
-    halves = decomposition.thirds(steps)
-    if halves is None:
-        st.info("The decomposition needs at least two steps in the chosen range.")
-    else:
+def cards_tab() -> None:
+    with S.guard("find the causes"):
+        found = S.cached(findings.findings_table, sel.runs, steps=sel.steps, cap=sel.cap, clip=sel.clip)
+        colors = S.run_colors()
+        for run in sel.runs:
+            mine = [f for f in found if f["run"] == run]
+            S.run_badge(run, colors.get(run, "#888"), f"{len(mine)} finding{'s' if len(mine) != 1 else ''}")
+            if not mine:
+                st.caption("No tokens in this step range.")
+            main = [f for f in mine if f["severity"] != "info"] or mine[:1]
+            for group in grouped(main):
+                finding_card(group)
+            rest = [f for f in mine if f not in main]
+            if rest:
+                with st.expander(f"{len(rest)} more (info)"):
+                    for group in grouped(rest):
+                        finding_card(group)
+
+
+def pick_run() -> str:
+    S.keep_choice("findings_run", sel.runs)
+    return st.columns([2, 3])[0].selectbox("Run", sel.runs, key="findings_run",
+                                           help="The waterfall and the simulator show one run at a time.")
+
+
+def waterfall_tab() -> None:
+    run = pick_run()
+    with S.guard("decompose the change of kl_k3"):
+        steps = S.cached(inspect.run_steps, run)
+        if sel.steps:
+            steps = [s for s in steps if sel.steps[0] <= s <= sel.steps[1]]
+        halves = decomposition.thirds(steps)
+        if halves is None:
+            st.info("The decomposition needs at least two steps in the chosen range.")
+            return
         lo, hi = steps[0], steps[-1]
         for key, default in (("findings_a", halves[0]), ("findings_b", halves[1])):
             value = st.session_state.get(key)
@@ -112,35 +116,35 @@ with S.guard("decompose the change of kl_k3"):
         terms = S.cached(decomposition.decompose, run, tuple(a), tuple(b))
         if terms.is_empty():
             st.info("One of the two ranges has no tokens.")
-        else:
-            st.plotly_chart(findings_charts.waterfall(terms, a, b), key="findings_waterfall")
-            st.caption("kl_k3(B) − kl_k3(A) split into the shift of tokens between buckets (response length, "
-                       "sampler probability decade, routing flip, staleness; switched in that order) and the drift "
-                       "of kl_k3 within buckets. The bars add up exactly; the split between mix terms depends on "
-                       "that order.")
+            return
+        st.plotly_chart(findings_charts.waterfall(terms, a, b), key="findings_waterfall")
+        st.caption("How kl_k3 changed from steps A to steps B: the shift of tokens between buckets (response "
+                   "length, sampler probability decade, routing flip, staleness; switched in that order) and the "
+                   "drift of kl_k3 within buckets. The bars add up exactly; the split between mix terms depends on "
+                   "that order.")
 
-st.subheader("Correction simulator")
-st.caption("What each off-policy correction would do to this run's logged tokens, per step (METRICS.md, "
-           "Corrections). Rewards and advantages come from the `sequences` table where the trainer logged them.")
-with S.guard("simulate the corrections"):
-    methods = list(corrections.METHODS)
-    S.keep_choices("findings_methods", methods, ["icepop", "geo_rs", "seq_rs"])
-    chosen = st.multiselect("Methods", methods, key="findings_methods",
-                            format_func=lambda m: f"{m}: {corrections.METHODS[m].rule}")
-    choices = []
-    if chosen:
-        cols = st.columns(len(chosen))
-        for col, m in zip(cols, chosen):
-            spec = corrections.METHODS[m]
-            col.markdown(f"**{m}** · {_md(spec.source)}")
-            params = {}
-            for k, default in spec.defaults.items():
-                params[k] = col.number_input(k, value=st.session_state.get(f"findings_{m}_{k}", default),
-                                             min_value=0.0, format="%g", key=f"findings_{m}_{k}")
-            choices.append((m, params))
-    if not choices:
-        st.info("Pick at least one method.")
-    else:
+
+def simulator_tab() -> None:
+    run = pick_run()
+    st.caption("What each off-policy correction would do to this run's logged tokens, per step (METRICS.md, "
+               "Corrections). Rewards and advantages come from the `sequences` table where the trainer logged them.")
+    with S.guard("simulate the corrections"):
+        methods = list(corrections.METHODS)
+        S.keep_choices("findings_methods", methods, ["icepop", "geo_rs", "seq_rs"])
+        chosen = st.multiselect("Methods", methods, key="findings_methods",
+                                format_func=lambda m: f"{m}: {corrections.METHODS[m].rule}")
+        choices = []
+        if chosen:
+            for col, m in zip(st.columns(len(chosen)), chosen):
+                spec = corrections.METHODS[m]
+                col.markdown(f"**{m}** · {_md(spec.source)}")
+                params = {k: col.number_input(k, value=st.session_state.get(f"findings_{m}_{k}", default),
+                                              min_value=0.0, format="%g", key=f"findings_{m}_{k}")
+                          for k, default in spec.defaults.items()}
+                choices.append((m, params))
+        if not choices:
+            st.info("Pick at least one method.")
+            return
         sim = S.cached(corrections.compare_methods, [run], choices, steps=sel.steps)
         per_step, per_run = sim["step"], sim["run"]
         st.plotly_chart(findings_charts.simulator_curves(per_step, [
@@ -152,19 +156,26 @@ with S.guard("simulate the corrections"):
             st.caption("This run logged no rewards: the reward columns stay empty.")
         q = S.cached(corrections.log_ratio_quantiles, [run], by="step", steps=sel.steps)
         bands = [(m, corrections.BAND_QUANTITY[m], corrections.band_log_width(m, p)) for m, p in choices]
-        st.plotly_chart(findings_charts.noise_vs_bands(q, bands, corrections.QUANTITY_LABELS),
-                        key="findings_noise")
+        st.plotly_chart(findings_charts.noise_vs_bands(q, bands, corrections.QUANTITY_LABELS), key="findings_noise")
         st.caption("Measured p50 (solid) and p99 (dotted) of what each method acts on, per step, against how far its "
                    "band reaches from Δ = 0 on its narrower side: a band below the p50 masks ordinary noise "
                    "(verl-omni RFC #280).")
 
-st.subheader("Gates")
-with S.guard("check the gates"):
-    tables = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)
-    table = gates.gate_table(tables["run"], tables["step"], sel.runs)
-    st.dataframe(table, hide_index=True, key="findings_gates",
-                 column_config={"passed": st.column_config.CheckboxColumn("pass"),
-                                "value": st.column_config.NumberColumn("value", format="%.4g")})
-    st.caption("Published bands and CI gates (DIAGNOSIS.md), each with its source: prime-rl adds a model at mean "
-               "mismatch KL < 0.015 over 20 steps; NeMo RL gates mult_prob_error < 1.05 / 1.1; slime's CI "
-               "log_ratio_abs_mean ≤ 0.1; verl's rollout-correction warning bands.")
+
+def gates_tab() -> None:
+    with S.guard("check the gates"):
+        tables = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)
+        table = gates.gate_table(tables["run"], tables["step"], sel.runs)
+        st.dataframe(table, hide_index=True, key="findings_gates",
+                     column_config={"passed": st.column_config.CheckboxColumn("pass"),
+                                    "value": st.column_config.NumberColumn("value", format="%.4g")})
+        st.caption("Published bands and CI gates (DIAGNOSIS.md), each with its source: prime-rl adds a model at mean "
+                   "mismatch KL < 0.015 over 20 steps; NeMo RL gates mult_prob_error < 1.05 / 1.1; slime's CI "
+                   "log_ratio_abs_mean ≤ 0.1; verl's rollout-correction warning bands.")
+
+
+# Four tabs; only the open one runs its queries (the findings' own evidence links open the other tabs)
+for tab, draw in zip(S.tabs(TABS, key="findings_tab"), (cards_tab, waterfall_tab, simulator_tab, gates_tab)):
+    if tab.open:
+        with tab:
+            draw()

@@ -216,6 +216,8 @@ TABS = {
                     ("Extreme tokens", "extreme")],
     "Routing": [("Flips per layer", ""), ("Flips per token", "tokens"), ("Expert load", "load")],
     "Compare": [("Metric deltas", ""), ("Distributions", "distributions"), ("Routing", "routing")],
+    "Findings": [("Findings", ""), ("Waterfall", "waterfall"), ("Correction simulator", "simulator"),
+                 ("Gates", "gates")],
 }
 
 

@@ -1,6 +1,6 @@
 """The Findings page in a real browser (headless Chromium) on the bundled demo: finding cards, the waterfall, the
-correction simulator, and a card's link that opens its evidence view (tab and grouping) on the Token drift page.
-Saves docs/screenshots/findings.png."""
+correction simulator, the gates, and a card's link that opens its evidence view (tab and grouping) on the Token
+drift page. Saves docs/screenshots/findings.png and findings-<tab>.png."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -49,12 +49,19 @@ def test_findings_page_cards_waterfall_simulator_and_evidence_link(server):
             assert "99.8% of the mismatch" in title.inner_text()
             assert page.get_by_text("AReaL", exact=False).count() > 0  # the advice's source
             assert page.get_by_text("routing_flips").count() > 0
-            # the waterfall, the simulator's curves and the noise chart are drawn
-            assert page.locator("[data-testid='stPlotlyChart'] .main-svg").count() >= 3
-            assert page.locator(".waterfalllayer").count() == 1
-            assert page.get_by_text("Correction simulator").count() == 1
-            assert page.locator("[data-testid='stDataFrame']").count() >= 2  # simulator table, gates
             bu.full_screenshot(page, SHOTS / "findings.png")
+            # the other tabs: the waterfall, the simulator (curves, table, noise vs bands), the gates
+            for tab, suffix, seconds in bu.visit_tabs(page, "Findings"):
+                print(f"Findings › {tab}: {seconds:.2f} s")
+                _no_errors(page, f"Findings › {tab}")
+                if tab == "Waterfall":
+                    assert page.locator(".waterfalllayer").count() == 1
+                if tab == "Correction simulator":
+                    assert page.locator("[data-testid='stPlotlyChart']").count() == 2
+                    assert page.locator("[data-testid='stDataFrame']").count() == 1
+                if tab == "Gates":
+                    assert page.locator("[data-testid='stDataFrame']").count() == 1
+                bu.full_screenshot(page, SHOTS / f"findings-{suffix}.png")
             # the link opens the evidence view: Token drift, its "Where the mismatch lives" tab, grouped by lag
             link = page.locator("xpath=//*[contains(text(), 'Stale tokens (lag')]"
                                 "/following::a[contains(., 'Open the evidence')][1]")

@@ -157,7 +157,7 @@ def test_demo_leads(demo):
 def test_evidence_pages_exist():
     from ui import glossary, nav
     stems = {p.url for p in nav.ALL}
-    for page, _ in (F.TOKENS_WHERE, F.ROUTING_TOKENS, F.OVERVIEW, F.FINDINGS):
+    for page, _ in (F.TOKENS_WHERE, F.ROUTING_TOKENS, F.OVERVIEW, F.WATERFALL, F.SIMULATOR, F.GATES):
         assert page in stems
     for dim, label in F.TOKENS_DIM_LABELS.items():  # the radio binds its shown label to the URL
         assert glossary.DIMENSIONS[dim][0] == label

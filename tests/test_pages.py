@@ -94,7 +94,7 @@ def test_every_page_runs_without_errors(monkeypatch, shared_db, page):
     assert at.title[0].value == PAGES[page]
     assert not errors(at), errors(at)
     assert at.multiselect(key="sidebar_runs").value == [bu.RUN_BOTH, bu.RUN_REPLAY, bu.RUN_DENSE]
-    if page not in ("pages/data.py", "pages/lab.py"):
+    if page not in ("pages/data.py", "pages/lab.py", "pages/findings.py"):  # findings' first tab: cards
         assert charts(at) > 0
 
 
@@ -521,11 +521,16 @@ def test_findings_cards_waterfall_simulator_and_gates(monkeypatch, shared_db):
             assert f"`{f.kind}`" in md and f.title in plain and f.source in plain, (run, f.kind, f.title)
     assert "-badge[" in md
     links = {(p.help.split(": ")[-1], p.query_string) for p in (e.proto for e in at.get("page_link"))}
-    urls = {f.url for items in want.values() for f in items if f.page != "findings"}
+    urls = {f.url for items in want.values() for f in items}
     assert {u for u, _ in links} == urls  # one link per evidence view, with its query (tab, grouping)
-    assert any(q.startswith("tokens_tab=") for _, q in links) or not any("tokens_tab" in u for u in urls)
-    keys = [c.proto.id for c in at.get("plotly_chart")]
-    assert len(keys) == 3  # waterfall, simulator curves, noise vs bands
+    assert all(u.endswith(q) for u, q in links)
+    assert [t.label for t in at.tabs] == ["Findings", "Waterfall", "Correction simulator", "Gates"]
+    assert charts(at) == 0  # the other tabs did not run
+
+    open_tab(at, "findings_tab", "Waterfall")
+    assert charts(at) == 1 and not errors(at)
+    open_tab(at, "findings_tab", "Correction simulator")
+    assert charts(at) == 2 and not errors(at)  # simulator curves, noise vs bands
     table = at.dataframe[0].value  # the simulator's per-run table: one row per chosen method
     assert list(table["method"]) == ["icepop", "geo_rs", "seq_rs"]
     at.multiselect(key="findings_methods").set_value(["icepop"])
@@ -533,11 +538,13 @@ def test_findings_cards_waterfall_simulator_and_gates(monkeypatch, shared_db):
     assert not at.exception and not errors(at), errors(at)
     table = at.dataframe[0].value
     assert list(table["method"]) == ["icepop"] and '"alpha": 0.99' in table["params"][0]
-    gates = at.dataframe[-1].value
-    assert set(gates["run"]) == {bu.RUN_BOTH, bu.RUN_REPLAY, bu.RUN_DENSE} and gates["passed"].dtype == bool
     # a bad band says what is wrong instead of a traceback
     at.number_input(key="findings_icepop_alpha").set_value(9.0).run()
     assert any("alpha must be < beta" in e for e in errors(at))
     # another run for the waterfall
     at.selectbox(key="findings_run").set_value(bu.RUN_DENSE).run()
+    open_tab(at, "findings_tab", "Waterfall")
     assert at.slider(key="findings_b").value[1] == 4 and not at.exception
+    open_tab(at, "findings_tab", "Gates")
+    gates = at.dataframe[-1].value
+    assert set(gates["run"]) == {bu.RUN_BOTH, bu.RUN_REPLAY, bu.RUN_DENSE} and gates["passed"].dtype == bool
