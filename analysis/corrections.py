@@ -84,50 +84,57 @@ def parse_param_args(items: Sequence[str]) -> dict[str, float]:
     return out
 
 
-def _rules(method: str) -> tuple[str, str]:
-    """(token rule, sequence rule) as SQL: a token is masked by the token rule over columns d, r (per token),
-    a sequence by the sequence rule over its aggregates sum_d, mean_d, min_r."""
+def _rules(method: str, p: str) -> tuple[str, str]:
+    """(token rule, sequence rule) as SQL, parameters named `$<p><name>`: a token is masked by the token rule
+    over its d, r; a sequence by the sequence rule over its aggregates sum_d, mean_d, min_r."""
     if method == "icepop":
-        return "(r < $alpha OR r > $beta)", "FALSE"
+        return f"(r < ${p}alpha OR r > ${p}beta)", "FALSE"
     if method == "geo_rs":
-        return "FALSE", "(exp(mean_d) < $lo OR exp(mean_d) > $hi)"
+        return "FALSE", f"(exp(mean_d) < ${p}lo OR exp(mean_d) > ${p}hi)"
     if method == "seq_rs":
         seq_ratio = f"exp({clamp_log_ratio_sql('sum_d')})"
-        return "FALSE", f"({seq_ratio} < $lo OR {seq_ratio} > $hi)"
+        return "FALSE", f"({seq_ratio} < ${p}lo OR {seq_ratio} > ${p}hi)"
     if method == "veto":
-        return "FALSE", "(min_r < $tau)"
+        return "FALSE", f"(min_r < ${p}tau)"
     return "FALSE", "FALSE"  # tis
 
 
-def _sequence_partials_sql(method: str, where: str) -> str:
-    """Per sequence (run, step, sample): counts and sums of its tokens under the method's rule.
+def _sequence_partials_sql(methods: Sequence[str], where: str) -> str:
+    """Per (method index m, sequence): counts and sums of the sequence's tokens under method m's rule, for every
+    method from one pass over the tokens (method m's parameters are `$m<m>_<name>`).
 
     w_ess is the ESS weight of a kept token (min(r, C) for tis, clamp(r, 1/C, C) with C = 2 otherwise); weight
     is the correction's weight (min(r, C) for tis, r for kept tokens of the masking methods)."""
-    token_rule, seq_rule = _rules(method)
-    if method == "tis":
-        w_ess = weight = "least(r, $C)"
-    else:
-        w_ess, weight = clamp_sql("r", f"1.0 / {ESS_CAP}", str(ESS_CAP)), "r"
+    masks, seq_cols, rows = [], [], []
+    for i, method in enumerate(methods):
+        token_rule, seq_rule = _rules(method, f"m{i}_")
+        if method == "tis":
+            w_ess = weight = f"least(r, $m{i}_C)"
+        else:
+            w_ess, weight = clamp_sql("r", f"1.0 / {ESS_CAP}", str(ESS_CAP)), "r"
+        masks.append(f"{token_rule} AS masked{i}")
+        seq_cols.append(f"""count_if(masked{i}) AS n_tok_masked{i},
+                       sum(CASE WHEN masked{i} THEN 0.0 ELSE {weight} END) AS sum_weight{i},
+                       count_if(NOT masked{i}) AS n_kept{i},
+                       sum(CASE WHEN masked{i} THEN 0.0 ELSE {w_ess} END) AS sw{i},
+                       sum(CASE WHEN masked{i} THEN 0.0 ELSE {w_ess} * {w_ess} END) AS sw2{i}""")
+        rows.append(f"""SELECT {i} AS m, run, step, sample, n_tok,
+               CASE WHEN {seq_rule} THEN n_tok ELSE n_tok_masked{i} END AS n_masked,
+               CASE WHEN {seq_rule} THEN 0.0 ELSE sum_weight{i} END AS sum_weight,
+               CASE WHEN {seq_rule} THEN 0 ELSE n_kept{i} END AS n_kept,
+               CASE WHEN {seq_rule} THEN 0.0 ELSE sw{i} END AS sw,
+               CASE WHEN {seq_rule} THEN 0.0 ELSE sw2{i} END AS sw2
+        FROM seq""")
+    union = "\n        UNION ALL ".join(rows)
     return f"""
-        WITH tok AS (SELECT run, step, sample, d, r, {token_rule} AS masked
+        WITH tok AS (SELECT run, step, sample, d, r, {', '.join(masks)}
                      FROM (SELECT run, step, sample, trainer_logprob - sampler_logprob AS d,
                                   {ratio_sql('trainer_logprob - sampler_logprob')} AS r
                            FROM tokens WHERE {where})),
         seq AS (SELECT run, step, sample, count(*) AS n_tok, sum(d) AS sum_d, avg(d) AS mean_d, min(r) AS min_r,
-                       count_if(masked) AS n_tok_masked,
-                       sum(CASE WHEN masked THEN 0.0 ELSE {weight} END) AS sum_weight,
-                       count_if(NOT masked) AS n_kept,
-                       sum(CASE WHEN masked THEN 0.0 ELSE {w_ess} END) AS sw,
-                       sum(CASE WHEN masked THEN 0.0 ELSE {w_ess} * {w_ess} END) AS sw2
+                       {', '.join(seq_cols)}
                 FROM tok GROUP BY run, step, sample)
-        SELECT run, step, sample, n_tok,
-               CASE WHEN {seq_rule} THEN n_tok ELSE n_tok_masked END AS n_masked,
-               CASE WHEN {seq_rule} THEN 0.0 ELSE sum_weight END AS sum_weight,
-               CASE WHEN {seq_rule} THEN 0 ELSE n_kept END AS n_kept,
-               CASE WHEN {seq_rule} THEN 0.0 ELSE sw END AS sw,
-               CASE WHEN {seq_rule} THEN 0.0 ELSE sw2 END AS sw2
-        FROM seq"""
+        {union}"""
 
 
 def corrections(store: Store, runs: Sequence[str] | str, method: str, params: Mapping[str, float] | None = None,
@@ -146,25 +153,39 @@ def corrections(store: Store, runs: Sequence[str] | str, method: str, params: Ma
     """
     if by not in ("step", "run"):
         raise ValueError(f"by must be 'step' or 'run', got {by!r}")
-    return _grouped(store, runs, method, params, steps)[by]
+    return _grouped(store, runs, [(method, params)], steps)[0][by]
 
 
 def corrections_by_step_and_run(store: Store, runs: Sequence[str] | str, method: str,
                                 params: Mapping[str, float] | None = None,
                                 steps: tuple[int, int] | None = None) -> dict[str, pl.DataFrame]:
     """{"step": corrections(by="step"), "run": corrections(by="run")} from one pass (GROUP BY GROUPING SETS)."""
-    return _grouped(store, runs, method, params, steps)
+    return _grouped(store, runs, [(method, params)], steps)[0]
 
 
-def _grouped(store: Store, runs, method: str, params, steps) -> dict[str, pl.DataFrame]:
-    """Both groupings from one query; the per-step groups cost little next to the per-sequence pass."""
-    values = resolve_params(method, params)
+def compare_methods(store: Store, runs: Sequence[str] | str, choices: Sequence[tuple[str, Mapping[str, float]]],
+                    steps: tuple[int, int] | None = None) -> dict[str, pl.DataFrame]:
+    """`corrections_by_step_and_run` of several (method, params) choices, stacked: {"step": ..., "run": ...}
+    with one row per (method, run, step) / (method, run), methods in the order chosen (the simulator's tables).
+    One query for all of them: the tokens are read once."""
+    parts = _grouped(store, runs, choices, steps)
+    return {by: pl.concat([x[by] for x in parts], how="vertical_relaxed") for by in ("step", "run")} if parts else {}
+
+
+def _grouped(store: Store, runs, choices: Sequence[tuple[str, Mapping[str, float] | None]],
+             steps) -> list[dict[str, pl.DataFrame]]:
+    """Per choice, {"step": ..., "run": ...}, all from one query (the per-step groups cost little next to the
+    per-sequence pass)."""
+    if not choices:
+        return []
+    resolved = [(m, resolve_params(m, p)) for m, p in choices]
     runs = check_runs(runs)
     where, qp = token_filter(store, runs, steps)
-    qp.update(values)
+    for i, (_, values) in enumerate(resolved):
+        qp.update({f"m{i}_{k}": v for k, v in values.items()})
     df = store.sql(f"""
-        WITH p AS ({_sequence_partials_sql(method, where)})
-        SELECT p.run, p.step, GROUPING(p.step) AS rolled_up,
+        WITH p AS ({_sequence_partials_sql([m for m, _ in resolved], where)})
+        SELECT p.m, p.run, p.step, GROUPING(p.step) AS rolled_up,
                sum(p.n_tok)::BIGINT AS n_tokens, count(*)::BIGINT AS n_sequences,
                sum(p.n_masked)::DOUBLE / sum(p.n_tok) AS masked_token_frac,
                count_if(p.n_masked > 0)::DOUBLE / count(*) AS masked_seq_frac,
@@ -178,21 +199,14 @@ def _grouped(store: Store, runs, method: str, params, steps) -> dict[str, pl.Dat
                sum(p.n_masked) FILTER (WHERE q.advantage < 0)::DOUBLE
                    / nullif(sum(p.n_tok) FILTER (WHERE q.advantage < 0), 0) AS masked_adv_neg_frac
         FROM p LEFT JOIN sequences q ON q.run = p.run AND q.step = p.step AND q.sample = p.sample
-        GROUP BY GROUPING SETS ((p.run, p.step), (p.run)) ORDER BY p.run, p.step""", qp)
-    df = df.with_columns(method=pl.lit(method), params=pl.lit(json.dumps(values)))
-    out = {}
-    for by in ("step", "run"):  # GROUPING(step) is 1 on the per-run rows, where step is rolled up
-        part = df.filter(pl.col("rolled_up") == (1 if by == "run" else 0))
-        out[by] = part.select([c for c in COLUMNS if c != "step" or by == "step"])
+        GROUP BY GROUPING SETS ((p.m, p.run, p.step), (p.m, p.run)) ORDER BY p.m, p.run, p.step""", qp)
+    out = []
+    for i, (method, values) in enumerate(resolved):
+        mine = df.filter(pl.col("m") == i).with_columns(method=pl.lit(method), params=pl.lit(json.dumps(values)))
+        # GROUPING(step) is 1 on the per-run rows, where step is rolled up
+        out.append({by: mine.filter(pl.col("rolled_up") == (1 if by == "run" else 0))
+                    .select([c for c in COLUMNS if c != "step" or by == "step"]) for by in ("step", "run")})
     return out
-
-
-def compare_methods(store: Store, runs: Sequence[str] | str, choices: Sequence[tuple[str, Mapping[str, float]]],
-                    steps: tuple[int, int] | None = None) -> dict[str, pl.DataFrame]:
-    """`corrections_by_step_and_run` of several (method, params) choices, stacked: {"step": ..., "run": ...}
-    with one row per (method, run, step) / (method, run), methods in the order chosen (the simulator's tables)."""
-    parts = [corrections_by_step_and_run(store, runs, m, p, steps=steps) for m, p in choices]
-    return {by: pl.concat([x[by] for x in parts], how="vertical_relaxed") for by in ("step", "run")} if parts else {}
 
 
 # -- the noise floor: how wide a band is against the measured spread of what it acts on ---------------------

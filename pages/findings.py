@@ -130,7 +130,7 @@ def simulator_tab() -> None:
                "Corrections). Rewards and advantages come from the `sequences` table where the trainer logged them.")
     with S.guard("simulate the corrections"):
         methods = list(corrections.METHODS)
-        S.keep_choices("findings_methods", methods, ["icepop", "geo_rs", "seq_rs"])
+        S.keep_choices("findings_methods", methods, ["icepop", "geo_rs", "seq_rs"])  # as ui/prefetch.py warms
         chosen = st.multiselect("Methods", methods, key="findings_methods",
                                 format_func=lambda m: f"{m}: {corrections.METHODS[m].rule}")
         choices = []

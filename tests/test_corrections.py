@@ -254,3 +254,15 @@ def test_one_pass_equals_the_separate_calls_and_compare_methods_stacks(seeded):
     sim = C.compare_methods(store, ["a"], [("veto", {}), ("tis", {"C": 1.5})])
     assert sim["run"]["method"].to_list() == ["veto", "tis"]
     assert sim["step"].height == 2 * 4 and sim["step"].columns == list(C.COLUMNS)
+
+
+def test_compare_methods_in_one_pass_equals_each_method_alone(seeded):
+    """All ten choices share one query (parameters prefixed per method: geo_rs and seq_rs both have lo/hi)."""
+    store, _, _ = seeded
+    sim = C.compare_methods(store, ["a", "b"], CHOICES, steps=(0, 2))
+    for by, keys in (("step", ["method", "params", "run", "step"]), ("run", ["method", "params", "run"])):
+        alone = pl.concat([C.corrections(store, ["a", "b"], m, p, by=by, steps=(0, 2)) for m, p in CHOICES])
+        assert sim[by].select(keys).equals(alone.select(keys))
+        for got, want in zip(sim[by].iter_rows(named=True), alone.iter_rows(named=True)):
+            for col in C.COLUMNS[4:]:
+                assert_close(got[col], want[col], f"{by} {got['method']} {col}")
