@@ -166,6 +166,7 @@ def gates_tab() -> None:
     with S.guard("check the gates"):
         tables = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)
         table = gates.gate_table(tables["run"], tables["step"], sel.runs)
+        st.plotly_chart(findings_charts.gates_matrix(table), key="findings_gates_matrix")
         st.dataframe(table, hide_index=True, key="findings_gates",
                      column_config={"passed": st.column_config.CheckboxColumn("pass"),
                                     "value": st.column_config.NumberColumn("value", format="%.4g")})

@@ -59,8 +59,9 @@ def test_findings_page_cards_waterfall_simulator_and_evidence_link(server):
                 if tab == "Correction simulator":
                     assert page.locator("[data-testid='stPlotlyChart']").count() == 2
                     assert page.locator("[data-testid='stDataFrame']").count() == 1
-                if tab == "Gates":
+                if tab == "Gates":  # the pass/fail grid and the table
                     assert page.locator("[data-testid='stDataFrame']").count() == 1
+                    assert page.locator("[data-testid='stPlotlyChart']").count() == 1
                 bu.full_screenshot(page, SHOTS / f"findings-{suffix}.png")
             # the link opens the evidence view: Token drift, its "Where the mismatch lives" tab, grouped by lag
             link = page.locator("xpath=//*[contains(text(), 'Stale tokens (lag')]"

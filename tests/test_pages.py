@@ -546,5 +546,6 @@ def test_findings_cards_waterfall_simulator_and_gates(monkeypatch, shared_db):
     open_tab(at, "findings_tab", "Waterfall")
     assert at.slider(key="findings_b").value[1] == 4 and not at.exception
     open_tab(at, "findings_tab", "Gates")
+    assert charts(at) == 1  # the pass/fail grid
     gates = at.dataframe[-1].value
     assert set(gates["run"]) == {bu.RUN_BOTH, bu.RUN_REPLAY, bu.RUN_DENSE} and gates["passed"].dtype == bool

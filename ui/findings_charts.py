@@ -69,3 +69,26 @@ def noise_vs_bands(q: pl.DataFrame, bands: Sequence[tuple[str, str, float]], lab
         fig.update_yaxes(type="log", exponentformat="power", row=1, col=i + 1)
     fig.update_xaxes(title_text="step")
     return layout(fig, height=HEIGHT, y="log units")
+
+
+def gates_matrix(table: pl.DataFrame) -> go.Figure:
+    """gates.gate_table as a run × gate grid: green pass, red fail, grey unknown; hover shows value and band."""
+    runs = table["run"].unique(maintain_order=True).to_list()
+    names = table["gate"].unique(maintain_order=True).to_list()
+    cell = {(r["run"], r["gate"]): r for r in table.iter_rows(named=True)}
+    z, text = [], []
+    for run in runs:
+        row_z, row_t = [], []
+        for g in names:
+            c = cell.get((run, g))
+            passed = None if c is None else c["passed"]
+            row_z.append(None if passed is None else float(passed))
+            row_t.append("" if c is None else f"{c['metric']} = {c['value']:.4g}<br>band {c['band']}<br>{c['source']}"
+                         if c["value"] is not None else "no value")
+        z.append(row_z)
+        text.append(row_t)
+    fig = go.Figure(go.Heatmap(z=z, x=names, y=runs, text=text, zmin=0, zmax=1, showscale=False, xgap=2, ygap=2,
+                               colorscale=[[0, "#d62728"], [1, "#2ca02c"]],
+                               hovertemplate="%{y}<br>%{x}<br>%{text}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed")
+    return layout(fig, height=max(160, 60 + 34 * len(runs)), legend=False)
