@@ -20,10 +20,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from analysis.ingest import Outcome, ingest_paths
 from analysis.store import Store
+
+if TYPE_CHECKING:
+    import polars as pl
 
 # Files in a log folder that are never log files: the run's own config (read with each file), notes, and a
 # database kept next to the logs with its write-ahead log. Names that editors and copy tools use while writing
@@ -180,3 +183,16 @@ def follow(db: str | Path, folders: Sequence[str | Path], run: str | None = None
             signal.signal(s, handler)
     print("stopped", file=err, flush=True)
     return 0
+
+
+def last_files(store: Store, runs: Sequence[str]) -> "pl.DataFrame":
+    """[run, last_step, last_file_at]: each run's highest step and when its most recent file was loaded, in
+    UNIX seconds. `files.loaded_at` is a local time without zone; its distance to the database's local now,
+    taken from the database's UTC now, gives a time that compares with `time.time()` in any time zone."""
+    return store.sql("""
+        SELECT t.run, max(t.step) AS last_step,
+               epoch_ms(now()) / 1000.0
+                 - date_diff('millisecond', max(f.loaded_at), current_localtimestamp()) / 1000.0 AS last_file_at
+        FROM tokens t JOIN files f USING (file_id)
+        WHERE t.run IN (SELECT unnest(?::VARCHAR[]))
+        GROUP BY t.run ORDER BY t.run""", [list(runs)])
