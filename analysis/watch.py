@@ -5,7 +5,7 @@
 
 Polling, not inotify (watchdog): training logs mostly live on NFS or Lustre, where a file written by another
 machine raises no inotify event on this one, so an event-based watcher silently sees nothing. A `stat` of each
-file per poll works on every filesystem and costs ~10 µs a file (benchmarks/RESULTS-live.md).
+file per poll works on every filesystem and costs ~25 µs a file (benchmarks/RESULTS-live.md: 53 ms for 2,000).
 
 A file is complete when it has looked the same (size and modification time) on polls at least `settle` seconds
 apart. Hidden names (`.name.tmp`, which DriftLogger writes before renaming into place) are never read. A file

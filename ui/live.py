@@ -5,7 +5,7 @@ the database is opened). No widget, URL parameter or upload can name a folder, s
 cannot make it read a server path.
 
 One writer: DuckDB lets one process open a database file read-write, and while it does no other process may
-open it, not even read-only (docs/live.md has the measurements). So the app does not read a database that a
+open it, not even read-only (benchmarks/RESULTS-live.md: 20 of 20 opens fail). So the app does not read a database that a
 separate `python -m analysis watch` fills; it runs the same watcher in a thread of its own and loads through its
 one Store, whose lock serialises the watcher's transactions with the Data page's; the pages keep reading
 through their own cursors meanwhile.
