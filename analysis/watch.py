@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from analysis.ingest import Outcome, ingest_paths
-from analysis.store import Store
+from analysis.store import Store, StoreError
 
 if TYPE_CHECKING:
     import polars as pl
@@ -155,6 +155,11 @@ def follow(db: str | Path, folders: Sequence[str | Path], run: str | None = None
     import sys
     out = out or sys.stdout
     err = err or sys.stderr
+    files = [str(f) for f in folders if Path(f).is_file()]
+    if files:
+        print(f"error: {', '.join(files)}: watch follows folders; load single files with `ingest`", file=err)
+        return 2
+    interval = max(0.05, interval)
     stop = threading.Event()
 
     def on_signal(signum, frame):
@@ -162,10 +167,14 @@ def follow(db: str | Path, folders: Sequence[str | Path], run: str | None = None
             raise KeyboardInterrupt
         stop.set()
 
-    store = Store(db)  # before the handlers: a database held by another process is an error, not a wait
+    try:  # before the handlers: a database held by another process is an error, not a wait
+        store = Store(db)
+    except StoreError as e:
+        raise StoreError(f"{e}\n(one process at a time may write a DuckDB file: if the app has it open, let the "
+                         f"app follow the folders instead, with DRIFT_WATCH_DIRS; see README, Live runs)") from None
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        watcher = FolderWatcher(store, folders, run=run, settle=interval if settle is None else settle)
+        watcher = FolderWatcher(store, folders, run=run, settle=interval if settle is None else max(0.0, settle))
         for folder in watcher.missing_folders():
             print(f"waiting for {folder} to appear", file=err, flush=True)
         print(f"watching {', '.join(map(str, watcher.folders))} every {interval:g} s into {store.path} "

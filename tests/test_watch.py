@@ -176,3 +176,11 @@ def test_the_command_stops_cleanly_on_sigterm_and_closes_the_database(tmp_path):
     assert err.strip().endswith("stopped")
     with Store(db, read_only=True) as store:  # the lock is released: another process can open it
         assert store.scalar("SELECT count(*) FROM tokens") == 6
+
+
+def test_the_command_takes_folders_only(tmp_path, capsys):
+    from analysis.__main__ import main
+    f = tmp_path / "one.parquet"
+    f.write_bytes(b"PAR1")
+    assert main(["watch", str(f), "--db", str(tmp_path / "db.duckdb")]) == 2
+    assert "watch follows folders; load single files with `ingest`" in capsys.readouterr().err
