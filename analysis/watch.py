@@ -5,7 +5,7 @@
 
 Polling, not inotify (watchdog): training logs mostly live on NFS or Lustre, where a file written by another
 machine raises no inotify event on this one, so an event-based watcher silently sees nothing. A `stat` of each
-file per poll works on every filesystem and costs ~25 µs a file (benchmarks/RESULTS-live.md: 53 ms for 2,000).
+file per poll works on every filesystem and costs 25–55 µs a file (benchmarks/RESULTS-live.md).
 
 A file is complete when it has looked the same (size and modification time) on polls at least `settle` seconds
 apart. Hidden names (`.name.tmp`, which DriftLogger writes before renaming into place) are never read. A file
@@ -16,6 +16,7 @@ database skips what was loaded.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -57,7 +58,7 @@ def scan(folders: Iterable[Path]) -> dict[Path, Signature]:
                     st = path.stat()
                 except OSError:
                     continue
-                if st.st_size and os.path.isfile(path):
+                if st.st_size and stat.S_ISREG(st.st_mode):
                     found[path] = (st.st_size, st.st_mtime_ns)
     return found
 
@@ -104,6 +105,8 @@ class FolderWatcher:
                 ready.append(path)
         for path in set(self._pending) - set(seen):  # deleted or renamed away before it settled
             del self._pending[path]
+        for path in set(self._done) - set(seen):  # gone: memory stays bounded by the files present
+            del self._done[path]
         return sorted(ready, key=lambda p: (seen[p][1], str(p)))
 
     def poll(self, report: Callable[[Outcome], None] | None = None,
