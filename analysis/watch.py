@@ -122,7 +122,7 @@ class FolderWatcher:
             for outcome in self._load(path):
                 outcomes.append(outcome)
                 if outcome.status == "loaded":
-                    self.runs.update(outcome.runs)
+                    self.runs = self.runs | set(outcome.runs)  # a new set: the app's pages read it meanwhile
                 if report is not None:
                     report(outcome)
         return outcomes

@@ -16,6 +16,7 @@ from analysis.store import Store
 from test_pages import TIMEOUT, _NavigationOnly
 from test_watch import step_arrays
 from ui import live
+from ui.auth import _md_escape as md_escape
 
 APP = str(bu.ROOT / "app.py")
 
@@ -54,7 +55,7 @@ def run_app(monkeypatch, db: Path, query: dict | None = None, session: dict | No
 def wait_loaded(at: AppTest, run: str, timeout: float = 20.0) -> AppTest:
     """Rerun until the sidebar lists `run` as followed (the watcher thread loads in the background)."""
     deadline = time.monotonic() + timeout
-    while not any(f"**{run}**" in c.value for c in at.sidebar.caption):
+    while not any(f"**{md_escape(run)}**" in c.value for c in at.sidebar.caption):
         assert time.monotonic() < deadline, [c.value for c in at.sidebar.caption]
         time.sleep(0.2)
         at.run()
@@ -70,7 +71,7 @@ def test_a_visitor_cannot_make_the_app_follow_another_folder(monkeypatch, tmp_pa
     at = run_app(monkeypatch, tmp_path / "drift.duckdb", query=tries, session=dict(tries))
     at = wait_loaded(at, "hosts-run")
     assert not at.exception
-    [caption] = [c.value for c in at.sidebar.caption if "**hosts-run**" in c.value]
+    [caption] = [c.value for c in at.sidebar.caption if "**hosts\\-run**" in c.value]
     assert "live" in caption and "step 1" in caption and "last file" in caption
     assert [t.label for t in at.sidebar.toggle] == ["Follow live runs"] and at.sidebar.toggle[0].value
     assert not at.sidebar.text_input  # nowhere to type a folder

@@ -33,6 +33,7 @@ from typing import Mapping
 import streamlit as st
 
 from analysis import watch
+from ui.auth import _md_escape as md_escape  # run names and file names are user text
 
 log = logging.getLogger("driftscope.live")
 
@@ -152,9 +153,10 @@ def sidebar(app) -> None:
             for row in df.iter_rows(named=True):
                 age = max(0.0, time.time() - row["last_file_at"])
                 mark = "🟢 live" if age < stale else "⚪ quiet"
-                st.caption(f"{mark} · **{row['run']}** · step {row['last_step']} · last file {_age(age)} ago")
+                st.caption(f"{mark} · **{md_escape(row['run'])}** · step {row['last_step']} · "
+                           f"last file {_age(age)} ago")
         for line in list(live.refused)[-2:]:
-            st.caption(f"⚠️ {line[:300]}")
+            st.caption(f"⚠️ {md_escape(line[:300])}")
 
     status()
 
