@@ -5,7 +5,7 @@
 
 Polling, not inotify (watchdog): training logs mostly live on NFS or Lustre, where a file written by another
 machine raises no inotify event on this one, so an event-based watcher silently sees nothing. A `stat` of each
-file per poll works on every filesystem and costs 25–55 µs a file (benchmarks/RESULTS-live.md).
+file per poll works on every filesystem and costs 19–55 µs a file (benchmarks/RESULTS-live.md).
 
 A file is complete when it has looked the same (size and modification time) on polls at least `settle` seconds
 apart. Hidden names (`.name.tmp`, which DriftLogger writes before renaming into place) are never read. A file
@@ -43,23 +43,29 @@ def followable(name: str) -> bool:
     return not name.startswith(".") and name not in SKIP_NAMES and not name.endswith(SKIP_SUFFIXES)
 
 
-def scan(folders: Iterable[Path]) -> dict[Path, Signature]:
-    """Every followable regular file under `folders` with its signature. Hidden folders are not entered, nor
-    symlinked ones (no cycles); a file that vanishes between listing and stat is left out."""
-    found: dict[Path, Signature] = {}
-    for folder in folders:
-        for root, dirs, files in os.walk(folder, followlinks=False):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            for name in files:
-                if not followable(name):
+def scan(folders: Iterable[Path]) -> dict[str, Signature]:
+    """Every followable regular file under `folders` (its path as a string: a Path per file per poll would cost
+    more than its stat) with its signature. Hidden folders are not entered, nor symlinked ones (no cycles); a
+    file that vanishes between listing and stat is left out."""
+    found: dict[str, Signature] = {}
+    stack = [str(f) for f in folders]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:  # not there (yet), or not a folder
+            continue
+        for entry in entries:
+            if not followable(entry.name):
+                continue
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
                     continue
-                path = Path(root) / name
-                try:
-                    st = path.stat()
-                except OSError:
-                    continue
-                if st.st_size and stat.S_ISREG(st.st_mode):
-                    found[path] = (st.st_size, st.st_mtime_ns)
+                st = entry.stat()
+            except OSError:
+                continue
+            if st.st_size and stat.S_ISREG(st.st_mode):
+                found[entry.path] = (st.st_size, st.st_mtime_ns)
     return found
 
 
@@ -82,8 +88,8 @@ class FolderWatcher:
         self.settle = settle
         self.ingest = ingest
         self.clock = clock
-        self._pending: dict[Path, _Pending] = {}
-        self._done: dict[Path, Signature] = {}  # loaded, skipped, refused or not a log: until it changes
+        self._pending: dict[str, _Pending] = {}
+        self._done: dict[str, Signature] = {}  # loaded, skipped, refused or not a log: until it changes
         self.runs: set[str] = set()  # runs that got rows from a file this watcher loaded
 
     def missing_folders(self) -> list[Path]:
@@ -107,7 +113,7 @@ class FolderWatcher:
             del self._pending[path]
         for path in set(self._done) - set(seen):  # gone: memory stays bounded by the files present
             del self._done[path]
-        return sorted(ready, key=lambda p: (seen[p][1], str(p)))
+        return [Path(p) for p in sorted(ready, key=lambda p: (seen[p][1], p))]
 
     def poll(self, report: Callable[[Outcome], None] | None = None,
              stop: threading.Event | None = None) -> list[Outcome]:
@@ -117,8 +123,7 @@ class FolderWatcher:
         for path in self.ready():
             if stop is not None and stop.is_set():
                 break  # the rest stays pending; a restart finds it again
-            sig = self._pending.pop(path).signature
-            self._done[path] = sig
+            self._done[str(path)] = self._pending.pop(str(path)).signature
             for outcome in self._load(path):
                 outcomes.append(outcome)
                 if outcome.status == "loaded":

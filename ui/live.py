@@ -39,7 +39,8 @@ log = logging.getLogger("driftscope.live")
 
 WATCH_DIRS_ENV = "DRIFT_WATCH_DIRS"
 INTERVAL_ENV = "DRIFT_WATCH_INTERVAL"
-DEFAULT_INTERVAL = 1.0
+DEFAULT_INTERVAL = 0.5
+SETTLE_S = 1.0  # the least time a file keeps its size and time before it is read
 FOLLOW_KEY = "live_follow"
 _DRAWN = "_live_drawn_version"  # the data version the page on screen was drawn from
 _KEEP_VIEW_JS = (Path(__file__).parent / "static" / "keep_view.js").read_text(encoding="utf-8")
@@ -52,7 +53,8 @@ def watch_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
 
 
 def interval(environ: Mapping[str, str] | None = None) -> float:
-    """Seconds between polls of the folders and between refreshes of the page (DRIFT_WATCH_INTERVAL, 0.2–60)."""
+    """Seconds between polls of the folders and between refreshes of the page (DRIFT_WATCH_INTERVAL, 0.2–60).
+    A poll of a folder of 2,000 files costs 0.04–0.1 s of one core (benchmarks/RESULTS-live.md)."""
     env = os.environ if environ is None else environ
     try:
         value = float(env.get(INTERVAL_ENV, DEFAULT_INTERVAL))
@@ -86,7 +88,7 @@ def start(app, environ: Mapping[str, str] | None = None) -> LiveWatcher | None:
     if not folders:
         return None
     every = interval(environ)
-    live = LiveWatcher(watch.FolderWatcher(app.store, folders, settle=every), every)
+    live = LiveWatcher(watch.FolderWatcher(app.store, folders, settle=max(SETTLE_S, every)), every)
 
     def report(outcome) -> None:
         log.info("%s", outcome.line())
