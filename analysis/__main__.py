@@ -1,4 +1,4 @@
-"""Command line: `python -m analysis {ingest,runs,metrics,corrections,findings,lab} ...` (see README, DESIGN.md)."""
+"""Command line: `python -m analysis {ingest,watch,runs,metrics,corrections,findings,lab} ...` (see README, DESIGN.md)."""
 from __future__ import annotations
 
 import argparse
@@ -27,6 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("csv", "json"), default="csv")
     p.add_argument("--cap", type=float, default=2.0, help="importance-ratio cap C (default 2.0)")
     p.add_argument("--clip", type=float, default=0.2, help="PPO clip range epsilon (default 0.2)")
+    p = sub.add_parser("watch", help="load what is in the folders, then each new complete file, until Ctrl-C")
+    p.add_argument("paths", nargs="+", metavar="DIR")
+    p.add_argument("--run", default=None, help="run name for files that carry none (overrides the file's)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between polls of the folders (default 1)")
+    p.add_argument("--settle", type=float, default=None,
+                   help="seconds a file must keep its size and time before it is read (default: the interval)")
+    _db_arg(p)
     p = sub.add_parser("corrections", help="what an off-policy correction would mask (METRICS.md Corrections)")
     _db_arg(p)
     p.add_argument("--run", action="append", default=None, help="run name (repeatable; default: all runs)")
@@ -54,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "ingest":
             return _ingest(db, args)
+        if args.command == "watch":
+            from analysis.watch import follow
+            return follow(db, args.paths, run=args.run, interval=args.interval, settle=args.settle)
         store = Store(db, read_only=True)
         if args.command == "runs":
             out = store.runs().drop("config", "has_trainer_routing")

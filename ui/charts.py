@@ -6,6 +6,7 @@ are overlaid.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Sequence
 
@@ -36,7 +37,20 @@ def layout(fig: go.Figure, *, height: int = HEIGHT, x: str | None = None, y: str
         fig.update_xaxes(title_text=x)
     if y:
         fig.update_yaxes(title_text=y)
+    fig.update_layout(uirevision=view_revision(fig))
     return fig
+
+
+def view_revision(fig: go.Figure) -> str:
+    """plotly's uirevision: while it stays the same, a redrawn chart keeps what the user did to it (zoom, pan,
+    legend clicks), so a live page that redraws with a new step leaves the view alone. It names what the chart
+    shows (traces, axis types and titles, panel titles), so a chart of other runs, other metrics or log axes
+    starts from its own default view instead of a zoom meant for another."""
+    lay = fig.layout.to_plotly_json()
+    axes = sorted((k, v.get("type"), str(v.get("title"))) for k, v in lay.items() if k[1:5] == "axis")
+    shown = ([t.name for t in fig.data], [type(t).__name__ for t in fig.data], axes,
+             [a.text for a in fig.layout.annotations])
+    return hashlib.sha1(repr(shown).encode()).hexdigest()[:12]
 
 
 def hover_format(metric: str) -> str:
