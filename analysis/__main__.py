@@ -1,4 +1,4 @@
-"""Command line: `python -m analysis {ingest,watch,runs,metrics,lab} ...` (see README, DESIGN.md)."""
+"""Command line: `python -m analysis {ingest,watch,runs,metrics,corrections,findings,lab} ...` (see README, DESIGN.md)."""
 from __future__ import annotations
 
 import argparse
@@ -34,6 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--settle", type=float, default=None,
                    help="seconds a file must keep its size and time before it is read (default: the interval)")
     _db_arg(p)
+    p = sub.add_parser("corrections", help="what an off-policy correction would mask (METRICS.md Corrections)")
+    _db_arg(p)
+    p.add_argument("--run", action="append", default=None, help="run name (repeatable; default: all runs)")
+    p.add_argument("--method", required=True, choices=("tis", "icepop", "geo_rs", "seq_rs", "veto"))
+    p.add_argument("--param", action="append", default=[], metavar="K=V",
+                   help="method parameter, e.g. --param alpha=0.5 (repeatable; defaults in METRICS.md)")
+    p.add_argument("--by", choices=("step", "run"), default="step")
+    p.add_argument("--format", choices=("csv", "json"), default="csv")
+    p = sub.add_parser("findings", help="ranked findings: what carries a run's mismatch, evidence, what to try")
+    _db_arg(p)
+    p.add_argument("--run", action="append", default=None, help="run name (repeatable; default: all runs)")
+    p.add_argument("--steps", default=None, metavar="A:B", help="inclusive step range, e.g. 0:99")
+    p.add_argument("--format", choices=("text", "json"), default="text")
     sub.add_parser("lab", help="run the torch drift lab (options: python -m analysis lab --help)", add_help=False)
     return parser
 
@@ -56,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
             out = store.runs().drop("config", "has_trainer_routing")
             sys.stdout.write(out.write_csv())
             return 0
+        if args.command in ("corrections", "findings"):
+            from analysis import commands
+            return commands.run(store, args)
         return _metrics(store, args)
     except StoreError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -14,15 +14,19 @@ import polars as pl
 from analysis.store import Store
 
 CLAMP = 20.0  # |Δ| bound inside exp(): keeps r and r² finite (e^40 < 1.8e308) for any log-prob pair
+# max(r, 1/r) for r > 0: how far off the ratio is in either direction (a CASE: faster than greatest())
+MISMATCH_FACTOR_SQL = "CASE WHEN r >= 1.0 THEN r ELSE 1.0 / r END"
 
 TOKEN_METRICS = (
     "n_tokens", "n_sequences", "kl_k1", "kl_k2", "kl_k3", "log_ratio_abs_mean", "log_ratio_abs_max",
     "prob_abs_diff_mean", "prob_abs_diff_max", "prob_pearson", "ratio_mean", "ratio_std", "ratio_min",
     "ratio_max", "chi2_token", "ratio_frac_high", "ratio_frac_low", "clip_frac", "ess", "ppl_ratio", "chi2_seq",
-    "seq_log_ratio_abs_max",
+    "seq_log_ratio_abs_max", "mult_prob_error", "kl_k3_reverse", "seq_geo_ratio_mean", "seq_geo_ratio_min",
+    "seq_geo_ratio_max",
 )
-# the metrics of the per-sequence pass (averaged over sequences); n_sequences is counted there too
-SEQUENCE_METRICS = ("ppl_ratio", "chi2_seq", "seq_log_ratio_abs_max")
+# the metrics of the per-sequence pass (aggregated over sequences); n_sequences is counted there too
+SEQUENCE_METRICS = ("ppl_ratio", "chi2_seq", "seq_log_ratio_abs_max", "seq_geo_ratio_mean", "seq_geo_ratio_min",
+                    "seq_geo_ratio_max")
 
 
 # -- shared SQL helpers (used by buckets, distributions, routing, inspect) ------------------------------
@@ -106,6 +110,11 @@ def kl3_sql(r: str = "r", d: str = "d") -> str:
     return f"(CASE WHEN {r} - 1.0 - {d} > 0 THEN {r} - 1.0 - {d} ELSE 0.0 END)"
 
 
+def kl3_reverse_sql(r: str = "r", d: str = "d") -> str:
+    """SQL for one token's reversed k3 term 1/r − 1 + Δ (≥ 0 exactly; rounding below 0 counts as 0, as in kl3_sql)."""
+    return f"(CASE WHEN 1.0 / {r} - 1.0 + {d} > 0 THEN 1.0 / {r} - 1.0 + {d} ELSE 0.0 END)"
+
+
 def token_aggregates(cap_param: str = "$cap", clip_param: str = "$clip") -> dict[str, str]:
     """name -> SQL aggregate of each per-token metric over a relation with columns s, t, d, r, ps, pt.
 
@@ -132,6 +141,9 @@ def token_aggregates(cap_param: str = "$cap", clip_param: str = "$clip") -> dict
         "ratio_frac_low": f"count_if(r < 1.0 / {cap_param})::DOUBLE / count(*)",
         "clip_frac": f"count_if(abs(r - 1.0) > {clip_param})::DOUBLE / count(*)",
         "ess": f"CASE WHEN min({w}) = max({w}) THEN 1.0 ELSE avg({w}) * avg({w}) / avg({w} * {w}) END",
+        # NeMo RL's token_mult_prob_error; exp(0) = 1 exactly for identical log-probs
+        "mult_prob_error": f"avg(exp(abs({clamp_log_ratio_sql('d')})))",
+        "kl_k3_reverse": f"avg({kl3_reverse_sql()})",
     }
 
 
@@ -176,19 +188,19 @@ def grouped_token_metrics_sql(src: str, keys: Sequence[str], only: Sequence[str]
     seq_keys = ", ".join(keys + extra)
     on = " AND ".join([f"tok.{c} IS NOT DISTINCT FROM sq.{c}" for c in keys]
                       + (["tok.grouping_id = sq.grouping_id"] if gid else []))
-    token_cols = ", ".join(f"{'sq' if m == 'n_sequences' else 'tok'}.{m}" for m in TOKEN_METRICS
-                           if m not in SEQUENCE_METRICS)
+    cols = ", ".join(f"{'sq' if m == 'n_sequences' or m in SEQUENCE_METRICS else 'tok'}.{m}" for m in TOKEN_METRICS)
     return f"""
     WITH {base.format(seq_keys=seq_keys)},
     tok AS (SELECT {gid}{token_aggregates_sql(keys)} FROM base GROUP BY {group}),
-    seq AS (SELECT {seq_keys}, sum(d) AS sum_d, avg(s - t) AS mean_s_minus_t FROM base GROUP BY {seq_keys}),
+    seq AS (SELECT {seq_keys}, sum(d) AS sum_d, avg(s - t) AS mean_s_minus_t, exp(avg(d)) AS geo
+            FROM base GROUP BY {seq_keys}),
     sq AS (SELECT {gid}{k}, count(*) AS n_sequences,
                   avg(exp(mean_s_minus_t)) AS ppl_ratio,
                   avg(exp(2.0 * {clamp_log_ratio_sql('sum_d')}) - 1.0) AS chi2_seq,
-                  max(abs(sum_d)) AS seq_log_ratio_abs_max
+                  max(abs(sum_d)) AS seq_log_ratio_abs_max,
+                  avg(geo) AS seq_geo_ratio_mean, min(geo) AS seq_geo_ratio_min, max(geo) AS seq_geo_ratio_max
            FROM seq GROUP BY {group})
-    SELECT {'tok.grouping_id, ' if gid else ''}{', '.join('tok.' + c for c in keys)}, {token_cols},
-           {', '.join('sq.' + m for m in SEQUENCE_METRICS)}
+    SELECT {'tok.grouping_id, ' if gid else ''}{', '.join('tok.' + c for c in keys)}, {cols}
     FROM tok JOIN sq ON {on}
     ORDER BY {'tok.grouping_id, ' if gid else ''}{', '.join('tok.' + c for c in keys)}"""
 
@@ -211,6 +223,8 @@ def token_metrics(store: Store, runs: list[str], by: str = "step", cap: float = 
     ess = (mean w)² / mean(w²) with w = clamp(r, 1/C, C); prob_pearson = corr(exp t, exp s), null when either
     column is constant (and for one token). Per sequence (run, step, sample), then averaged over sequences:
     ppl_ratio = exp(mean s − mean t), chi2_seq = exp(2·clamp(ΣΔ, −20, 20)) − 1; seq_log_ratio_abs_max = max |ΣΔ|.
+    Version 2: mult_prob_error = mean exp(|clamp(Δ)|) (NeMo RL); kl_k3_reverse = mean(1/r − 1 + Δ) ≥ 0, still
+    over the sampler's tokens; seq_geo_ratio_mean/min/max = mean/min/max over sequences of g = exp(mean_tok Δ).
 
     Returns one row per non-empty group: [run, (step,) n_tokens, n_sequences, kl_k1, ..., seq_log_ratio_abs_max].
 
@@ -242,10 +256,6 @@ def token_metrics_by_run_and_step(store: Store, runs: list[str], cap: float = 2.
     by_run = df.filter(pl.col("grouping_id") == 1).drop("grouping_id", "step")
     by_step = df.filter(pl.col("grouping_id") == 0).drop("grouping_id")
     return {"run": by_run, "step": by_step}
-
-
-# max(r, 1/r) for r > 0: how far off the ratio is in either direction (a CASE: faster than greatest())
-MISMATCH_FACTOR_SQL = "CASE WHEN r >= 1.0 THEN r ELSE 1.0 / r END"
 
 
 def default_taus() -> list[float]:

@@ -216,6 +216,8 @@ TABS = {
                     ("Extreme tokens", "extreme")],
     "Routing": [("Flips per layer", ""), ("Flips per token", "tokens"), ("Expert load", "load")],
     "Compare": [("Metric deltas", ""), ("Distributions", "distributions"), ("Routing", "routing")],
+    "Findings": [("Findings", ""), ("Waterfall", "waterfall"), ("Correction simulator", "simulator"),
+                 ("Gates", "gates")],
 }
 
 
@@ -240,6 +242,7 @@ PAGES = [  # (sidebar label, page title h1, screenshot name)
     ("Routing", "Routing", "routing"),
     ("Sequences", "Sequences", "sequences"),
     ("Compare", "Compare runs", "compare"),
+    ("Findings", "Findings", "findings"),
     ("Data", "Data", "data"),
     ("Lab", "Drift lab", "lab"),
 ]

@@ -15,6 +15,7 @@ APP = str(bu.ROOT / "app.py")
 TIMEOUT = 60  # seconds per script run: DuckDB pages on a loaded 2-core machine
 
 PAGES = {  # page file -> its title
+    "pages/findings.py": "Findings",
     "pages/overview.py": "Overview",
     "pages/token_drift.py": "Token drift",
     "pages/routing.py": "Routing",
@@ -93,7 +94,7 @@ def test_every_page_runs_without_errors(monkeypatch, shared_db, page):
     assert at.title[0].value == PAGES[page]
     assert not errors(at), errors(at)
     assert at.multiselect(key="sidebar_runs").value == [bu.RUN_BOTH, bu.RUN_REPLAY, bu.RUN_DENSE]
-    if page not in ("pages/data.py", "pages/lab.py"):
+    if page not in ("pages/data.py", "pages/lab.py", "pages/findings.py"):  # findings' first tab: cards
         assert charts(at) > 0
 
 
@@ -503,3 +504,48 @@ def test_prefetch_waits_for_the_page_to_finish_and_draw(monkeypatch):
     assert worker.idle.wait(10)
     assert [name for name, _ in done] == ["a", "b"]
     assert done[0][1] - t0 >= 0.3
+
+
+# -- findings -------------------------------------------------------------------------------------------
+def test_findings_cards_waterfall_simulator_and_gates(monkeypatch, shared_db):
+    from analysis import findings
+    from ui import state as S
+    at = open_app(monkeypatch, shared_db, "pages/findings.py")
+    assert not errors(at), errors(at)
+    md = texts(at.markdown)
+    # what the cards must show: analysis.findings' own list, from the database the app holds open
+    want = findings.findings_many(S.store(), [bu.RUN_BOTH, bu.RUN_REPLAY, bu.RUN_DENSE])
+    plain = md.replace("\\", "")  # the page escapes markdown characters
+    for run, items in want.items():
+        for f in items:
+            assert f"`{f.kind}`" in md and f.title in plain and f.source in plain, (run, f.kind, f.title)
+    assert "-badge[" in md
+    links = {(p.help.split(": ")[-1], p.query_string) for p in (e.proto for e in at.get("page_link"))}
+    urls = {f.url for items in want.values() for f in items}
+    assert {u for u, _ in links} == urls  # one link per evidence view, with its query (tab, grouping)
+    assert all(u.endswith(q) for u, q in links)
+    assert [t.label for t in at.tabs] == ["Findings", "Waterfall", "Correction simulator", "Gates"]
+    assert charts(at) == 0  # the other tabs did not run
+
+    open_tab(at, "findings_tab", "Waterfall")
+    assert charts(at) == 1 and not errors(at)
+    open_tab(at, "findings_tab", "Correction simulator")
+    assert charts(at) == 2 and not errors(at)  # simulator curves, noise vs bands
+    table = at.dataframe[0].value  # the simulator's per-run table: one row per chosen method
+    assert list(table["method"]) == ["icepop", "geo_rs", "seq_rs"]
+    at.multiselect(key="findings_methods").set_value(["icepop"])
+    at.number_input(key="findings_icepop_alpha").set_value(0.99).run()
+    assert not at.exception and not errors(at), errors(at)
+    table = at.dataframe[0].value
+    assert list(table["method"]) == ["icepop"] and '"alpha": 0.99' in table["params"][0]
+    # a bad band says what is wrong instead of a traceback
+    at.number_input(key="findings_icepop_alpha").set_value(9.0).run()
+    assert any("alpha must be < beta" in e for e in errors(at))
+    # another run for the waterfall
+    at.selectbox(key="findings_run").set_value(bu.RUN_DENSE).run()
+    open_tab(at, "findings_tab", "Waterfall")
+    assert at.slider(key="findings_b").value[1] == 4 and not at.exception
+    open_tab(at, "findings_tab", "Gates")
+    assert charts(at) == 1  # the pass/fail grid
+    gates = at.dataframe[-1].value
+    assert set(gates["run"]) == {bu.RUN_BOTH, bu.RUN_REPLAY, bu.RUN_DENSE} and gates["passed"].dtype == bool

@@ -24,6 +24,12 @@ METRIC_HELP: dict[str, str] = {
     "ppl_ratio": "mean over sequences of exp(mean s − mean t): perplexity ratio sampler/trainer",
     "chi2_seq": "mean over sequences of exp(2·ΣΔ) − 1: sequence-level χ²",
     "seq_log_ratio_abs_max": "largest |ΣΔ| of any sequence: the worst sequence-level log-ratio",
+    "mult_prob_error": "mean exp(|Δ|): multiplicative probability error, 1 = identical (NeMo RL gates < 1.05 / 1.1)",
+    "kl_k3_reverse": "mean(1/r − 1 + Δ) ≥ 0 over the sampler's tokens: weighs tokens the trainer finds far less "
+                     "likely enormously (NeMo RL policy_kl_error)",
+    "seq_geo_ratio_mean": "mean over sequences of exp(mean Δ): the length-invariant sequence ratio (1 = identical)",
+    "seq_geo_ratio_min": "smallest per-sequence exp(mean Δ)",
+    "seq_geo_ratio_max": "largest per-sequence exp(mean Δ)",
     "token_any_flip_rate": "share of tokens whose top-k experts differ between sampler and trainer in at least "
                            "one MoE layer (R3 reports 94% for a 48-layer MoE)",
     "flipped_layers_per_token": "mean number of MoE layers per token whose expert set differs",

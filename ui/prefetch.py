@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable
 
-from analysis import buckets, compare, distributions, inspect, routing, views
+from analysis import buckets, compare, corrections, distributions, findings, inspect, routing, views
 from ui import access, nav
 from ui import state as S
 
@@ -64,6 +64,12 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
             (compare.routing_rates, (runs,), dict(steps=steps)),
             (distributions.drift_histograms, (runs,), dict(n_bins=80, steps=steps)),
         ] if len(runs) > 1 else [],
+        nav.FINDINGS.url: [
+            (findings.findings_table, (runs,), dict(steps=steps, cap=cap, clip=clip)),
+            (corrections.compare_methods, ([first], [(m, dict(corrections.METHODS[m].defaults))
+                                                     for m in ("icepop", "geo_rs", "seq_rs")]), dict(steps=steps)),
+            (corrections.log_ratio_quantiles, ([first],), dict(by="step", steps=steps)),
+        ],
     }
     first_page = first_page or nav.OVERVIEW.url  # the default page's url_path is ""
     order = sorted(pages, key=lambda url: url != first_page)  # stable: the rest keep the sidebar's order
