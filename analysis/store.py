@@ -47,6 +47,8 @@ def _ddl() -> list[str]:
     for table in schema.TABLES:
         cols = ", ".join(f"{c.name} {c.sql_type}" for c in schema.stored_columns(table))
         stmts.append(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
+    # databases made before sequences had the response text
+    stmts.append("ALTER TABLE sequences ADD COLUMN IF NOT EXISTS response VARCHAR")
     return stmts
 
 
