@@ -269,17 +269,18 @@ def test_sequences_ranking_text_and_escaping(monkeypatch, shared_db):
     at = open_app(monkeypatch, shared_db, "pages/sequences.py")
     table = at.dataframe[0].value
     assert list(table["seq_log_ratio_abs"]) == sorted(table["seq_log_ratio_abs"], reverse=True)
-    at.selectbox(key="seq_step").set_value(2)
+    at.number_input(key="seq_step").set_value(2)
     at.radio(key="seq_order").set_value("max_log_ratio_abs").run()
     table = at.dataframe[0].value
     assert list(table["max_log_ratio_abs"]) == sorted(table["max_log_ratio_abs"], reverse=True)
-    assert at.selectbox(key="seq_sample").value == table["sample"][0]
+    assert at.number_input(key="seq_sample").value is None  # empty box: the worst sequence is shown
+    assert f"Sample {table['sample'][0]} at step 2" in [h.value for h in at.subheader]
     assert "Routing flips in this sequence" in [h.value for h in at.subheader]
 
-    # token text is user input: every sample of the run is rendered escaped, markup never passes through
+    # token text is user input: every sample of the step is rendered escaped, markup never passes through
     seen_markup = False
-    for sample in at.selectbox(key="seq_sample").options:
-        at.selectbox(key="seq_sample").set_value(int(sample.split()[-1])).run()
+    for sample in table["sample"]:
+        at.number_input(key="seq_sample").set_value(int(sample)).run()
         body = html_bodies(at)
         assert "<script" not in body and "<img" not in body and "<b>" not in body
         seen_markup |= "&lt;script&gt;" in body or "&lt;img" in body or "&lt;b&gt;" in body
@@ -471,7 +472,7 @@ def test_prefetch_warms_the_other_pages(monkeypatch, own_db):
     for page in ("pages/token_drift.py", "pages/routing.py", "pages/compare.py", "pages/sequences.py"):
         open_app(monkeypatch, own_db, page)
     heavy = [m for m in misses if m not in {"expert_load", "worst_sequences", "sequence_tokens",
-                                             "sequence_flip_grid", "Store.files"}]
+                                             "sequence_flip_grid", "sequence_context", "Store.files"}]
     # allowed: the expert-load step's per-layer list (one step only) and compare's all-keys-free config table
     assert set(heavy) <= {"routing_metrics", "routing_kinds"}, misses
     assert heavy.count("routing_metrics") <= 1, misses

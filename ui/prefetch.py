@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable
 
-from analysis import buckets, compare, distributions, inspect, routing, views
+from analysis import buckets, compare, context, distributions, inspect, routing, views
 from ui import access, nav
 from ui import state as S
 
@@ -43,6 +43,7 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
     pages: dict[str, list[Call]] = {
         nav.OVERVIEW.url: [
             (views.run_and_step_tables, (runs,), dict(cap=cap, clip=clip, steps=steps)),
+            (context.step_context, (runs,), dict(steps=steps)),
         ],
         nav.TOKENS.url: [
             (distributions.drift_histograms, (runs,), dict(n_bins=80, steps=steps)),
