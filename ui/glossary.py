@@ -42,6 +42,8 @@ CARD_METRICS: list[tuple[str, str, str]] = [
     ("ess", "ESS", "%.4f"),
     ("token_any_flip_rate", "tokens with a flip", "%.1f%%"),
 ]
+# shares whose denominator is the group's token count: a card can give the count beside the share
+TOKEN_SHARES = {"ratio_frac_high", "ratio_frac_low", "clip_frac"}
 PERCENT_METRICS = {"ratio_frac_high", "ratio_frac_low", "clip_frac", "token_any_flip_rate", "flip_rate",
                    "top1_flip_rate"}
 
@@ -61,12 +63,14 @@ def describe(metric: str) -> str:
     return METRIC_HELP.get(metric, metric)
 
 
-def fmt_value(metric: str, v) -> str:
-    """A metric value for a card: percentages for shares, scientific notation for tiny numbers."""
+def fmt_value(metric: str, v, n_tokens: int | None = None) -> str:
+    """A metric value for a card: percentages for shares (significant digits, and the number of tokens when
+    `n_tokens` is given: a rare tail reads "0.0023% (23)", never "0.00%"), scientific notation for tiny numbers."""
     if v is None:
         return "—"
     if metric in PERCENT_METRICS:
-        return f"{v:.2%}"
+        from ui.number_format import fmt_share
+        return fmt_share(v, n_tokens if metric in TOKEN_SHARES else None)
     if v != 0 and abs(v) < 1e-3:
         return f"{v:.3e}"
     return f"{v:.4g}"
