@@ -7,6 +7,7 @@ one read-write process), so a cached result is never stale.
 """
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
 import threading
@@ -67,6 +68,9 @@ def _open(path: str, read_only: bool, load_demo: bool) -> AppDB:
     if read_only and not ro:  # a viewer on a new database: create it (and the demo), then hold it read-only
         store.close()
         app.store = Store(path, read_only=True)
+    # On SIGTERM / Ctrl-C streamlit stops and the interpreter exits: queries still running in daemon threads
+    # (prefetch, script runs) are interrupted and awaited first, or DuckDB aborts the process (exit -6).
+    atexit.register(app.store.shutdown)
     return app
 
 
