@@ -2,6 +2,7 @@
 no exception, no error box, widgets driven by key change what is shown, empty states say what to do."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -505,3 +506,92 @@ def test_prefetch_waits_for_the_page_to_finish_and_draw(monkeypatch):
     assert worker.idle.wait(10)
     assert [name for name, _ in done] == ["a", "b"]
     assert done[0][1] - t0 >= 0.3
+
+
+# -- drift in context: prompt, response and reward; context over steps; field mapping --------------------
+def frame_with(at: AppTest, column: str):
+    """The first st.dataframe holding `column` (a display-only dataframe has no key to find it by)."""
+    return next(d.value for d in at.dataframe if column in d.value.columns)
+
+
+@pytest.fixture(scope="module")
+def context_db(tmp_path_factory):
+    """Sequence JSON Lines with prompts, responses, rewards and advantages (tests/context_fixtures.py)."""
+    from analysis.ingest import ingest_paths
+    from analysis.store import Store
+    from context_fixtures import make_sequences, write_sequence_jsonl
+
+    root = tmp_path_factory.mktemp("context")
+    seqs = make_sequences(31, steps=3, per_step=6)
+    with Store(root / "drift.duckdb") as store:
+        assert ingest_paths(store, [write_sequence_jsonl(root / "s.jsonl", seqs, "ctx")])[0].status == "loaded"
+    return root / "drift.duckdb", seqs
+
+
+def test_sequences_show_a_typed_sample_in_context(monkeypatch, context_db):
+    db, seqs = context_db
+    at = open_app(monkeypatch, db, "pages/sequences.py")
+    at.number_input(key="seq_step").set_value(1)
+    at.number_input(key="seq_sample").set_value(4).run()
+    assert not at.exception and not errors(at)
+    q = next(x for x in seqs if x["step"] == 1 and x["sample"] == 4)
+    shown = [t.value for t in at.text]
+    assert q["prompt"] in shown and q["response"] in shown
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["reward"] == f"{q['reward']:.4g}" and metrics["response length"] == str(len(q["s"]))
+    assert float(metrics["advantage"]) == pytest.approx(q["advantage"], abs=5e-4)
+    table = frame_with(at, "Δ")
+    assert list(table.columns) == ["pos", "token_id", "token", "s", "t", "Δ", "r", "flipped_layers"]
+    assert list(table["s"]) == q["s"] and list(table["t"]) == q["t"] and list(table["token"]) == q["tokens"]
+    assert list(table["Δ"]) == pytest.approx([t - s for s, t in zip(q["s"], q["t"])], abs=1e-12)
+
+    at.selectbox(key="seq_reward").set_value("at_least").run()
+    at.number_input(key="seq_reward_at").set_value(1.0).run()
+    worst = frame_with(at, "seq_log_ratio_abs")
+    assert set(worst["reward"]) == {1.0}
+    assert sorted(worst["sample"]) == sorted(x["sample"] for x in seqs if x["step"] == 1 and x["reward"] >= 1)
+    at.number_input(key="seq_sample").set_value(99).run()
+    assert "No sample 99 at step 1 of ctx: its samples are 0–5." in texts(at.info)
+
+
+def test_overview_context_table_holds_the_seeded_numbers(monkeypatch, context_db):
+    db, seqs = context_db
+    at = open_app(monkeypatch, db)
+    ctx = frame_with(at, "reward_mean")
+    for row in ctx.itertuples():
+        qs = [x for x in seqs if x.get("step") == row.step]
+        assert row.n_sequences == len(qs)
+        assert row.reward_mean == pytest.approx(sum(x["reward"] for x in qs) / len(qs), rel=1e-12)
+        assert row.response_length_mean == pytest.approx(sum(len(x["s"]) for x in qs) / len(qs), rel=1e-12)
+    assert list(ctx["step"]) == [0, 1, 2]
+
+
+def test_data_mapping_form_loads_and_refuses(monkeypatch, tmp_path):
+    """The form a refused upload is offered (here put in the session directly: AppTest cannot upload)."""
+    import io
+
+    from context_fixtures import make_sequences, openrlhf_record
+    from ui import mapping_form
+
+    seqs = make_sequences(32, steps=2, per_step=2)
+    data = "".join(json.dumps(openrlhf_record(q)) + "\n" for q in seqs).encode()
+    db = tmp_path / "drift.duckdb"
+    at = open_app(monkeypatch, db, "pages/data.py")
+    at.session_state[mapping_form.PENDING] = {"board.jsonl": io.BytesIO(data)}
+    at.text_input(key="data_run_name").set_value("board").run()  # the board's records name no run
+    assert "Map a file's fields" in [h.value for h in at.subheader]
+    assert at.selectbox(key="data_map_step").value == "step"  # same-named fields are preselected
+    at.selectbox(key="data_map_sampler_logprob").set_value("response")
+    at.selectbox(key="data_map_trainer_logprob").set_value("logprobs")
+    submit = lambda: next(b for b in at.button if b.label == "Load with this mapping")  # noqa: E731
+    submit().click().run()
+    assert errors(at) == ["refused board.jsonl: line 1, field 'response': mapped to sampler_logprob, it must hold a "
+                          f"number, got str {seqs[0]['response']!r} (map each column to the field that holds it, "
+                          "e.g. --map sampler_logprob=rollout_logprobs)"]
+    assert any("No runs yet" in t for t in texts(at.info).splitlines())  # nothing of the refused file was loaded
+    at.selectbox(key="data_map_sampler_logprob").set_value("rollout_logprobs")
+    submit().click().run()
+    assert not at.exception and not errors(at)
+    assert "Last upload: 1 loaded, 0 skipped, 0 refused." in texts(at.success)
+    runs = frame_with(at, "n_tokens")
+    assert list(runs["n_tokens"]) == [sum(len(q["s"]) for q in seqs)]

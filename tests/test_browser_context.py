@@ -1,0 +1,150 @@
+"""Drift in context, in a real browser: a sample opened by run, step and id shows its prompt, response and reward,
+and a link to it opens the same view on a fresh server; the Overview's context panel draws the seeded reward,
+length and sequence count per step; the Data page's mapping form loads an OpenRLHF-style file refused for its
+keys, with values equal to its fields."""
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import numpy as np
+import polars as pl
+import pytest
+
+import browser_util as bu
+from analysis.ingest import ingest_paths
+from analysis.store import Store
+from context_fixtures import make_sequences, write_openrlhf_jsonl, write_sequence_jsonl
+
+pytestmark = pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHROMIUM} is not installed")
+
+RUN = "ctx-run"
+ENV = {"DRIFT_NO_DEMO": "1", "DRIFT_PREFETCH": "0"}
+
+# the context chart's traces by panel (plotly names the stacked axes y, y2, y3, y4); the length band is a fill
+CONTEXT_JS = """() => {
+  const gd = document.querySelector(".st-key-overview_context .js-plotly-plot");
+  if (!gd || !gd.data) return null;
+  return gd.data.filter(t => t.fill !== "toself").map(t => ({axis: t.yaxis || "y", x: Array.from(t.x),
+                                                            y: Array.from(t.y)}));
+}"""
+
+
+def _number(page, key: str, value: int) -> None:
+    box = page.locator(f".st-key-{key} input")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def _sample_view(page) -> str:
+    return page.locator("[data-testid='stMain']").inner_text()
+
+
+def _assert_shows(text: str, q: dict) -> None:
+    assert q["prompt"] in text, text[:2000]
+    # st.text keeps the response's own characters; the coloured tokens show "\n" as ↵
+    assert q["response"].strip().splitlines()[0] in text
+    assert f"reward\n{q['reward']:.4g}" in text.replace("\n\n", "\n"), text[:2000]
+
+
+def _pick(page, key: str, option: str) -> None:
+    from playwright.sync_api import expect
+
+    page.locator(f".st-key-{key} button[aria-label='Open']").click()
+    page.locator("[role='listbox'] [role='option']", has_text=option).first.click()
+    expect(page.locator(f".st-key-{key} [role='combobox']")).to_have_value(option)
+
+
+def test_sample_context_link_and_context_panel(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    seqs = make_sequences(21, steps=4, per_step=5)
+    db = tmp_path / "drift.duckdb"
+    with Store(db) as store:
+        assert ingest_paths(store, [write_sequence_jsonl(tmp_path / "seqs.jsonl", seqs, RUN)])[0].status == "loaded"
+    q = next(x for x in seqs if x["step"] == 2 and x["sample"] == 3)
+    with sync_playwright() as p:
+        browser = bu.launch_chromium(p)
+        try:
+            with bu.streamlit_server(db, env=ENV) as url:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(url + "/sequences")
+                bu.wait_idle(page, "Sequences", timeout_ms=90_000)
+                _number(page, "seq_step", 2)
+                bu.wait_idle(page, "Sequences")
+                _number(page, "seq_sample", 3)
+                page.get_by_text("Sample 3 at step 2").wait_for(timeout=30_000)
+                bu.wait_idle(page, "Sequences")
+                _assert_shows(_sample_view(page), q)
+                assert page.locator("[data-testid='stAlertContentError']").count() == 0
+                query = parse_qs(urlsplit(page.url).query)
+                assert query["seq_step"] == ["2"] and query["seq_sample"] == ["3"], page.url
+                link = page.url.replace(url, "")
+
+                page.goto(url + "/")
+                bu.wait_idle(page, "Overview", timeout_ms=90_000)
+                traces = page.evaluate(CONTEXT_JS)
+            by_axis = {t["axis"]: t for t in traces}
+            steps = sorted({x["step"] for x in seqs})
+            want_reward = [np.mean([x["reward"] for x in seqs if x["step"] == s]) for s in steps]
+            want_len = [np.mean([len(x["s"]) for x in seqs if x["step"] == s]) for s in steps]
+            want_n = [sum(x["step"] == s for x in seqs) for s in steps]
+            for axis, want in (("y2", want_reward), ("y3", want_len), ("y4", want_n)):
+                assert by_axis[axis]["x"] == steps
+                assert np.allclose(by_axis[axis]["y"], want, rtol=1e-12), (axis, by_axis[axis]["y"], want)
+            assert by_axis["y"]["x"] == steps  # the drift curve shares the step axis
+
+            with bu.streamlit_server(db, env=ENV) as fresh:  # a new process: nothing kept from the first
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(fresh + link)
+                page.get_by_text("Sample 3 at step 2").wait_for(timeout=90_000)
+                bu.wait_idle(page, "Sequences")
+                _assert_shows(_sample_view(page), q)
+        finally:
+            browser.close()
+
+
+def test_data_page_mapping_form_loads_a_board_dump(tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    seqs = make_sequences(22, steps=2, per_step=3)
+    board = write_openrlhf_jsonl(tmp_path / "board.jsonl", seqs)
+    db = tmp_path / "drift.duckdb"
+    Store(db).close()
+    with bu.streamlit_server(db, env=ENV) as url, sync_playwright() as p:
+        browser = bu.launch_chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1200})
+            page.goto(url + "/data")
+            bu.wait_idle(page, "Data", timeout_ms=90_000)
+            page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(str(board))
+            load = page.get_by_role("button", name="Load", exact=True)
+            expect(load).to_be_enabled(timeout=30_000)
+            page.locator(".st-key-data_run_name input").fill("board")
+            page.locator(".st-key-data_run_name input").press("Enter")
+            load.click()
+            page.get_by_text("Last upload: 0 loaded, 0 skipped, 1 refused.").wait_for(timeout=60_000)
+            page.get_by_text("Map a file's fields").wait_for(timeout=30_000)
+            bu.wait_idle(page, "Data")
+            assert page.locator("[data-testid='stDataFrame']").count() == 2  # the outcomes, the file's first rows
+            _pick(page, "data_map_sampler_logprob", "rollout_logprobs")
+            _pick(page, "data_map_trainer_logprob", "logprobs")
+            _pick(page, "data_map_token", "response_tokens")
+            page.get_by_role("button", name="Load with this mapping").click()
+            page.get_by_text("Last upload: 1 loaded, 0 skipped, 0 refused.").wait_for(timeout=60_000)
+            bu.wait_idle(page, "Data")
+            assert page.locator("[data-testid='stException']").count() == 0
+            assert page.get_by_text("Map a file's fields").count() == 0  # loaded: no longer offered
+        finally:
+            browser.close()
+    with Store(db, read_only=True) as store:
+        tok = store.sql("SELECT * FROM tokens ORDER BY step, sample, pos")
+        sq = store.sql("SELECT * FROM sequences ORDER BY step, sample")
+    assert set(tok["run"]) == {"board"}
+    want = pl.DataFrame([{"step": x["step"], "sample": x["sample"], "s": s, "t": t, "token": w}
+                         for x in seqs for s, t, w in zip(x["s"], x["t"], x["tokens"])])
+    assert tok["sampler_logprob"].to_list() == want["s"].to_list()
+    assert tok["trainer_logprob"].to_list() == want["t"].to_list()
+    assert tok["token"].to_list() == want["token"].to_list()
+    assert sq["prompt"].to_list() == [x["prompt"] for x in seqs]
+    assert sq["reward"].to_list() == [x["reward"] for x in seqs]
