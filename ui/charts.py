@@ -46,6 +46,7 @@ def hover_format(metric: str) -> str:
 
 
 def _top(values) -> float | None:
+    """The largest |value| (None when there is none): what a share axis must still resolve."""
     vals = [abs(v) for v in values if v is not None and math.isfinite(v)]
     return max(vals, default=None)
 
