@@ -37,7 +37,9 @@ with S.guard("compute the run summary"):
                 if metric == "token_any_flip_rate" and kinds.get(run) != "both":
                     help_text += (" — not available: this run has no MoE routing" if kinds.get(run) == "none"
                                   else " — not available: only the sampler's routing was recorded")
-                col.metric(label, glossary.fmt_value(metric, row.get(metric), row.get("n_tokens")), help=help_text)
+                col.metric(label, glossary.fmt_value(metric, row.get(metric)), help=help_text)
+                if count := glossary.token_count(metric, row.get(metric), row.get("n_tokens")):
+                    col.caption(count)  # a rare tail as a number of tokens, beside its share
     st.caption(f"C = {sel.cap:g}, ε = {sel.clip:g}" + (f", steps {sel.steps[0]}–{sel.steps[1]}" if sel.steps else "")
                + ". Hover the ? next to a name for its definition.")
     with st.expander("All run-level metrics"):

@@ -69,7 +69,8 @@ else:
         ss["seq_sample"] = choice[2]
 
 default_sample = int(worst["sample"][0]) if worst is not None and worst.height else None
-typed_sample = st.number_input("Sample id", min_value=0, value=None, step=1, key="seq_sample", bind="query-params",
+box, _ = st.columns([1, 3])
+typed_sample = box.number_input("Sample id", min_value=0, value=None, step=1, key="seq_sample", bind="query-params",
                                placeholder=f"worst: {default_sample}" if default_sample is not None else "sample id",
                                help="Type any sample id of this step, or click a row above. Empty: the worst.")
 sample = default_sample if typed_sample is None else int(typed_sample)

@@ -13,8 +13,8 @@ from ui.number_format import fmt_share, log_ticks, share_decimals, share_tickfor
 
 
 def test_rare_tail_card_reads_its_share_and_count(metrics_store_from):
-    """23 tokens with r > C among 100,000: the card shows a non-zero share and the count 23, both checked against
-    the drawn data (the bug printed "0.00%")."""
+    """23 tokens with r > C among 100,000: the card shows a non-zero share and, beneath it, the count 23, both
+    checked against the drawn data (the bug printed "0.00%")."""
     rng = np.random.default_rng(7)
     n, rare = 100_000, 23
     s = -1.5 - rng.exponential(1.0, n)  # s + Δ stays a log-probability (≤ 0)
@@ -25,9 +25,10 @@ def test_rare_tail_card_reads_its_share_and_count(metrics_store_from):
     want = int((np.exp(tokens["trainer_logprob"] - tokens["sampler_logprob"]) > 2.0).sum())
     assert want == rare
     row = metrics.token_metrics(metrics_store_from(tokens), ["tail"], by="run", cap=2.0).row(0, named=True)
-    card = glossary.fmt_value("ratio_frac_high", row["ratio_frac_high"], row["n_tokens"])
-    assert card == "0.023% (23)"
-    assert glossary.fmt_value("ratio_frac_high", 23 / 1_000_000, 1_000_000) == "0.0023% (23)"
+    assert glossary.fmt_value("ratio_frac_high", row["ratio_frac_high"]) == "0.023%"
+    assert glossary.token_count("ratio_frac_high", row["ratio_frac_high"], row["n_tokens"]) == "23 of 100,000 tokens"
+    assert glossary.fmt_value("ratio_frac_high", 23 / 1_000_000) == "0.0023%"
+    assert glossary.token_count("ess", 0.5, 10) is None  # not a share of tokens
 
 
 @pytest.mark.parametrize("share, text", [

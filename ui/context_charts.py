@@ -52,4 +52,6 @@ def context_over_steps(per_step: pl.DataFrame, context: pl.DataFrame, metric: st
                                  hovertemplate=f"{run}<br>step %{{x}}<br>%{{y}} sequences<extra></extra>"),
                       row=4, col=1)
     fig.update_xaxes(title_text="step", row=4, col=1)
+    for row in (3, 4):  # lengths and counts from zero: a change reads at its true size
+        fig.update_yaxes(rangemode="tozero", row=row, col=1)
     return layout(fig, height=720)

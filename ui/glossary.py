@@ -63,14 +63,21 @@ def describe(metric: str) -> str:
     return METRIC_HELP.get(metric, metric)
 
 
-def fmt_value(metric: str, v, n_tokens: int | None = None) -> str:
-    """A metric value for a card: percentages for shares (significant digits, and the number of tokens when
-    `n_tokens` is given: a rare tail reads "0.0023% (23)", never "0.00%"), scientific notation for tiny numbers."""
+def fmt_value(metric: str, v) -> str:
+    """A metric value for a card: percentages for shares with significant digits (a rare tail reads "0.0023%",
+    never "0.00%"), scientific notation for tiny numbers."""
     if v is None:
         return "—"
     if metric in PERCENT_METRICS:
         from ui.number_format import fmt_share
-        return fmt_share(v, n_tokens if metric in TOKEN_SHARES else None)
+        return fmt_share(v)
     if v != 0 and abs(v) < 1e-3:
         return f"{v:.3e}"
     return f"{v:.4g}"
+
+
+def token_count(metric: str, v, n_tokens: int | None) -> str | None:
+    """What a share of tokens stands for, as a count: "23 of 1,000,000 tokens" (None for other metrics)."""
+    if metric not in TOKEN_SHARES or v is None or not n_tokens:
+        return None
+    return f"{round(v * n_tokens):,} of {n_tokens:,} tokens"
