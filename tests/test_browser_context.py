@@ -1,7 +1,7 @@
 """Drift in context, in a real browser: a sample opened by run, step and id shows its prompt, response and reward,
 and a link to it opens the same view on a fresh server; the Overview's context panel draws the seeded reward,
 length and sequence count per step; the Data page's mapping form loads an OpenRLHF-style file refused for its
-keys, with values equal to its fields."""
+keys, with values equal to its fields. One test, so that only the link's check needs a second server."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -50,12 +50,52 @@ def _assert_shows(text: str, q: dict) -> None:
 def _pick(page, key: str, option: str) -> None:
     from playwright.sync_api import expect
 
-    page.locator(f".st-key-{key} button[aria-label='Open']").click()
+    box = page.locator(f".st-key-{key} [role='combobox']")
+    box.click()
+    box.fill(option)  # filters the (virtualised) list down to the option
     page.locator("[role='listbox'] [role='option']", has_text=option).first.click()
     expect(page.locator(f".st-key-{key} [role='combobox']")).to_have_value(option)
 
 
-def test_sample_context_link_and_context_panel(tmp_path):
+def _map_board_on_data_page(page, board: Path) -> None:
+    """Upload the board dump (refused for its keys), pick three fields in the mapping form, load it."""
+    from playwright.sync_api import expect
+
+    bu.goto_page(page, "Data", "Data")
+    page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(str(board))
+    load = page.get_by_role("button", name="Load", exact=True)
+    expect(load).to_be_enabled(timeout=30_000)
+    page.locator(".st-key-data_run_name input").fill("board")
+    page.locator(".st-key-data_run_name input").press("Enter")
+    load.click()
+    page.get_by_text("Last upload: 0 loaded, 0 skipped, 1 refused.").wait_for(timeout=60_000)
+    page.get_by_text("Map a file's fields").wait_for(timeout=30_000)
+    bu.wait_idle(page, "Data")
+    assert page.locator(".st-key-data_map_preview_box [data-testid='stDataFrame']").count() == 1  # first rows
+    _pick(page, "data_map_sampler_logprob", "rollout_logprobs")
+    _pick(page, "data_map_trainer_logprob", "logprobs")
+    _pick(page, "data_map_token", "response_tokens")
+    page.get_by_role("button", name="Load with this mapping").click()
+    page.get_by_text("Last upload: 1 loaded, 0 skipped, 0 refused.").wait_for(timeout=60_000)
+    bu.wait_idle(page, "Data")
+    assert page.locator("[data-testid='stException']").count() == 0
+    assert page.get_by_text("Map a file's fields").count() == 0  # loaded: no longer offered
+
+
+def _assert_board_loaded(db: Path, seqs: list[dict]) -> None:
+    """The mapped file's values, as stored, equal its fields."""
+    with Store(db, read_only=True) as store:
+        tok = store.sql("SELECT * FROM tokens WHERE run = 'board' ORDER BY step, sample, pos")
+        sq = store.sql("SELECT * FROM sequences WHERE run = 'board' ORDER BY step, sample")
+    want = pl.DataFrame([{"s": s, "t": t, "token": w} for x in seqs for s, t, w in zip(x["s"], x["t"], x["tokens"])])
+    assert tok["sampler_logprob"].to_list() == want["s"].to_list()
+    assert tok["trainer_logprob"].to_list() == want["t"].to_list()
+    assert tok["token"].to_list() == want["token"].to_list()
+    assert sq["prompt"].to_list() == [x["prompt"] for x in seqs]
+    assert sq["reward"].to_list() == [x["reward"] for x in seqs]
+
+
+def test_sample_context_link_context_panel_and_mapping_form(tmp_path):
     from playwright.sync_api import sync_playwright
 
     seqs = make_sequences(21, steps=4, per_step=5)
@@ -81,9 +121,11 @@ def test_sample_context_link_and_context_panel(tmp_path):
                 assert query["seq_step"] == ["2"] and query["seq_sample"] == ["3"], page.url
                 link = page.url.replace(url, "")
 
-                page.goto(url + "/")
-                bu.wait_idle(page, "Overview", timeout_ms=90_000)
+                bu.goto_page(page, "Overview", "Overview")
                 traces = page.evaluate(CONTEXT_JS)
+                board_seqs = make_sequences(22, steps=2, per_step=3)
+                _map_board_on_data_page(page, write_openrlhf_jsonl(tmp_path / "board.jsonl", board_seqs))
+            _assert_board_loaded(db, board_seqs)
             by_axis = {t["axis"]: t for t in traces}
             steps = sorted({x["step"] for x in seqs})
             want_reward = [np.mean([x["reward"] for x in seqs if x["step"] == s]) for s in steps]
@@ -102,49 +144,3 @@ def test_sample_context_link_and_context_panel(tmp_path):
                 _assert_shows(_sample_view(page), q)
         finally:
             browser.close()
-
-
-def test_data_page_mapping_form_loads_a_board_dump(tmp_path):
-    from playwright.sync_api import expect, sync_playwright
-
-    seqs = make_sequences(22, steps=2, per_step=3)
-    board = write_openrlhf_jsonl(tmp_path / "board.jsonl", seqs)
-    db = tmp_path / "drift.duckdb"
-    Store(db).close()
-    with bu.streamlit_server(db, env=ENV) as url, sync_playwright() as p:
-        browser = bu.launch_chromium(p)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1200})
-            page.goto(url + "/data")
-            bu.wait_idle(page, "Data", timeout_ms=90_000)
-            page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(str(board))
-            load = page.get_by_role("button", name="Load", exact=True)
-            expect(load).to_be_enabled(timeout=30_000)
-            page.locator(".st-key-data_run_name input").fill("board")
-            page.locator(".st-key-data_run_name input").press("Enter")
-            load.click()
-            page.get_by_text("Last upload: 0 loaded, 0 skipped, 1 refused.").wait_for(timeout=60_000)
-            page.get_by_text("Map a file's fields").wait_for(timeout=30_000)
-            bu.wait_idle(page, "Data")
-            assert page.locator("[data-testid='stDataFrame']").count() == 2  # the outcomes, the file's first rows
-            _pick(page, "data_map_sampler_logprob", "rollout_logprobs")
-            _pick(page, "data_map_trainer_logprob", "logprobs")
-            _pick(page, "data_map_token", "response_tokens")
-            page.get_by_role("button", name="Load with this mapping").click()
-            page.get_by_text("Last upload: 1 loaded, 0 skipped, 0 refused.").wait_for(timeout=60_000)
-            bu.wait_idle(page, "Data")
-            assert page.locator("[data-testid='stException']").count() == 0
-            assert page.get_by_text("Map a file's fields").count() == 0  # loaded: no longer offered
-        finally:
-            browser.close()
-    with Store(db, read_only=True) as store:
-        tok = store.sql("SELECT * FROM tokens ORDER BY step, sample, pos")
-        sq = store.sql("SELECT * FROM sequences ORDER BY step, sample")
-    assert set(tok["run"]) == {"board"}
-    want = pl.DataFrame([{"step": x["step"], "sample": x["sample"], "s": s, "t": t, "token": w}
-                         for x in seqs for s, t, w in zip(x["s"], x["t"], x["tokens"])])
-    assert tok["sampler_logprob"].to_list() == want["s"].to_list()
-    assert tok["trainer_logprob"].to_list() == want["t"].to_list()
-    assert tok["token"].to_list() == want["token"].to_list()
-    assert sq["prompt"].to_list() == [x["prompt"] for x in seqs]
-    assert sq["reward"].to_list() == [x["reward"] for x in seqs]

@@ -44,7 +44,8 @@ def render(store, run: str | None, max_bytes: int, on_loaded: Callable[[Outcome]
     fp = pending[label]
     with S.guard("read the file's fields"):
         fields, head = mapping.preview(fp, label)
-        st.dataframe(head, hide_index=True, key="data_map_preview")
+        with st.container(key="data_map_preview_box"):
+            st.dataframe(head, hide_index=True)
         options = [NONE] + fields
         with st.form("data_map_form"):
             cols = st.columns(4)
