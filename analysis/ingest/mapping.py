@@ -44,7 +44,7 @@ PER_SEQUENCE = {  # one value per sequence (repeated on each token row of a long
 LONG_ONLY = {"pos": INTEGER}
 COLUMNS = tuple(PER_SEQUENCE) + ("pos",) + tuple(PER_TOKEN)
 # `tokens` names the response tokens whatever they are: ids when the field holds integers, text otherwise
-ALIASES = {"tokens": "tokens", "sampler_logprobs": "sampler_logprob", "trainer_logprobs": "trainer_logprob",
+ALIASES = {"sampler_logprobs": "sampler_logprob", "trainer_logprobs": "trainer_logprob",
            "token_ids": "token_id"}
 REQUIRED = ("step", "sampler_logprob", "trainer_logprob")
 FIX = "map each column to the field that holds it, e.g. --map sampler_logprob=rollout_logprobs"
