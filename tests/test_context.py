@@ -64,7 +64,8 @@ def test_sequence_context_without_stored_text(metrics_store_from):
                            "trainer_logprob": [-0.1, -0.25, -0.3]})
     store = metrics_store_from(tokens)
     ctx = inspect.sequence_context(store, "e", 0, 4)
-    assert (ctx["response"], ctx["response_from_tokens"], ctx["response_length"], ctx["n_tokens"]) == ("abc", True, 3, 3)
+    got = (ctx["response"], ctx["response_from_tokens"], ctx["response_length"], ctx["n_tokens"])
+    assert got == ("abc", True, 3, 3)
     assert ctx["reward"] is None and ctx["prompt"] is None
     assert math.isclose(ctx["seq_log_ratio"], -0.05, abs_tol=1e-12)
     assert inspect.sequence_context(store, "e", 0, 5) is None

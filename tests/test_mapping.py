@@ -62,7 +62,8 @@ def test_parquet_long_and_per_sequence_tables(tmp_path):
     db = tmp_path / "long.duckdb"
     m = {"step": "it", "sample": "seq", "pos": "i", "sampler_logprob": "p_roll", "trainer_logprob": "p_train",
          "token": "txt"}
-    assert _cli(db, tmp_path / "long.parquet", "--run", "pq", *[a for k, v in m.items() for a in ("--map", f"{k}={v}")]) == 0
+    maps = [a for k, v in m.items() for a in ("--map", f"{k}={v}")]
+    assert _cli(db, tmp_path / "long.parquet", "--run", "pq", *maps) == 0
     tok = _tokens(db)
     assert tok["sampler_logprob"].to_list() == long["p_roll"].to_list()
     assert tok["trainer_logprob"].to_list() == long["p_train"].to_list()

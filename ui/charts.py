@@ -45,7 +45,7 @@ def hover_format(metric: str) -> str:
     return ".3~p" if metric in PERCENT_METRICS else ".4g"
 
 
-def _top(values) -> float | None:
+def largest_abs(values) -> float | None:
     """The largest |value| (None when there is none): what a share axis must still resolve."""
     vals = [abs(v) for v in values if v is not None and math.isfinite(v)]
     return max(vals, default=None)
@@ -96,7 +96,7 @@ def step_curves(df: pl.DataFrame, metrics: Sequence[str], colors: dict[str, str]
         if log_y:
             _log_axis(fig, "y", row=r + 1, col=c + 1)
         if metric in PERCENT_METRICS:
-            fig.update_yaxes(tickformat=share_tickformat(_top(df[metric].to_list())), row=r + 1, col=c + 1)
+            fig.update_yaxes(tickformat=share_tickformat(largest_abs(df[metric].to_list())), row=r + 1, col=c + 1)
     fig.update_xaxes(title_text=x, row=rows)
     return layout(fig, height=max(HEIGHT, 260 * rows))
 
@@ -140,7 +140,7 @@ def histogram(df: pl.DataFrame, colors: dict[str, str], x_title: str, log_y: boo
     if log_y:
         _log_axis(fig, "y")
     else:
-        fig.update_yaxes(tickformat=share_tickformat(_top(df[y].to_list())) if df.height else ".1%")
+        fig.update_yaxes(tickformat=share_tickformat(largest_abs(df[y].to_list())) if df.height else ".1%")
     if log_x:
         lo = [v for v in df["bin_lo"].to_list() if v > 0] if df.height else []
         _log_axis(fig, "x", decades=False, span=(min(lo), max(df["bin_hi"].to_list())) if lo else None)
@@ -263,7 +263,7 @@ def bucket_chart(df: pl.DataFrame, metric: str, colors: dict[str, str], x_title:
                           "<extra></extra>", **extra))
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=order)
     if metric in PERCENT_METRICS:
-        fig.update_yaxes(tickformat=share_tickformat(_top(df[metric].to_list()) if df.height else None))
+        fig.update_yaxes(tickformat=share_tickformat(largest_abs(df[metric].to_list()) if df.height else None))
     if bars:
         fig.update_layout(barmode="group")
     return layout(fig, x=x_title, y=metric)
@@ -327,6 +327,6 @@ def run_bars(df: pl.DataFrame, metrics: Sequence[str], colors: dict[str, str]) -
                              hovertemplate=f"%{{x}}<br>{metric} %{{y:{hover_format(metric)}}}<extra></extra>"),
                       row=r + 1, col=c + 1)
         if metric in PERCENT_METRICS:
-            fig.update_yaxes(tickformat=share_tickformat(_top(df[metric].to_list())), row=r + 1, col=c + 1)
+            fig.update_yaxes(tickformat=share_tickformat(largest_abs(df[metric].to_list())), row=r + 1, col=c + 1)
     fig.update_xaxes(type="category", showticklabels=len(runs) <= 6)
     return layout(fig, height=max(HEIGHT, 280 * rows), legend=False)
