@@ -56,12 +56,16 @@ def sequence_context(store: Store, run: str, step: int, sample: int) -> dict | N
     response_from_tokens is True; null when no token has text); response_length is the recorded length,
     else the number of tokens.
     """
+    # a database made before sequences had `response`, opened read-only (a viewer), was never migrated
+    stored = "response" if store.scalar(
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'sequences' AND column_name = 'response'"
+    ) else "NULL::VARCHAR AS response"
     rows = store.sql(f"""
         WITH t AS (SELECT count(*) AS n_tokens, sum(d) AS seq_log_ratio, avg({kl3_sql(ratio_sql('d'))}) AS kl_k3,
                           string_agg(token, '' ORDER BY pos) AS joined
                    FROM (SELECT pos, token, trainer_logprob - sampler_logprob AS d FROM tokens
                          WHERE run = $run AND step = $step AND sample = $sample)),
-             q AS (SELECT reward, advantage, prompt, response, response_length FROM sequences
+             q AS (SELECT reward, advantage, prompt, {stored}, response_length FROM sequences
                    WHERE run = $run AND step = $step AND sample = $sample LIMIT 1)
         SELECT t.n_tokens, t.seq_log_ratio, t.kl_k3, q.reward, q.advantage, q.prompt,
                coalesce(q.response, t.joined) AS response, q.response IS NULL AS response_from_tokens,

@@ -70,3 +70,18 @@ def test_sequence_context_without_stored_text(metrics_store_from):
     assert math.isclose(ctx["seq_log_ratio"], -0.05, abs_tol=1e-12)
     assert inspect.sequence_context(store, "e", 0, 5) is None
     assert context.step_context(store, ["e"])["n_rewarded"].to_list() == [0]
+
+
+def test_sequence_context_on_a_database_made_before_response(tmp_path):
+    """A viewer opens old databases read-only (no migration): the response then comes from the tokens."""
+    import duckdb
+
+    seqs = make_sequences(13, steps=1, per_step=2)
+    _store(tmp_path, seqs).close()
+    con = duckdb.connect(str(tmp_path / "d.duckdb"))
+    con.execute("ALTER TABLE sequences DROP COLUMN response")
+    con.close()
+    with Store(tmp_path / "d.duckdb", read_only=True) as store:
+        ctx = inspect.sequence_context(store, "ctx", 0, 1)
+    q = seqs[1]
+    assert (ctx["response"], ctx["response_from_tokens"], ctx["prompt"]) == ("".join(q["tokens"]), True, q["prompt"])
