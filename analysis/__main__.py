@@ -17,6 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ingest", help="validate and load log files/folders into the database")
     p.add_argument("paths", nargs="+")
     p.add_argument("--run", default=None, help="run name for files that carry none (overrides the file's)")
+    p.add_argument("--map", action="append", default=[], metavar="COLUMN=FIELD",
+                   help="JSON Lines / Parquet whose keys match no format: the field holding a SCHEMA column "
+                        "(repeatable), e.g. --map sampler_logprob=rollout_logprobs (docs/frameworks.md)")
     _db_arg(p)
     p = sub.add_parser("runs", help="list runs (CSV)")
     _db_arg(p)
@@ -80,9 +83,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def _ingest(db, args) -> int:
     from analysis.ingest import ingest_paths
+    from analysis.ingest.mapping import ingest_mapped, parse_map_args
+    try:
+        mapping = parse_map_args(args.map)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     store = Store(db)
     failed = 0
-    for outcome in ingest_paths(store, args.paths, run=args.run):
+    outcomes = (ingest_mapped(store, args.paths, mapping, run=args.run) if mapping
+                else ingest_paths(store, args.paths, run=args.run))
+    for outcome in outcomes:
         print(outcome.line(), file=sys.stdout if outcome.status != "refused" else sys.stderr)
         failed += outcome.status == "refused"
     store.close()

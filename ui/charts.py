@@ -17,6 +17,7 @@ import polars as pl
 from plotly.subplots import make_subplots
 
 from ui.glossary import PERCENT_METRICS
+from ui.number_format import log_ticks, share_tickformat
 
 HEIGHT = 340
 DIVERGING = "RdBu_r"
@@ -54,7 +55,14 @@ def view_revision(fig: go.Figure) -> str:
 
 
 def hover_format(metric: str) -> str:
-    return ".2%" if metric in PERCENT_METRICS else ".4g"
+    # d3 "p": a percentage rounded to significant digits, so 23 in a million reads 0.0023%, not 0.00%
+    return ".3~p" if metric in PERCENT_METRICS else ".4g"
+
+
+def largest_abs(values) -> float | None:
+    """The largest |value| (None when there is none): what a share axis must still resolve."""
+    vals = [abs(v) for v in values if v is not None and math.isfinite(v)]
+    return max(vals, default=None)
 
 
 def ordered_runs(df: pl.DataFrame, colors: dict[str, str] | None = None) -> list[str]:
@@ -66,10 +74,17 @@ def ordered_runs(df: pl.DataFrame, colors: dict[str, str] | None = None) -> list
     return ordered + [r for r in present if r not in ordered]
 
 
-def _log_axis(fig: go.Figure, axis: str, decades: bool = True, **where) -> None:
-    # decades: one labelled tick per power of ten (shares spanning many decades); otherwise 1-2-5 ticks
-    # (ratios and thresholds spanning one or two decades). Plotly's default labels every digit, which crowds.
-    upd = dict(type="log", dtick=1 if decades else "D2", exponentformat="power", showexponent="all")
+def _log_axis(fig: go.Figure, axis: str, decades: bool = True, span: tuple[float, float] | None = None,
+              **where) -> None:
+    # decades: one labelled tick per power of ten (shares spanning many decades); otherwise 1-2-5 ticks over
+    # `span` (ratios and thresholds spanning one or two decades), labelled with their values: plotly's own
+    # "D2" ticks print 0.2 and 0.5 as "2" and "5", and its default labels every digit, which crowds.
+    upd: dict = dict(type="log", exponentformat="power", showexponent="all")
+    vals, text = log_ticks(*span) if span and not decades else ([], [])
+    if vals:
+        upd.update(tickmode="array", tickvals=vals, ticktext=text)
+    else:
+        upd["dtick"] = 1
     (fig.update_xaxes if axis == "x" else fig.update_yaxes)(**upd, **where)
 
 
@@ -95,7 +110,7 @@ def step_curves(df: pl.DataFrame, metrics: Sequence[str], colors: dict[str, str]
         if log_y:
             _log_axis(fig, "y", row=r + 1, col=c + 1)
         if metric in PERCENT_METRICS:
-            fig.update_yaxes(tickformat=".1%", row=r + 1, col=c + 1)
+            fig.update_yaxes(tickformat=share_tickformat(largest_abs(df[metric].to_list())), row=r + 1, col=c + 1)
     fig.update_xaxes(title_text=x, row=rows)
     return layout(fig, height=max(HEIGHT, 260 * rows))
 
@@ -134,14 +149,15 @@ def histogram(df: pl.DataFrame, colors: dict[str, str], x_title: str, log_y: boo
                 x=xs, y=ys, mode="lines", line_shape="hv", name=run, legendgroup=run, showlegend=k == 0,
                 line=dict(color=color, width=1.6), fill="tozeroy", fillcolor=_rgba(color, 0.18),
                 customdata=custom,
-                hovertemplate=(f"{run}<br>[%{{x:.4g}}, %{{customdata[0]:.4g}})<br>share %{{y:.3%}}"
+                hovertemplate=(f"{run}<br>[%{{x:.4g}}, %{{customdata[0]:.4g}})<br>share %{{y:.3~p}}"
                                "<br>tokens %{customdata[1]:,}<extra></extra>")))
     if log_y:
         _log_axis(fig, "y")
     else:
-        fig.update_yaxes(tickformat=".1%")
+        fig.update_yaxes(tickformat=share_tickformat(largest_abs(df[y].to_list())) if df.height else ".1%")
     if log_x:
-        _log_axis(fig, "x", decades=False)
+        lo = [v for v in df["bin_lo"].to_list() if v > 0] if df.height else []
+        _log_axis(fig, "x", decades=False, span=(min(lo), max(df["bin_hi"].to_list())) if lo else None)
     return layout(fig, x=x_title, y="share of tokens")
 
 
@@ -261,7 +277,7 @@ def bucket_chart(df: pl.DataFrame, metric: str, colors: dict[str, str], x_title:
                           "<extra></extra>", **extra))
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=order)
     if metric in PERCENT_METRICS:
-        fig.update_yaxes(tickformat=".1%")
+        fig.update_yaxes(tickformat=share_tickformat(largest_abs(df[metric].to_list()) if df.height else None))
     if bars:
         fig.update_layout(barmode="group")
     return layout(fig, x=x_title, y=metric)
@@ -276,7 +292,8 @@ def extreme_curve(df: pl.DataFrame, colors: dict[str, str]) -> go.Figure:
             x=part["tau"].to_list(), y=part["frac"].to_list(), mode="lines+markers", name=run,
             line=dict(color=colors.get(run), width=2), marker=dict(size=5),
             hovertemplate=f"{run}<br>τ %{{x:.3g}}<br>F(τ) %{{y:.3e}}<extra></extra>"))
-    _log_axis(fig, "x", decades=False)
+    taus = [t for t in df["tau"].to_list() if t > 0] if df.height else []
+    _log_axis(fig, "x", decades=False, span=(min(taus), max(taus)) if taus else None)
     _log_axis(fig, "y")
     return layout(fig, x="τ", y="F(τ): share of tokens with max(r, 1/r) > τ")
 
@@ -324,6 +341,6 @@ def run_bars(df: pl.DataFrame, metrics: Sequence[str], colors: dict[str, str]) -
                              hovertemplate=f"%{{x}}<br>{metric} %{{y:{hover_format(metric)}}}<extra></extra>"),
                       row=r + 1, col=c + 1)
         if metric in PERCENT_METRICS:
-            fig.update_yaxes(tickformat=".1%", row=r + 1, col=c + 1)
+            fig.update_yaxes(tickformat=share_tickformat(largest_abs(df[metric].to_list())), row=r + 1, col=c + 1)
     fig.update_xaxes(type="category", showticklabels=len(runs) <= 6)
     return layout(fig, height=max(HEIGHT, 280 * rows), legend=False)

@@ -7,6 +7,7 @@ one read-write process), so a cached result is never stale.
 """
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
 import threading
@@ -73,6 +74,9 @@ def _open(path: str, read_only: bool, load_demo: bool) -> AppDB:
         store.close()
         app.store = Store(path, read_only=True)
     app.watcher = live.start(app)
+    # On SIGTERM / Ctrl-C streamlit stops and the interpreter exits: queries still running in daemon threads
+    # (prefetch, script runs) are interrupted and awaited first, or DuckDB aborts the process (exit -6).
+    atexit.register(app.store.shutdown)
     return app
 
 
