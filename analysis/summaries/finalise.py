@@ -59,9 +59,12 @@ def token_sql(keys: Sequence[str]) -> str:
     c = float(S.CLAMP)
     r_of = lambda d: f"exp(CASE WHEN {d} < -{c} THEN -{c} WHEN {d} > {c} THEN {c} ELSE {d} END)"
     w_of = lambda d: f"(CASE WHEN {r_of(d)} < 1.0 / $cap THEN 1.0 / $cap WHEN {r_of(d)} > $cap THEN $cap ELSE {r_of(d)} END)"
-    vx = f"(m.sum_qs2 - m.sum_qs * m.sum_qs / {n})"
-    vy = f"(m.sum_qt2 - m.sum_qt * m.sum_qt / {n})"
-    cov = f"(m.sum_qsqt - m.sum_qs * m.sum_qt / {n})"
+    # the moments around p = 0 or around p = 1, whichever the sampler's mean probability is nearer
+    near0 = f"(m.sum_ps <= 0.5 * {n})"
+    pick = lambda p, q: f"(CASE WHEN {near0} THEN {p} ELSE {q} END)"
+    vx = pick(f"(m.sum_ps2 - m.sum_ps * m.sum_ps / {n})", f"(m.sum_qs2 - m.sum_qs * m.sum_qs / {n})")
+    vy = pick(f"(m.sum_pt2 - m.sum_pt * m.sum_pt / {n})", f"(m.sum_qt2 - m.sum_qt * m.sum_qt / {n})")
+    cov = pick(f"(m.sum_pspt - m.sum_ps * m.sum_pt / {n})", f"(m.sum_qsqt - m.sum_qs * m.sum_qt / {n})")
     var_r = f"(m.sum_rm1_sq / {n} - (m.sum_rm1 / {n}) * (m.sum_rm1 / {n}))"
     return ",\n".join([
         *(f"m.{k}" for k in keys), "m.n_tokens",
