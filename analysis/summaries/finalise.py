@@ -155,3 +155,108 @@ def token_table_sql(keys: Sequence[str], where: str, flips: bool = True) -> str:
                FROM m JOIN h ON {on('m', 'h')} JOIN q ON {on('m', 'q')})
     SELECT {', '.join(keys)}, {', '.join(TOKEN_COLUMNS)}{', ' + ', '.join(FLIP_COLUMNS) if flips else ''}
     FROM t ORDER BY {', '.join(keys)}"""
+
+
+# -- routing --------------------------------------------------------------------------------------------
+
+# load_max_vio per side: (max − mean) / mean of token counts over the experts seen on that side (count > 0)
+# at this (step, layer); NULL when that side has no rows. expert_load holds one row per file and expert.
+LAYER_LOAD_SQL = """
+    SELECT run, step, layer,
+           (max(ns) FILTER (WHERE ns > 0) - avg(ns) FILTER (WHERE ns > 0)) / avg(ns) FILTER (WHERE ns > 0)
+               AS load_max_vio_sampler,
+           (max(nt) FILTER (WHERE nt > 0) - avg(nt) FILTER (WHERE nt > 0)) / avg(nt) FILTER (WHERE nt > 0)
+               AS load_max_vio_trainer
+    FROM (SELECT run, step, layer, expert, sum(n_sampler) AS ns, sum(n_trainer) AS nt
+          FROM expert_load WHERE {where} GROUP BY run, step, layer, expert)
+    GROUP BY run, step, layer"""
+
+
+def layer_counts_sql(where: str) -> str:
+    """Per (run, step, layer): merged routing counts, the overlap numerator Σ|E_s ∩ E_t|/k, and load_max_vio."""
+    return f"""
+    WITH c AS (SELECT run, step, layer, min(k) AS k, sum(n_rows)::BIGINT AS n_rows, sum(n_both)::BIGINT AS n_both,
+                      sum(n_flip)::BIGINT AS n_flip, sum(n_top1)::BIGINT AS n_top1,
+                      sum(sum_common)::BIGINT AS sum_common, sum(n_first_flip)::BIGINT AS n_first_flip
+               FROM summary_layer WHERE {where} GROUP BY run, step, layer),
+         l AS ({LAYER_LOAD_SQL.format(where=where)})
+    SELECT c.*, c.sum_common::DOUBLE / c.k AS sum_overlap, l.load_max_vio_sampler, l.load_max_vio_trainer
+    FROM c LEFT JOIN l USING (run, step, layer)"""
+
+
+def routing_by_layer_sql(where: str) -> str:
+    """by=layer: [run, step, layer, n_tokens, flip_rate, top1_flip_rate, overlap, load_max_vio_*]; flip
+    columns over rows with both sides (null for sampler-only layers, n_tokens 0)."""
+    return f"""
+    SELECT run, step, layer, n_both AS n_tokens,
+           n_flip::DOUBLE / nullif(n_both, 0) AS flip_rate,
+           n_top1::DOUBLE / nullif(n_both, 0) AS top1_flip_rate,
+           sum_overlap / nullif(n_both, 0) AS overlap,
+           load_max_vio_sampler, load_max_vio_trainer
+    FROM ({layer_counts_sql(where)}) ORDER BY run, step, layer"""
+
+
+def routing_pooled_sql(keys: Sequence[str], where: str, token_flips: bool) -> str:
+    """by=step / run: rates pooled over every (token, layer) row with both sides (n_rows of them),
+    load_max_vio_* the mean of the per-(step, layer) values; with token_flips, n_tokens (tokens with trainer
+    routing), token_any_flip_rate and flipped_layers_per_token from the per-token flip sums."""
+    k = ", ".join(keys)
+    pooled = f"""SELECT {k}, sum(n_both)::BIGINT AS n_rows,
+           sum(n_flip)::DOUBLE / nullif(sum(n_both), 0) AS flip_rate,
+           sum(n_top1)::DOUBLE / nullif(sum(n_both), 0) AS top1_flip_rate,
+           fsum(sum_overlap) / nullif(sum(n_both), 0) AS overlap,
+           avg(load_max_vio_sampler) AS load_max_vio_sampler,
+           avg(load_max_vio_trainer) AS load_max_vio_trainer
+        FROM ({layer_counts_sql(where)}) GROUP BY {k}"""
+    if not token_flips:
+        return f"""SELECT {k}, flip_rate, top1_flip_rate, overlap, load_max_vio_sampler, load_max_vio_trainer, n_rows
+                   FROM ({pooled}) ORDER BY {k}"""
+    on = " AND ".join(f"g.{c} = tf.{c}" for c in keys)
+    return f"""
+    WITH g AS ({pooled}), tf AS ({token_flip_sql(keys, where)})
+    SELECT {', '.join('g.' + c for c in keys)}, coalesce(tf.n_tokens, 0) AS n_tokens,
+           g.flip_rate, g.top1_flip_rate, g.overlap, g.load_max_vio_sampler, g.load_max_vio_trainer,
+           tf.token_any_flip_rate, tf.flipped_layers_per_token, g.n_rows
+    FROM g LEFT JOIN tf ON {on} ORDER BY {', '.join('g.' + c for c in keys)}"""
+
+
+def token_flip_sql(keys: Sequence[str], where: str) -> str:
+    """[keys, n_tokens, token_any_flip_rate, flipped_layers_per_token] over tokens with trainer routing;
+    groups without any give no row."""
+    k = ", ".join(keys)
+    return f"""SELECT {k}, sum(n_routed)::BIGINT AS n_tokens,
+           sum(n_any_flip)::DOUBLE / sum(n_routed) AS token_any_flip_rate,
+           sum(sum_flipped_layers)::DOUBLE / sum(n_routed) AS flipped_layers_per_token
+        FROM summary_step WHERE {where} GROUP BY {k} HAVING sum(n_routed) > 0 ORDER BY {k}"""
+
+
+def first_flip_sql(where: str) -> str:
+    """[run, first_flip_layer, n_tokens, frac]: tokens by their lowest flipped layer; fracs of a run sum to 1."""
+    return f"""SELECT run, layer AS first_flip_layer, n AS n_tokens, n::DOUBLE / sum(n) OVER (PARTITION BY run) AS frac
+        FROM (SELECT run, layer, sum(n_first_flip)::BIGINT AS n FROM summary_layer WHERE {where}
+              GROUP BY run, layer HAVING sum(n_first_flip) > 0)
+        ORDER BY run, first_flip_layer"""
+
+
+def flip_mismatch_sql(where: str) -> str:
+    """[run, flipped, n_tokens, log_ratio_abs_mean, kl_k3] for routed tokens with / without a flip."""
+    return f"""
+    WITH m AS (SELECT run, sum(n_routed)::BIGINT AS n, sum(n_any_flip)::BIGINT AS nf,
+                      fsum(sum_abs_d_flip) AS af, fsum(sum_k3_flip) AS kf,
+                      fsum(sum_abs_d_noflip) AS an, fsum(sum_k3_noflip) AS kn
+               FROM summary_step WHERE {where} GROUP BY run HAVING sum(n_routed) > 0)
+    SELECT * FROM (
+        SELECT run, false AS flipped, n - nf AS n_tokens, an / (n - nf) AS log_ratio_abs_mean, kn / (n - nf) AS kl_k3
+        FROM m WHERE n > nf
+        UNION ALL
+        SELECT run, true, nf, af / nf, kf / nf FROM m WHERE nf > 0)
+    ORDER BY run, flipped"""
+
+
+def layer_profile_sql(where: str) -> str:
+    """[run, layer, n_tokens, flip_rate, top1_flip_rate, overlap] pooled over steps; layers without trainer
+    routing give no row."""
+    return f"""
+    SELECT run, layer, sum(n_both)::BIGINT AS n_tokens, sum(n_flip)::DOUBLE / sum(n_both) AS flip_rate,
+           sum(n_top1)::DOUBLE / sum(n_both) AS top1_flip_rate, fsum(sum_overlap) / sum(n_both) AS overlap
+    FROM ({layer_counts_sql(where)}) GROUP BY run, layer HAVING sum(n_both) > 0 ORDER BY run, layer"""
