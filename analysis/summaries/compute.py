@@ -250,3 +250,28 @@ def _add_routing(writer, file_id: int) -> None:
             FROM c LEFT JOIN ff USING (run, step, layer)""", {"fid": file_id})
     finally:
         writer.execute("DROP TABLE _summary_flip")
+
+
+def unsummarised_files(cur) -> list[int]:
+    """Files with token or routing rows but no summary rows (loaded before summaries existed), token files first."""
+    return [r[0] for r in cur.execute("""
+        SELECT file_id FROM (SELECT DISTINCT file_id, 0 AS o FROM tokens
+                             UNION SELECT DISTINCT file_id, 1 FROM routing)
+        WHERE file_id NOT IN (SELECT file_id FROM summary_step UNION SELECT file_id FROM summary_layer
+                              UNION SELECT file_id FROM summary_skip)
+        GROUP BY file_id ORDER BY min(o), file_id""").fetchall()]
+
+
+def backfill(store) -> int:
+    """Summarise the files a database holds without summaries (one transaction each); returns how many.
+    Legacy routing whose layers of a token span files is accepted here (its per-token flip counts are then per
+    file), since refusing would leave the rows unsummarised for good."""
+    done = 0
+    for fid in unsummarised_files(store.cursor()):
+        with store.transaction() as w:
+            if w.execute("SELECT count(*) FROM tokens WHERE file_id = ?", [fid]).fetchall()[0][0]:
+                _add_tokens(w, fid)
+            if w.execute("SELECT count(*) FROM routing WHERE file_id = ?", [fid]).fetchall()[0][0]:
+                _add_routing(w, fid)
+        done += 1
+    return done
