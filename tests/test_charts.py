@@ -36,8 +36,10 @@ def test_sequence_delta_bars_carry_colour_strings():
 
 
 def test_signed_log_axis_is_monotone_and_keeps_each_decade_equally_wide():
-    from ui.charts import signed_log
+    import pytest
+
     from analysis.summaries.schema import DISPLAY_EDGES
+    from ui.charts import signed_log
     xs = [signed_log(v) for v in DISPLAY_EDGES]
     assert xs == sorted(xs) and len(set(xs)) == len(xs) and signed_log(0.0) == 0.0
     assert signed_log(1e-3) - signed_log(1e-4) == pytest.approx(1.0) == signed_log(-1e-4) - signed_log(-1e-3)
