@@ -28,8 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", action="append", default=None, help="run name (repeatable; default: all runs)")
     p.add_argument("--by", choices=("step", "layer", "run"), default="step")
     p.add_argument("--format", choices=("csv", "json"), default="csv")
-    p.add_argument("--cap", type=float, default=2.0, help="importance-ratio cap C (default 2.0)")
-    p.add_argument("--clip", type=float, default=0.2, help="PPO clip range epsilon (default 0.2)")
+    p.add_argument("--cap", type=float, default=2.0, help="importance-ratio cap C (default 2.0; summaries answer "
+                   "1.2, 1.5, 2, 3, 5, 10 exactly, other values are computed from the token rows)")
+    p.add_argument("--clip", type=float, default=0.2, help="PPO clip range epsilon (default 0.2; summaries answer "
+                   "0.1, 0.2, 0.28, 0.3, 0.5, other values use the token rows)")
     p = sub.add_parser("watch", help="load what is in the folders, then each new complete file, until Ctrl-C")
     p.add_argument("paths", nargs="+", metavar="DIR")
     p.add_argument("--run", default=None, help="run name for files that carry none (overrides the file's)")

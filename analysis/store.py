@@ -15,6 +15,7 @@ import duckdb
 import polars as pl
 
 from analysis import schema
+from analysis.summaries import schema as summary_schema
 
 DEFAULT_DB = Path(__file__).resolve().parent.parent / "data" / "drift.duckdb"
 
@@ -51,7 +52,7 @@ def _ddl() -> list[str]:
         stmts.append(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
     # databases made before sequences had the response text
     stmts.append("ALTER TABLE sequences ADD COLUMN IF NOT EXISTS response VARCHAR")
-    return stmts
+    return stmts + summary_schema.ddl()
 
 
 class Store:
@@ -89,6 +90,9 @@ class Store:
             with self.write_lock:
                 for stmt in _ddl():
                     self._con.execute(stmt)
+            # a database loaded before summaries existed gets them once, here (later loads add their own)
+            from analysis.summaries.compute import backfill
+            backfill(self)
 
     def close(self) -> None:
         for cur in list(self._cursors):
@@ -202,12 +206,17 @@ class Store:
 
     # -- runs and files ----------------------------------------------------------------------------
     def runs(self) -> pl.DataFrame:
-        """One row per run: size, steps, whether it has routing, and its config JSON."""
+        """One row per run: size, steps, whether it has routing, and its config JSON.
+
+        Sizes come from the summaries (a few rows per step and sequence), not from the token rows: n_tokens
+        counts every token the summaries cover, also where the token rows are a sample."""
         return self.sql(f"""
-            WITH t AS (SELECT run, count(*) AS n_tokens, count(DISTINCT step) AS n_steps,
-                              count(DISTINCT (step, sample)) AS n_sequences,
+            WITH s AS (SELECT run, sum(n_tokens)::BIGINT AS n_tokens, count(DISTINCT step) AS n_steps,
                               min(step) AS first_step, max(step) AS last_step
-                       FROM tokens GROUP BY run),
+                       FROM summary_step WHERE n_tokens > 0 GROUP BY run),
+                 q AS (SELECT run, count(DISTINCT (step, sample)) AS n_sequences FROM summary_seq
+                       WHERE n_tokens > 0 GROUP BY run),
+                 t AS (SELECT * FROM s LEFT JOIN q USING (run)),
                  r AS ({_ROUTING_SIDES})
             SELECT runs.run, coalesce(t.n_tokens, 0) AS n_tokens, coalesce(t.n_steps, 0) AS n_steps,
                    coalesce(t.n_sequences, 0) AS n_sequences, r.run IS NOT NULL AS has_routing,
@@ -238,16 +247,20 @@ class Store:
         with self.transaction() as w:
             ids = [r[0] for r in w.execute(
                 "SELECT DISTINCT file_id FROM tokens WHERE run = ? UNION SELECT DISTINCT file_id FROM routing "
-                "WHERE run = ? UNION SELECT DISTINCT file_id FROM sequences WHERE run = ?",
-                [run, run, run]).fetchall()]
-            for table in ("tokens", "routing", "sequences", "expert_load", "runs"):
+                "WHERE run = ? UNION SELECT DISTINCT file_id FROM sequences WHERE run = ? "
+                "UNION SELECT DISTINCT file_id FROM summary_step WHERE run = ?",
+                [run, run, run, run]).fetchall()]
+            for table in ("tokens", "routing", "sequences", "expert_load", "runs",
+                          *(t for t in summary_schema.TABLES if "run" in summary_schema.columns(t))):
                 w.execute(f"DELETE FROM {table} WHERE run = ?", [run])
             # a file that held several runs keeps its record while any of its rows remain
             for fid in ids:
                 left = w.execute("SELECT (SELECT count(*) FROM tokens WHERE file_id = ?) + "
-                                 "(SELECT count(*) FROM routing WHERE file_id = ?)", [fid, fid]).fetchall()[0][0]
+                                 "(SELECT count(*) FROM routing WHERE file_id = ?) + "
+                                 "(SELECT count(*) FROM summary_step WHERE file_id = ?)", [fid, fid, fid]).fetchall()[0][0]
                 if not left:
                     w.execute("DELETE FROM files WHERE file_id = ?", [fid])
+                    w.execute("DELETE FROM summary_skip WHERE file_id = ?", [fid])
 
     def files(self) -> pl.DataFrame:
         return self.sql("SELECT file_id, name, format, size, rows, run_override, loaded_at, sha256 "
@@ -278,7 +291,7 @@ class Writer:
 
     def insert_arrow(self, table: str, data) -> None:
         """Append a pyarrow Table whose columns are a subset of the stored columns of `table`."""
-        if table not in schema.TABLES and table != "expert_load":
+        if table not in schema.TABLES and table != "expert_load" and table not in summary_schema.TABLES:
             raise ValueError(f"unknown table {table}")
         cols = ", ".join(data.column_names)
         self.cur.register("_ingest_batch", data)
