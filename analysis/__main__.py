@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 
 from analysis.store import Store, StoreError, default_db_path
@@ -54,13 +56,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def _ingest(db, args) -> int:
     from analysis.ingest import ingest_paths
+    # An internal error is one "error" line; its traceback (logged by ingest) only with DRIFT_DEBUG=1.
+    logging.basicConfig(level=logging.DEBUG if os.environ.get("DRIFT_DEBUG") else logging.CRITICAL,
+                        format="%(levelname)s %(name)s: %(message)s")
     store = Store(db)
-    failed = 0
+    failed, errors = 0, 0
     for outcome in ingest_paths(store, args.paths, run=args.run):
-        print(outcome.line(), file=sys.stdout if outcome.status != "refused" else sys.stderr)
+        print(outcome.line(), file=sys.stdout if outcome.status in ("loaded", "skipped") else sys.stderr)
         failed += outcome.status == "refused"
+        errors += outcome.status == "error"
     store.close()
-    return 1 if failed else 0
+    return 3 if errors else 1 if failed else 0
 
 
 def _metrics(store: Store, args) -> int:

@@ -69,8 +69,10 @@ else:
             st.rerun()
     if ss.get("data_outcomes"):
         res = ss["data_outcomes"]
-        n = {k: sum(r["status"] == k for r in res) for k in ("loaded", "skipped", "refused")}
+        n = {k: sum(r["status"] == k for r in res) for k in ("loaded", "skipped", "refused", "error")}
         msg = f"Last upload: {n['loaded']} loaded, {n['skipped']} skipped, {n['refused']} refused."
+        if n["error"]:  # a bug of ours, not a refusal: the table's message says to report it
+            st.error(f"{n['error']} file(s) hit an internal error while reading (see the table).")
         (st.warning if n["refused"] else st.success)(msg)
         st.dataframe(res, hide_index=True, key="data_outcomes_table",
                      column_config={"message": st.column_config.TextColumn("message", width="large")})

@@ -100,7 +100,7 @@ with S.guard("load the drift lab"):
                     from analysis.ingest import ingest_paths
                     outcomes = ingest_paths(S.store(), [summary["out"]])
                     S.data_changed()
-                    refused = [o for o in outcomes if o.status == "refused"]
+                    refused = [o for o in outcomes if o.status in ("refused", "error")]
                     if refused:
                         status.update(label="The lab ran but its logs were refused", state="error")
                         for o in refused:

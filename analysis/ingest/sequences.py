@@ -51,9 +51,9 @@ def read_sequence_jsonl(fp: BinaryIO, name: str, limits: Limits) -> Iterator[Bat
                               "each line must be one complete JSON object; the file may be truncated") from None
         _add_sequence(name, line_no, obj, chunk)
         if chunk.n_tokens >= limits.batch_rows:
-            yield from _flush(chunk)
+            yield from _flush(name, chunk)
             chunk = _Chunk()
-    yield from _flush(chunk)
+    yield from _flush(name, chunk)
 
 
 def _where(lines: list[tuple[int, int]], meta: dict[int, str]):
@@ -66,7 +66,7 @@ def _join(parts: list[dict[str, pa.Array]]) -> pa.Table:
     return pa.table({c: _concat([p[c] if c in p else pa.nulls(n) for p, n in zip(parts, lengths)]) for c in cols})
 
 
-def _flush(chunk: _Chunk) -> Iterator[Batch]:
+def _flush(name: str, chunk: _Chunk) -> Iterator[Batch]:
     meta = chunk.meta
     if chunk.tok_where:
         yield Batch("tokens", _join(chunk.tok), _where(chunk.tok_where, meta))
@@ -74,8 +74,23 @@ def _flush(chunk: _Chunk) -> Iterator[Batch]:
         yield Batch("routing", _join(chunk.rt), _where(chunk.rt_where, meta))
     if chunk.seq:
         lines = chunk.seq_where
-        yield Batch("sequences", pa.Table.from_pylist(chunk.seq),
-                    lambda i: f"line {lines[i]} ({meta.get(lines[i], '')})")
+        where = lambda i: f"line {lines[i]} ({meta.get(lines[i], '')})"  # noqa: E731
+        yield Batch("sequences", _sequence_table(name, chunk.seq, lines), where)
+
+
+def _sequence_table(name: str, rows: list[dict], lines: list[int]) -> pa.Table:
+    """The per-sequence fields as a table; a value Arrow cannot hold is refused at its line."""
+    fix = "numbers for reward, advantage and response_length, a string for the prompt"
+    columns = {}
+    for key in dict.fromkeys(k for row in rows for k in row):
+        values = [row.get(key) for row in rows]
+        try:
+            columns[key] = pa.array(values)
+        except (pa.ArrowException, TypeError, OverflowError):
+            for value, line in zip(values, lines):  # the first value that fails alone, else mixed types
+                _array(name, f"line {line}", key, [value], fix)
+            _array(name, f"lines {lines[0]}-{lines[-1]}", key, values, fix)
+    return pa.table(columns)
 
 
 def _concat(parts: list) -> pa.Array:
@@ -126,19 +141,15 @@ def _add_sequence(name: str, line_no: int, obj, chunk: _Chunk) -> None:
     m = len(keep)
     part: dict[str, pa.Array] = {}
     for col, v in arrays.items():
-        try:
-            arr = pa.array(v)
-        except (pa.ArrowException, TypeError, OverflowError) as e:
-            raise WrongType(name, where, f"'{col}' values have mixed or wrong types ({e})",
-                            "numbers for log-probs and ids, strings for tokens") from None
+        arr = _array(name, where, col, v, "numbers for log-probs and ids, strings for tokens")
         part[col] = arr.take(pa.array(keep)) if mask is not None else arr
     base = {"run": obj.get("run"), "step": step, "sample": sample}
     for col, value in base.items():
-        part[col] = pa.array([value] * m)
+        part[col] = _array(name, where, col, [value] * m, "a string for the run, integers for step and sample")
     part["pos"] = pa.array(keep.astype(np.int64))
     for key, col in SCALARS.items():
         if key in obj:
-            part[col] = pa.array([obj[key]] * m)
+            part[col] = _array(name, where, col, [obj[key]] * m, "an integer weight version")
     if m:
         chunk.tok.append(part)
     chunk.tok_where.extend((line_no, int(j)) for j in keep)
@@ -148,6 +159,14 @@ def _add_sequence(name: str, line_no: int, obj, chunk: _Chunk) -> None:
     if seq:
         chunk.seq.append({**base, **seq})
         chunk.seq_where.append(line_no)
+
+
+def _array(name: str, where: str, col: str, values: list, fix: str) -> pa.Array:
+    """`values` as an Arrow array; values Arrow cannot hold (an object, an int over 64 bits) are refused."""
+    try:
+        return pa.array(values)
+    except (pa.ArrowException, TypeError, OverflowError) as e:
+        raise WrongType(name, where, f"'{col}' values have mixed or wrong types ({e})", fix) from None
 
 
 def _add_routing(name, where, line_no, obj, n, keep, base, chunk: _Chunk) -> None:

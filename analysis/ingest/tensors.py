@@ -10,7 +10,8 @@ from typing import Any, BinaryIO, Iterator
 import numpy as np
 import pyarrow as pa
 
-from analysis.ingest.errors import CorruptFile, LengthMismatch, MissingColumn, TooLarge, UnsafeFile, WrongType
+from analysis.ingest.errors import (CorruptFile, LengthMismatch, MissingColumn, TooLarge, UnsafeFile, WrongType,
+                                     parser_message)
 from analysis.ingest.limits import Limits, human_size
 from analysis.ingest.validate import Batch
 
@@ -45,7 +46,7 @@ def load_tensor_file(fp: BinaryIO, name: str, limits: Limits, fmt: str) -> dict[
                          "save plain tensors, lists, numbers and strings; for numpy arrays use torch.as_tensor "
                          "before torch.save (see README, 'Files that need pickle')") from None
     except (RuntimeError, EOFError, OSError, ValueError, KeyError) as e:
-        raise CorruptFile(name, None, f"not a readable torch file ({str(e).splitlines()[0][:200]})",
+        raise CorruptFile(name, None, f"not a readable torch file ({parser_message(e)})",
                           "the file may be truncated; save it again with torch.save") from None
     if not isinstance(obj, dict):
         raise WrongType(name, None, f"expected a dict of tensors, got {type(obj).__name__}",

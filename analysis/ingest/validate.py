@@ -61,10 +61,22 @@ def _cast(file: str, batch: Batch, name: str, target: pa.DataType) -> pa.Array:
                     "store this column with the type SCHEMA.md gives")
 
 
+def valid_names(data: pa.Table) -> bool:
+    """Whether every column name is valid UTF-8 (readers such as Arrow's JSON reader do not check keys)."""
+    try:
+        data.column_names
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
 def normalise(file: str, batch: Batch, run: str | None, file_id: int) -> tuple[pa.Table, "RoutingMatrices | None"]:
     """Canonical, checked Arrow table for `batch.table` with file_id and, for routing, derived set columns
     plus the expert-id matrices (for load counts)."""
     cols = schema.TABLES[batch.table]
+    if not valid_names(batch.data):
+        raise WrongType(file, "column names", "a column name (key) is not valid UTF-8",
+                        "write column names as UTF-8 text")
     present = set(batch.data.column_names)
     n = batch.data.num_rows
     out: dict[str, pa.Array] = {}

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from analysis.ingest.errors import CorruptFile, TooLarge, UnsafeFile, WrongType
+from analysis.ingest.errors import CorruptFile, TooLarge, UnsafeFile, WrongType, parser_message
 from analysis.ingest.limits import Limits
 from analysis.ingest.validate import Batch
 
@@ -44,7 +44,7 @@ def load_pt(path: Path, name: str, limits: Limits, *, pickle_fix: str | None = N
                          f"refused ({reason})", pickle_fix or "save plain tensors, lists, numbers and strings "
                          "(torch.as_tensor for numpy arrays) before torch.save") from None
     except (RuntimeError, EOFError, OSError, ValueError, KeyError) as e:
-        raise CorruptFile(name, path.name, f"not a readable torch file ({str(e).splitlines()[0][:200]})",
+        raise CorruptFile(name, path.name, f"not a readable torch file ({parser_message(e)})",
                           "the file may be truncated or still being written; save it again") from None
 
 
