@@ -4,8 +4,10 @@ import streamlit as st
 
 from analysis import report, views
 from analysis.store import Store
-from ui import access
+from ui import access, auth
 from ui import state as S
+
+auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
 
 st.title("Data")
 st.caption("Everything in the database, and the way in: upload sampler/trainer log-prob logs, inspect what was "

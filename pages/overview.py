@@ -2,8 +2,10 @@
 import streamlit as st
 
 from analysis import compare, views
-from ui import charts, glossary
+from ui import auth, charts, glossary
 from ui import state as S
+
+auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
 
 st.title("Overview")
 st.caption("How far the trainer's recomputed log-probs **t** drift from the log-probs **s** the sampler reported, "
