@@ -30,6 +30,7 @@ def tiny(kind: str, seed: int = 0) -> nn.Module:
     return model.eval()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe"])
 def test_capture_matches_the_models_own_router_logits(kind):
     model = tiny(kind)

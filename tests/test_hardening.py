@@ -41,6 +41,7 @@ def snapshot(store: Store) -> dict:
             ("runs", "files", "tokens", "routing", "sequences", "expert_load")}
 
 
+@pytest.mark.slow
 def test_sigkill_mid_ingest_leaves_clean_database(tmp_path):
     db = tmp_path / "t.duckdb"
     small = tmp_path / "small.parquet"
@@ -70,6 +71,7 @@ def test_sigkill_mid_ingest_leaves_clean_database(tmp_path):
     assert out[0].status == "loaded" and out[0].rows["tokens"] == 3_000_000
 
 
+@pytest.mark.slow
 def test_reader_sees_before_or_after_never_half(tmp_path):
     store = Store(tmp_path / "t.duckdb")
     big = tmp_path / "big.parquet"
@@ -174,6 +176,7 @@ def fuzz_store(tmp_path_factory):
     return store, d
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=mutated())
 def test_fuzzed_files_never_traceback_or_half_load(case, fuzz_store):
@@ -269,6 +272,7 @@ def test_hostile_strings_stored_literally(tmp_path):
     assert store.run_names() == [] and store.scalar("SELECT count(*) FROM tokens") == 0
 
 
+@pytest.mark.slow
 def test_cli_refusal_exit_code_and_message(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("run,step,sample,pos,sampler_logprob,trainer_logprob\nr,0,0,0,0.5,-0.1\n")

@@ -316,6 +316,7 @@ class FakeIdP:
         return Handler
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHROMIUM} is not installed")
 def test_sign_in_flow_in_a_real_server(app_template_db, tmp_path):
     """st.login against a fake OIDC provider, in Chromium. First, the very first request a fresh server gets is for
@@ -391,6 +392,7 @@ def test_sign_in_flow_in_a_real_server(app_template_db, tmp_path):
     assert "Traceback" not in log.read_text(errors="replace")
 
 
+@pytest.mark.slow
 def test_viewer_on_a_new_database_holds_it_read_only(tmp_path, monkeypatch):
     """A viewer started on a database that does not exist yet creates it with the demo, then holds it read-only."""
     import duckdb

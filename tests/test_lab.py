@@ -24,7 +24,7 @@ pytestmark = pytest.mark.lab
 
 # Smaller than the default (8 steps x 32 sequences x 24 tokens) to keep the suite fast on 2 cores.
 SMALL = dict(steps=3, batch=16, response_len=16)
-FEW_SEEDS, SEEDS = range(5), range(10)  # the default run's seeds; the slow sweep's (`pytest -m slow`)
+FEW_SEEDS, SEEDS = range(5), range(10)  # the plain run's seeds; the sweep's (`pytest -m sweep`)
 
 
 def read_run(run_dir):
@@ -95,7 +95,7 @@ def test_precision_relations_over_five_seeds(lab, tmp_path):
     assert_precision_relations(per_seed)
 
 
-@pytest.mark.slow
+@pytest.mark.sweep
 def test_acceptance_relations_over_seeds(lab, tmp_path):
     """Every preset for seeds 0-9 (seed 0 from the `lab` fixture): about 40 s of CPU."""
     per_seed = [lab[2]]

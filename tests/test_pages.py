@@ -455,6 +455,7 @@ def test_empty_database_loads_the_demo(monkeypatch, tmp_path):
     assert not at.toast  # said once per session
 
 
+@pytest.mark.slow
 def test_prefetch_warms_the_other_pages(monkeypatch, own_db):
     """After the Overview has drawn, the background prefetch computes the other pages' default views with the
     pages' exact arguments: visiting them then runs no analysis query except per-sequence/per-layer details."""
