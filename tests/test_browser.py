@@ -16,7 +16,8 @@ import browser_util as bu
 
 CHART_PAGES = {"Overview", "Token drift", "Routing", "Sequences", "Compare"}
 
-pytestmark = pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHROMIUM} is not installed")
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHROMIUM} is not installed")]
 
 
 def _demo_available() -> bool:

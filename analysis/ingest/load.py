@@ -10,7 +10,7 @@ import json
 import logging
 import queue
 import threading
-from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -18,44 +18,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.ingest import frameworks, long, sequences, tensors
-from analysis.ingest.detect import Detected, detect
+from analysis.ingest.detect import detect
 from analysis.ingest.errors import BadExperts, DuplicateKey, IngestError, NotALogFile, OrphanRouting, TooLarge
 from analysis.ingest.keys import ExpertLoad, RoutingTokens, TableKeys
 from analysis.ingest.limits import Limits
+from analysis.ingest.units import Outcome, Unit
 from analysis.ingest.validate import Batch, normalise
 from analysis.store import Store, StoreError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Unit:
-    """One all-or-nothing load: usually one file; a framework adapter may join several (slime)."""
-    name: str
-    paths: list[Path]
-    detected: Detected
-    reader: Callable[["Unit", Limits], Iterator[Batch]]
-    config: dict | None = None
-    skip: str | None = None  # set by an adapter for a unit it recognised but must not load yet (the reason)
-
-
-@dataclass
-class Outcome:
-    name: str
-    status: str  # "loaded" | "skipped" | "refused" (the file broke a rule) | "error" (a bug of ours)
-    format: str | None = None
-    rows: dict[str, int] = field(default_factory=dict)
-    runs: list[str] = field(default_factory=list)
-    message: str = ""
-    rule: str = ""  # for "refused": the rule broken (IngestError.rule)
-
-    def line(self) -> str:
-        if self.status == "loaded":
-            parts = ", ".join(f"{v} {k} rows" for k, v in self.rows.items() if v)
-            return f"loaded {self.name} [{self.format}]: {parts or 'no rows'} -> run {', '.join(self.runs)}"
-        if self.status == "skipped":
-            return f"skipped {self.name}: {self.message}"
-        return f"{self.status} {self.message}"
 
 
 def refused(name: str, e: IngestError, fmt: str | None = None) -> Outcome:
@@ -87,13 +58,17 @@ def _read_text(fn):
     return inner
 
 
+def _tensor_dump(unit: Unit, limits: Limits, fmt: str) -> Iterator[Batch]:
+    return tensors.read_tensor_dump(unit.paths[0], unit.name, limits, fmt, frameworks.TENSOR_LAYOUTS)
+
+
 READERS: dict[str, Callable[[Unit, Limits], Iterator[Batch]]] = {
     "parquet": _single(lambda fp, n, lim, det: long.read_parquet(fp, n, lim)),
     "csv": _single(lambda fp, n, lim, det: long.read_csv(fp, n, lim)),
     "jsonl": _single(_read_text(lambda fp, n, lim, det: long.read_jsonl_long(fp, n, lim, det.kind))),
     "sequence-jsonl": _single(_read_text(lambda fp, n, lim, det: sequences.read_sequence_jsonl(fp, n, lim))),
-    "pt": _single(lambda fp, n, lim, det: tensors.read_tensor_dump(fp, n, lim, "pt")),
-    "safetensors": _single(lambda fp, n, lim, det: tensors.read_tensor_dump(fp, n, lim, "safetensors")),
+    "pt": partial(_tensor_dump, fmt="pt"),
+    "safetensors": partial(_tensor_dump, fmt="safetensors"),
     "prime-rl": frameworks.primerl.read_unit,
 }
 

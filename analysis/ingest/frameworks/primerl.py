@@ -26,6 +26,7 @@ from analysis.ingest.errors import BadValue, CorruptFile, IngestError, LengthMis
 from analysis.ingest.frameworks.common import SAMPLE_STRIDE, Columns
 from analysis.ingest.limits import Limits
 from analysis.ingest.textio import iter_lines, open_text
+from analysis.ingest.units import Unit
 from analysis.ingest.validate import Batch
 
 FORMAT = "prime-rl"
@@ -63,10 +64,8 @@ def _in_progress(step_dir: Path, any_stable: bool | None = None) -> bool:
     return _any_stable(step_dir.parent) if any_stable is None else any_stable
 
 
-def adapter(path: Path, limits: Limits) -> tuple[list, set[Path]]:
+def adapter(path: Path, limits: Limits) -> tuple[list[Unit], set[Path]]:
     """Units for every `token_exports/` under `path`: one per step folder, one per old all-steps rank file."""
-    from analysis.ingest.load import Unit
-
     if not path.is_dir():
         return [], set()
     only_step = path if path.parent.name == EXPORT_DIR and _STEP_DIR.fullmatch(path.name) else None

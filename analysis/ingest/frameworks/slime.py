@@ -15,8 +15,10 @@ import numpy as np
 
 from analysis.ingest.detect import Detected
 from analysis.ingest.errors import BadValue, LengthMismatch, MissingColumn, WrongType
-from analysis.ingest.frameworks.common import Columns, load_pt, need_dict, routing_part, scalar_config
+from analysis.ingest.frameworks.common import Columns, need_dict, routing_part, scalar_config
 from analysis.ingest.limits import Limits
+from analysis.ingest.tensors import load_tensors
+from analysis.ingest.units import Unit
 from analysis.ingest.validate import Batch
 
 FORMAT = "slime"
@@ -36,10 +38,8 @@ def _dump_dirs(path: Path) -> list[Path]:
                                           for sub in ("rollout_data", "train_data")))
 
 
-def adapter(path: Path, limits: Limits) -> tuple[list, set[Path]]:
+def adapter(path: Path, limits: Limits) -> tuple[list[Unit], set[Path]]:
     """One unit per rollout id of each dump folder; the run defaults to the dump folder's name."""
-    from analysis.ingest.load import Unit
-
     if not path.is_dir():
         return [], set()
     units, claimed = [], set()
@@ -111,7 +111,7 @@ def _read_unit(unit, limits: Limits, dump: Path, rid: int, run: str | None) -> I
     train_path = dump / "train_data" / f"{rid}.pt"
     rollout_path = dump / "rollout_data" / f"{rid}.pt"
     train_where = f"train_data/{rid}.pt"
-    train_obj = load_pt(train_path, name, limits)
+    train_obj = load_tensors(train_path, name, limits, where=train_path.name)
     train = _samples(train_obj, name, train_where)
     step = _as_int(train_obj.get("rollout_id", rid))
     if step is None or step < 0:
@@ -119,7 +119,7 @@ def _read_unit(unit, limits: Limits, dump: Path, rid: int, run: str | None) -> I
                         "use slime's dump unchanged")
     rollout: list | None = None
     if rollout_path.is_file():
-        rollout_obj = load_pt(rollout_path, name, limits, pickle_fix=CONVERT)
+        rollout_obj = load_tensors(rollout_path, name, limits, where=rollout_path.name, pickle_fix=CONVERT)
         rollout = _samples(rollout_obj, name, f"rollout_data/{rid}.pt")
         if _as_int(rollout_obj.get("rollout_id", step)) != step:
             raise BadValue(name, None, f"rollout_data/{rid}.pt holds rollout {rollout_obj.get('rollout_id')!r} but "
