@@ -1,4 +1,4 @@
-"""Command line: `python -m analysis {ingest,runs,metrics,lab} ...` (see README, DESIGN.md)."""
+"""Command line: `python -m analysis {ingest,runs,metrics,lab} ...` (see README, 'Command line')."""
 from __future__ import annotations
 
 import argparse

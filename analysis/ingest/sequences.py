@@ -11,6 +11,7 @@ from analysis.ingest.errors import BadExperts, CorruptFile, LengthMismatch, Miss
 from analysis.ingest.limits import Limits
 from analysis.ingest.textio import iter_lines
 from analysis.ingest.validate import Batch
+from analysis.routing_rows import routing_columns
 
 SEQ_REQUIRED = ("step", "sample", "sampler_logprobs", "trainer_logprobs")
 # per-token arrays: key in the file -> tokens column
@@ -19,10 +20,6 @@ TOKEN_ARRAYS = {"sampler_logprobs": "sampler_logprob", "trainer_logprobs": "trai
                 "sampler_entropies": "sampler_entropy", "trainer_entropies": "trainer_entropy"}
 SCALARS = {"sampler_version": "sampler_version", "trainer_version": "trainer_version"}
 SEQ_FIELDS = ("reward", "advantage", "prompt", "response_length")
-
-
-def is_sequence_record(obj: dict) -> bool:
-    return isinstance(obj, dict) and isinstance(obj.get("sampler_logprobs"), list)
 
 
 class _Chunk:
@@ -194,16 +191,10 @@ def _add_routing(name, where, line_no, obj, n, keep, base, chunk: _Chunk) -> Non
     if T is not None and T.shape[1:] != S.shape[1:]:
         raise LengthMismatch(name, where, f"trainer_experts has [layers, k] = {list(T.shape[1:])}, "
                              f"sampler_experts has {list(S.shape[1:])}", "both sides need the same layers and k")
-    m, L, K = S.shape
-    rows = m * L
-    if not rows:
+    m, L, _ = S.shape
+    if not m * L:
         return
-    offsets = pa.array(np.arange(0, rows * K + 1, K, dtype=np.int32))
-    part = {"run": pa.array([base["run"]] * rows), "step": pa.array([base["step"]] * rows),
-            "sample": pa.array([base["sample"]] * rows), "pos": pa.array(np.repeat(keep, L)),
-            "layer": pa.array(np.tile(np.arange(L), m)),
-            "sampler_experts": pa.ListArray.from_arrays(offsets, pa.array(S.reshape(-1).astype(np.int32)))}
-    if T is not None:
-        part["trainer_experts"] = pa.ListArray.from_arrays(offsets, pa.array(T.reshape(-1).astype(np.int32)))
-    chunk.rt.append(part)
+    # the line's run, step and sample are still unchecked JSON values: Arrow arrays, cast by the validator
+    keys = {c: pa.array([base[c]] * m) for c in ("run", "step", "sample")} | {"pos": keep}
+    chunk.rt.append(routing_columns(keys, S, T))
     chunk.rt_where.extend((line_no, int(j)) for j in np.repeat(keep, L))

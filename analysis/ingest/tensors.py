@@ -17,7 +17,8 @@ import pyarrow as pa
 from analysis.ingest.errors import (CorruptFile, LengthMismatch, MissingColumn, TooLarge, UnsafeFile, WrongType,
                                      parser_message)
 from analysis.ingest.limits import Limits, human_size
-from analysis.ingest.validate import Batch
+from analysis.ingest.validate import Batch, as_int
+from analysis.routing_rows import routing_columns
 
 SAMPLER_KEYS = ("rollout_log_probs", "sampler_logprobs")
 TRAINER_KEYS = ("old_log_probs", "trainer_logprobs")
@@ -41,7 +42,7 @@ def load_tensors(path: Path, name: str, limits: Limits, fmt: str = "pt", where: 
         from safetensors.torch import load_file
         try:
             return dict(load_file(str(path)))
-        except Exception as e:  # safetensors raises its own SafetensorError/ValueError types
+        except Exception as e:  # the parser's own SafetensorError, or whatever malformed bytes trip
             raise CorruptFile(name, where, f"not a readable safetensors file ({parser_message(e)})",
                               "re-save the tensors") from None
     try:
@@ -58,7 +59,9 @@ def load_tensors(path: Path, name: str, limits: Limits, fmt: str = "pt", where: 
         raise UnsafeFile(name, where, f"refused: loading it would need pickle, which can run code ({what})",
                          pickle_fix or "save plain tensors, lists, numbers and strings; for numpy arrays use "
                          "torch.as_tensor before torch.save (see README, 'Files that need pickle')") from None
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as e:
+    # torch's unpickler fails on garbage with whatever it trips over (IndexError, struct.error, ...), and hands a
+    # file named *.safetensors to safetensors: any other failure of this one call on user bytes is a bad file
+    except Exception as e:
         raise CorruptFile(name, where, f"not a readable torch file ({parser_message(e)})",
                           "the file may be truncated or still being written; save it again with torch.save") from None
     return obj
@@ -80,11 +83,10 @@ def _scalar(name: str, d: dict, keys: tuple[str, ...]) -> int | None:
         if v.numel() != 1:
             raise WrongType(name, f"key '{k}'", f"expected a scalar, got shape {list(v.shape)}", "store one number")
         v = v.item()
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if not isinstance(v, int) or isinstance(v, bool):
+    out = as_int(v, integral_floats=True)
+    if out is None:
         raise WrongType(name, f"key '{k}'", f"expected an integer, got {v!r}", "store the step as an int")
-    return v
+    return out
 
 
 # A dict layout a framework writes that needs its own alignment (verl's padded batch): (is_layout, batches).
@@ -175,17 +177,13 @@ def routing_batch(name: str, b_idx, t_idx, step: int, experts: dict, bt_shape, r
     if "trainer_experts" in mats and mats["trainer_experts"].shape != S.shape:
         raise LengthMismatch(name, None, f"trainer_experts has [L, K] {list(mats['trainer_experts'].shape[1:])}, "
                              f"sampler_experts {list(S.shape[1:])}", "both sides need the same layers and k")
-    n, L, K = S.shape
-    rows = n * L
-    b = np.repeat(b_idx.numpy().astype(np.int64), L)
-    p = np.repeat(t_idx.numpy().astype(np.int32), L)
-    offsets = pa.array(np.arange(0, rows * K + 1, K, dtype=np.int32))
-    cols: dict[str, Any] = {"step": np.full(rows, step, dtype=np.int64), "sample": b, "pos": p,
-                            "layer": np.tile(np.arange(L, dtype=np.int32), n)}
+    L = S.shape[1]
+    keys: dict[str, Any] = {"step": np.full(len(S), step, dtype=np.int64),
+                            "sample": b_idx.numpy().astype(np.int64), "pos": t_idx.numpy().astype(np.int32)}
     if run is not None:
-        cols["run"] = np.repeat(run, L)
-    for k, M in mats.items():
-        cols[k] = pa.ListArray.from_arrays(offsets, pa.array(M.reshape(-1)))
+        keys["run"] = run
+    cols = routing_columns(keys, S, mats.get("trainer_experts"))
+    b, p = cols["sample"], cols["pos"]
     return Batch("routing", pa.table(cols), lambda i: f"sequence {int(b[i])} (batch row), token {int(p[i])}, "
                                                       f"layer {i % L}")
 

@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
 
+from analysis.ingest.detect import ZIP_ERRORS
 from analysis.ingest.errors import CorruptFile, TooLarge, UnsafeFile
 from analysis.ingest.limits import Limits, human_size
 from analysis.ingest.load import Outcome, expand, load_units
@@ -92,7 +93,7 @@ def ingest_uploads(store: Store, uploads: Sequence[tuple[str, BinaryIO]], run: s
             except (TooLarge, UnsafeFile) as e:
                 outcomes.append(Outcome(label, "refused", message=str(e).replace(f"{e.file}:", f"{label}:", 1),
                                         rule=e.rule))
-            except zipfile.BadZipFile as e:
+            except ZIP_ERRORS as e:
                 outcomes.append(Outcome(label, "refused", message=f"{label}: zip archive cannot be read ({e})",
                                         rule=CorruptFile.rule))
         units = []

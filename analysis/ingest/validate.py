@@ -33,6 +33,20 @@ class Batch:
     where: Callable[[int], str] = field(default=lambda i: f"row {i + 1}")
 
 
+def as_int(value, integral_floats: bool = False) -> int | None:
+    """An integer from Python, numpy or a 0-dim tensor, else None (bools too, so True is never step 1);
+    `integral_floats` also takes 3.0 as 3.
+
+    >>> as_int(np.int64(7)), as_int(True), as_int(3.0), as_int(3.0, integral_floats=True), as_int("3")
+    (7, None, None, 3, None)
+    """
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()
+    if integral_floats and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def row_where(offset: int) -> Callable[[int], str]:
     return lambda i: f"row {offset + i + 1}"
 

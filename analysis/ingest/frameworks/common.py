@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from analysis.ingest.errors import WrongType
 from analysis.ingest.validate import Batch
+from analysis.routing_rows import routing_columns
 
 # A sample id must stay unique within (run, step): prime-rl packs (rank, export_sequence_idx) into one
 # BIGINT as rank * SAMPLE_STRIDE + export_sequence_idx, readable in decimal (2000017 = rank 2, record 17).
@@ -82,23 +83,12 @@ def _arrow(v: Any) -> pa.Array:
     return pa.array(v)
 
 
-def experts_column(M: np.ndarray) -> pa.ListArray:
-    """[N, K] integer ids -> list<int32> column of N rows."""
-    N, K = M.shape
-    offsets = pa.array(np.arange(0, (N + 1) * K, K, dtype=np.int32))
-    return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(M).reshape(-1).astype(np.int32)))
-
-
 def routing_part(run: str | None, step: int, sample: np.ndarray, pos: np.ndarray, experts: np.ndarray) -> dict:
     """Routing columns (sampler side only: trainer_experts stays NULL) for tokens (sample, pos) with
     experts [n, L, K], one row per (token, layer), layers numbered 0..L-1 in order."""
-    n, L, K = experts.shape
-    rows = n * L
-    cols: dict[str, Any] = {"step": np.full(rows, step, dtype=np.int64),
-                            "sample": np.repeat(np.asarray(sample, dtype=np.int64), L),
-                            "pos": np.repeat(np.asarray(pos, dtype=np.int32), L),
-                            "layer": np.tile(np.arange(L, dtype=np.int32), n),
-                            "sampler_experts": experts_column(experts.reshape(rows, K))}
+    n = len(experts)
+    keys: dict[str, Any] = {"step": np.full(n, step, dtype=np.int64), "sample": np.asarray(sample, dtype=np.int64),
+                            "pos": np.asarray(pos, dtype=np.int32)}
     if run is not None:
-        cols["run"] = pa.array([run] * rows, pa.string())
-    return cols
+        keys["run"] = pa.array([run] * n, pa.string())
+    return routing_columns(keys, experts)

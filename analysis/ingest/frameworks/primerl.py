@@ -27,7 +27,7 @@ from analysis.ingest.frameworks.common import SAMPLE_STRIDE, Columns
 from analysis.ingest.limits import Limits
 from analysis.ingest.textio import iter_lines, open_text
 from analysis.ingest.units import Unit
-from analysis.ingest.validate import Batch
+from analysis.ingest.validate import Batch, as_int
 
 FORMAT = "prime-rl"
 EXPORT_DIR = "token_exports"
@@ -146,9 +146,10 @@ def _read_file(fp: BinaryIO, name: str, label: str, limits: Limits, run: str | N
 
 def _int(name: str, where: str, rec: dict, key: str, default: Any = None) -> int:
     v = rec.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+    out = as_int(v)
+    if out is None or out < 0:
         raise WrongType(name, where, f"'{key}' must be an integer >= 0, got {v!r}", "use the exporter's records")
-    return v
+    return out
 
 
 def _record(name, where, rec, run, file_rank, counters, tokens: Columns, seqs: Columns) -> None:
