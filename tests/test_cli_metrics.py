@@ -16,6 +16,7 @@ from analysis import report
 from conftest import metrics_load, metrics_make_routing, metrics_make_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # each test starts `python -m analysis` in a subprocess
 
 
 @pytest.fixture(scope="module")

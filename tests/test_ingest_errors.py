@@ -37,7 +37,8 @@ def test_jsonl_key_with_invalid_utf8_is_refused_at_its_line(tmp_path):
 @pytest.mark.parametrize("key, value, where", [
     ("step", {"": 2**63}, "line 2 (step {'': 9223372036854775808}, sample 1)"),
     ("sampler_version", 2**64, "line 2 (step 0, sample 1)"),
-    ("reward", 2**64, "line 2"), ("prompt", [1, "a"], "line 2"), ("reward", "high", "lines 1-2")])
+    ("reward", 2**64, "line 2"), ("prompt", [1, "a"], "line 2"), ("reward", "high", "lines 1-2"),
+    ("sampler_experts", [[[2**63, 1]]], "line 2 (step 0, sample 1)")])
 def test_sequence_values_arrow_cannot_hold_are_refused(tmp_path, key, value, where):
     """Found when the catch-all went: these crashed inside pyarrow and were passed off as refusals."""
     first = {"run": "s", "step": 0, "sample": 0, "sampler_logprobs": [-0.1], "trainer_logprobs": [-0.2], "reward": 1}
@@ -46,8 +47,12 @@ def test_sequence_values_arrow_cannot_hold_are_refused(tmp_path, key, value, whe
     path.write_text(json.dumps(first) + "\n" + json.dumps(second) + "\n")
     store = Store(tmp_path / "t.duckdb")
     [out] = ingest_paths(store, [path])
-    assert (out.status, out.rule) == ("refused", "wrong type"), out.line()
-    assert out.message.startswith(f"s.jsonl: {where}: '{key}' values have mixed or wrong types ("), out.message
+    if key == "sampler_experts":
+        assert (out.status, out.rule) == ("refused", "invalid expert ids"), out.line()
+        assert out.message.startswith(f"s.jsonl: {where}: 'sampler_experts' is ragged or not integers"), out.message
+    else:
+        assert (out.status, out.rule) == ("refused", "wrong type"), out.line()
+        assert out.message.startswith(f"s.jsonl: {where}: '{key}' values have mixed or wrong types ("), out.message
     assert store.run_names() == []
 
 
@@ -106,6 +111,7 @@ def test_a_detection_bug_is_an_internal_error(tmp_path, monkeypatch):
     assert out.status == "error" and "(IndexError)" in out.message
 
 
+@pytest.mark.slow  # two subprocesses
 def test_cli_reports_an_internal_error_without_a_traceback(tmp_path):
     """The real entry point, with a reader patched to fail: one line on stderr, exit code 3."""
     (tmp_path / "a.csv").write_text(HEADER + token_lines("a"))

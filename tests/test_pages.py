@@ -11,6 +11,8 @@ from streamlit.testing.v1 import AppTest, app_test
 
 import browser_util as bu
 
+pytestmark = pytest.mark.slow  # AppTest runs whole pages: about 14 s of CPU for the file
+
 APP = str(bu.ROOT / "app.py")
 TIMEOUT = 60  # seconds per script run: DuckDB pages on a loaded 2-core machine
 
@@ -455,7 +457,6 @@ def test_empty_database_loads_the_demo(monkeypatch, tmp_path):
     assert not at.toast  # said once per session
 
 
-@pytest.mark.slow
 def test_prefetch_warms_the_other_pages(monkeypatch, own_db):
     """After the Overview has drawn, the background prefetch computes the other pages' default views with the
     pages' exact arguments: visiting them then runs no analysis query except per-sequence/per-layer details."""

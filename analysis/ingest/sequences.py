@@ -179,7 +179,7 @@ def _add_routing(name, where, line_no, obj, n, keep, base, chunk: _Chunk) -> Non
             continue
         try:
             arr = np.asarray(v, dtype=np.int64)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):  # OverflowError: an id beyond 64 bits
             raise BadExperts(name, where, f"'{key}' is ragged or not integers",
                              "index it [token][layer][rank] with the same number of layers and k everywhere") from None
         if arr.ndim != 3 or arr.shape[0] != n:
