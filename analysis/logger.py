@@ -18,6 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from analysis.routing_rows import routing_columns
+
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,127}")
 
 
@@ -28,9 +30,18 @@ def safe_run_name(run: str) -> str:
     """
     if isinstance(run, str) and _RUN_NAME.fullmatch(run) and ".." not in run:
         return run
-    slug = re.sub(r"[^A-Za-z0-9._+=-]+", "-", str(run)).replace("..", "-").strip(".-_")[:128] or "run"
+    slug = run_name_slug(str(run))
     raise ValueError(f"run name {run!r} cannot be used as a directory name: use letters, digits and "
                      f"'._+=-' (no path separators, no '..'), for example {slug!r}")
+
+
+def run_name_slug(text: str) -> str:
+    """`text` made into a name safe_run_name accepts: other characters become '-', at most 128 characters.
+
+    >>> run_name_slug("bf16 run #2")
+    'bf16-run-2'
+    """
+    return re.sub(r"[^A-Za-z0-9._+=-]+", "-", text).replace("..", "-").strip(".-_")[:128] or "run"
 
 
 def _numpy(x, name: str) -> np.ndarray:
@@ -62,13 +73,6 @@ def _per_token(x, B: int, T: int, name: str) -> np.ndarray:
     elif arr.ndim != 0:
         raise ValueError(f"{name}: expected an int, shape [{B}] or [{B}, {T}], got shape {list(arr.shape)}")
     return np.broadcast_to(arr.astype(np.int64), (B, T))
-
-
-def _list_column(experts: np.ndarray) -> pa.ListArray:
-    """[N, K] int -> list<int32> with N rows of K items, built from flat values and offsets."""
-    N, K = experts.shape
-    offsets = pa.array(np.arange(0, (N + 1) * K, K, dtype=np.int32))
-    return pa.ListArray.from_arrays(offsets, pa.array(experts.reshape(-1).astype(np.int32, copy=False)))
 
 
 def _write(table: pa.Table, path: Path) -> None:
@@ -166,20 +170,17 @@ class DriftLogger:
         L, K = se.shape[2:]
         every = bool(keep.all())  # skip the boolean-mask copy in the common all-kept case
         se = se.astype(np.int32, copy=False).reshape(B * T, L, K)
-        se = (se if every else se[keep]).reshape(-1, K)  # rows ordered token, then layer
-        n = len(se)
+        se = se if every else se[keep]  # [tokens, L, K]
         te = None
         if trainer_experts is not None:
             te = _numpy(trainer_experts, "trainer_experts")
             _expect_shape(te, (B, T, L, K), "trainer_experts")
             te = te.astype(np.int32, copy=False).reshape(B * T, L, K)
-            te = (te if every else te[keep]).reshape(-1, K)
-        return pa.table({
-            "run": pa.repeat(pa.scalar(self.run, pa.string()), n),
-            "step": pa.array(np.full(n, step, dtype=np.int64)),
-            "sample": pa.array(np.repeat(samples, L)),
-            "pos": pa.array(np.repeat(positions.astype(np.int32), L)),
-            "layer": pa.array(np.tile(np.arange(L, dtype=np.int32), len(positions))),
-            "sampler_experts": _list_column(se),
-            "trainer_experts": _list_column(te) if te is not None else pa.nulls(n, pa.list_(pa.int32())),
-        })
+            te = te if every else te[keep]
+        keys = {"step": np.full(len(se), step, dtype=np.int64), "sample": samples, "pos": positions.astype(np.int32)}
+        cols = routing_columns(keys, se, te)
+        n = len(cols["layer"])
+        cols["run"] = pa.repeat(pa.scalar(self.run, pa.string()), n)
+        cols.setdefault("trainer_experts", pa.nulls(n, pa.list_(pa.int32())))
+        return pa.table({c: cols[c] for c in ("run", "step", "sample", "pos", "layer", "sampler_experts",
+                                              "trainer_experts")})
