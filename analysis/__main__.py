@@ -53,10 +53,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ingest(db, args) -> int:
+    import os
     from analysis.ingest import ingest_paths
-    store = Store(db)
+    from analysis.ingest.limits import INGEST_MEMORY_LIMIT
+    from analysis.ingest.progress import TerminalProgress
+    store = Store(db, memory_limit=os.environ.get("DRIFT_MEMORY_LIMIT") or INGEST_MEMORY_LIMIT)
+    bar = TerminalProgress()
+    try:
+        outcomes = ingest_paths(store, args.paths, run=args.run, progress=bar.file, on_rows=bar.rows)
+    finally:
+        bar.close()
     failed = 0
-    for outcome in ingest_paths(store, args.paths, run=args.run):
+    for outcome in outcomes:
         print(outcome.line(), file=sys.stdout if outcome.status != "refused" else sys.stderr)
         failed += outcome.status == "refused"
     store.close()
