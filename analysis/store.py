@@ -46,8 +46,22 @@ def _ddl() -> list[str]:
     ]
     for table in schema.TABLES:
         cols = ", ".join(f"{c.name} {c.sql_type}" for c in schema.stored_columns(table))
-        stmts.append(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
+        stmts.append(f"CREATE TABLE IF NOT EXISTS {schema.stored_table(table)} ({cols})")
     return stmts
+
+
+def _compact_routing(con: duckdb.DuckDBPyConnection) -> None:
+    """Move a database written before `routing_rows` existed (routing as a plain table) to the compact form,
+    then (re)create the view."""
+    old = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'routing' AND NOT temporary").fetchall()
+    if old[0][0]:
+        con.execute("BEGIN TRANSACTION")
+        con.execute(f"""INSERT INTO {schema.ROUTING_STORE} BY NAME
+            SELECT * REPLACE (CASE WHEN trainer_experts = sampler_experts THEN NULL ELSE trainer_experts END
+                              AS trainer_experts) FROM routing""")
+        con.execute("DROP TABLE routing")
+        con.execute("COMMIT")
+    con.execute(schema.ROUTING_VIEW)
 
 
 class Store:
@@ -79,6 +93,7 @@ class Store:
             with self.write_lock:
                 for stmt in _ddl():
                     self._con.execute(stmt)
+                _compact_routing(self._con)
 
     def close(self) -> None:
         self._con.close()
@@ -175,7 +190,7 @@ class Store:
                 "SELECT DISTINCT file_id FROM tokens WHERE run = ? UNION SELECT DISTINCT file_id FROM routing "
                 "WHERE run = ? UNION SELECT DISTINCT file_id FROM sequences WHERE run = ?",
                 [run, run, run]).fetchall()]
-            for table in ("tokens", "routing", "sequences", "expert_load", "runs"):
+            for table in ("tokens", schema.ROUTING_STORE, "sequences", "expert_load", "runs"):
                 w.execute(f"DELETE FROM {table} WHERE run = ?", [run])
             # a file that held several runs keeps its record while any of its rows remain
             for fid in ids:
@@ -219,7 +234,7 @@ class Writer:
         cols = ", ".join(data.column_names)
         self.cur.register("_ingest_batch", data)
         try:
-            self.cur.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _ingest_batch")
+            self.cur.execute(f"INSERT INTO {schema.stored_table(table)} ({cols}) SELECT {cols} FROM _ingest_batch")
         finally:
             self.cur.unregister("_ingest_batch")
 
@@ -231,7 +246,7 @@ class Writer:
         cols = ", ".join(columns)
         self.cur.register("_ingest_stream", reader)
         try:
-            self.cur.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _ingest_stream")
+            self.cur.execute(f"INSERT INTO {schema.stored_table(table)} ({cols}) SELECT {cols} FROM _ingest_stream")
         finally:
             self.cur.unregister("_ingest_stream")
 

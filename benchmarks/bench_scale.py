@@ -81,10 +81,10 @@ con.close()
 """
 
 
-def timed(cmd: list[str]) -> dict:
+def timed(cmd: list[str], cwd: Path | None = None) -> dict:
     """Run cmd as a child; wall seconds, CPU seconds and peak RSS (MB) of that child alone."""
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd)
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
     out, err = p.stdout.read().decode(), p.stderr.read().decode()
@@ -114,21 +114,22 @@ def run_side(which: str, files: list[Path]) -> dict:
     return res
 
 
-def routing_bytes(files: list[Path]) -> None:
-    """Database growth per routing row: ingest the tokens, checkpoint, then the routing file."""
+def routing_bytes(files: list[Path], code: Path | None) -> None:
+    """Database growth per routing row: ingest the tokens (closing the database checkpoints it), then the
+    routing file; `code`: another checkout of the project to run the ingest from (a before/after comparison)."""
     db = fresh_db("routing-bytes")
     ingest = [sys.executable, "-m", "analysis", "ingest"]
-    timed(ingest + [str(files[0]), "--db", str(db)])
+    timed(ingest + [str(files[0]), "--db", str(db)], code)
     before = db.stat().st_size
-    timed(ingest + [str(files[1]), "--db", str(db)])
+    timed(ingest + [str(files[1]), "--db", str(db)], code)
     after = db.stat().st_size
     import duckdb
     con = duckdb.connect(str(db), read_only=True)
     n = con.execute("SELECT count(*) FROM routing").fetchall()[0][0]
     con.close()
     db.unlink(missing_ok=True)
-    print(f"routing: {n:,} rows, database +{(after - before) / 2**20:.0f} MiB = {(after - before) / n:.2f} bytes "
-          f"per (token, layer) row")
+    print(f"routing ({code or 'this checkout'}): {n:,} rows, database +{(after - before) / 2**20:.0f} MiB = "
+          f"{(after - before) / n:.2f} bytes per (token, layer) row")
 
 
 def main() -> None:
@@ -139,7 +140,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--routing-bytes", action="store_true", help="also measure database bytes per routing row")
-    ap.add_argument("--only", choices=("ctas", "ingest"), help="time one side only")
+    ap.add_argument("--code", type=Path, help="with --routing-bytes: also measure with the ingest of this checkout")
+    ap.add_argument("--only", choices=("ctas", "ingest", "none"), help="time one side only, or none")
     ap.add_argument("--keep", action="store_true", help="keep the input files (default: delete them at the end)")
     a = ap.parse_args()
     t0 = time.perf_counter()
@@ -150,7 +152,7 @@ def main() -> None:
           f"({a.layers} layers, top-8 of 64); python {platform.python_version()}, {os.cpu_count()} cpus, "
           f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     best: dict[str, dict[str, list[float]]] = {}
-    sides = (a.only,) if a.only else ("ctas", "ingest")
+    sides = () if a.only == "none" else (a.only,) if a.only else ("ctas", "ingest")
     for r in range(a.repeat):
         for which in sides if r % 2 == 0 else sides[::-1]:
             res = run_side(which, files)
@@ -165,7 +167,8 @@ def main() -> None:
               f"{min(o['cpu_seconds']) / min(b['cpu_seconds']):.2f}x | ingest peak RSS {max(o['peak_rss_mb']):.0f} MB "
               f"(ctas {max(b['peak_rss_mb']):.0f} MB) | load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if a.routing_bytes and a.routing_tokens:
-        routing_bytes(files)
+        for code in ([a.code.resolve()] if a.code else []) + [None]:
+            routing_bytes(files, code)
     if not a.keep:
         for f in files:
             f.unlink(missing_ok=True)

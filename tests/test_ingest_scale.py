@@ -114,7 +114,7 @@ def test_terminal_progress_draws_on_a_tty_only(tmp_path):
     pq.write_table(pa.table({"run": ["r"] * n, "step": [0] * n, "sample": np.arange(n) // 100, "pos": np.arange(n) % 100,
                              "sampler_logprob": s, "trainer_logprob": s}), tmp_path / "t.parquet")
     for stream_, drawn in ((_Tty(), True), (io.StringIO(), False)):
-        bar = TerminalProgress(stream_, delay=0)
+        bar = TerminalProgress(stream_, delay=0, mininterval=0)
         totals = []
         ingest_paths(Store(tmp_path / f"{drawn}.duckdb"), [tmp_path / "t.parquet"], limits=Limits(batch_rows=1000),
                      progress=bar.file, on_rows=lambda done, total: (totals.append((done, total)), bar.rows(done, total)))

@@ -29,10 +29,10 @@ class TerminalProgress:
 
     Bars appear only for files that take more than `delay` seconds, so small loads print just their lines."""
 
-    def __init__(self, stream: TextIO | None = None, delay: float = 2.0):
+    def __init__(self, stream: TextIO | None = None, delay: float = 2.0, mininterval: float = 0.5):
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty()
-        self.delay = delay
+        self.delay, self.mininterval = delay, mininterval
         self.bar = None
 
     def file(self, index: int, n_files: int, name: str) -> None:
@@ -41,7 +41,8 @@ class TerminalProgress:
         if self.enabled and name:
             from tqdm import tqdm
             self.bar = tqdm(desc=f"[{index + 1}/{n_files}] {name}", unit=" rows", unit_scale=True,
-                            file=self.stream, delay=self.delay, leave=False, dynamic_ncols=True)
+                            file=self.stream, delay=self.delay, mininterval=self.mininterval, leave=False,
+                            dynamic_ncols=True)
 
     def rows(self, done: int, total: int | None) -> None:
         if self.bar is not None:
