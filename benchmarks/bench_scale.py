@@ -102,13 +102,14 @@ def fresh_db(name: str) -> Path:
     return db
 
 
-def run_side(which: str, files: list[Path]) -> dict:
+def run_side(which: str, files: list[Path], code: Path | None = None) -> dict:
+    """ctas, ingest (this checkout) or other (the ingest of the checkout `code`)."""
     db = fresh_db(which)
     if which == "ctas":
         cmd = [sys.executable, "-c", CTAS, str(db), *map(str, files)]
     else:
         cmd = [sys.executable, "-m", "analysis", "ingest", *map(str, files), "--db", str(db)]
-    res = timed(cmd)
+    res = timed(cmd, code if which == "other" else None)
     res["db_mb"] = db.stat().st_size / 2**20
     db.unlink(missing_ok=True)
     return res
@@ -140,7 +141,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--routing-bytes", action="store_true", help="also measure database bytes per routing row")
-    ap.add_argument("--code", type=Path, help="with --routing-bytes: also measure with the ingest of this checkout")
+    ap.add_argument("--code", type=Path, help="another checkout of the project: its ingest is timed too ('other') "
+                                              "and, with --routing-bytes, its bytes per routing row")
     ap.add_argument("--only", choices=("ctas", "ingest", "none"), help="time one side only, or none")
     ap.add_argument("--keep", action="store_true", help="keep the input files (default: delete them at the end)")
     a = ap.parse_args()
@@ -152,23 +154,28 @@ def main() -> None:
           f"({a.layers} layers, top-8 of 64); python {platform.python_version()}, {os.cpu_count()} cpus, "
           f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     best: dict[str, dict[str, list[float]]] = {}
-    sides = () if a.only == "none" else (a.only,) if a.only else ("ctas", "ingest")
+    sides = () if a.only == "none" else (a.only,) if a.only else ("ctas", "ingest") + (("other",) if a.code else ())
+    code = a.code.resolve() if a.code else None
     for r in range(a.repeat):
         for which in sides if r % 2 == 0 else sides[::-1]:
-            res = run_side(which, files)
+            res = run_side(which, files, code)
             for key in ("seconds", "cpu_seconds", "peak_rss_mb"):
                 best.setdefault(which, {}).setdefault(key, []).append(res[key])
             print(f"repeat {r + 1} {which:>6}: {res['seconds']:6.2f} s wall, {res['cpu_seconds']:6.2f} s cpu, "
                   f"{res['peak_rss_mb']:5.0f} MB peak RSS, db {res['db_mb']:.0f} MiB", flush=True)
-    if len(sides) == 2:
+    if "other" in best:
+        b, o = best["ctas"], best["other"]
+        print(f"best of {a.repeat}: other ({code}) {min(o['seconds']):.2f} s = {min(o['seconds']) / min(b['seconds']):.2f}x "
+              f"ctas wall, {min(o['cpu_seconds']) / min(b['cpu_seconds']):.2f}x cpu, peak RSS {max(o['peak_rss_mb']):.0f} MB")
+    if "ctas" in best and "ingest" in best:
         b, o = best["ctas"], best["ingest"]
         print(f"best of {a.repeat}: ctas {min(b['seconds']):.2f} s | ingest {min(o['seconds']):.2f} s | "
               f"wall ratio {min(o['seconds']) / min(b['seconds']):.2f}x | cpu ratio "
               f"{min(o['cpu_seconds']) / min(b['cpu_seconds']):.2f}x | ingest peak RSS {max(o['peak_rss_mb']):.0f} MB "
               f"(ctas {max(b['peak_rss_mb']):.0f} MB) | load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if a.routing_bytes and a.routing_tokens:
-        for code in ([a.code.resolve()] if a.code else []) + [None]:
-            routing_bytes(files, code)
+        for c in ([code] if code else []) + [None]:
+            routing_bytes(files, c)
     if not a.keep:
         for f in files:
             f.unlink(missing_ok=True)

@@ -204,7 +204,7 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
                     yield batch.table, data
 
             # reading and checking batch i+1 overlaps with DuckDB inserting batch i (both release the GIL)
-            insert_items(w, prefetch(whole_row_groups(prepared())), (STAGED_LOAD, STAGED_TOKENS), rows,
+            insert_items(w, prefetch(whole_row_groups(prepared())), (STAGED_LOAD, STAGED_TOKENS), rows, fid,
                          _rows_reporter(unit, on_rows))
             _check_file(w, unit.name, fid, rows, keys)
             if rows["routing"]:

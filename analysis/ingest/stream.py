@@ -18,8 +18,9 @@ SIDE_CAP_ROWS = 500_000
 
 
 def insert_items(w, items: Iterator[tuple[str, pa.Table]], staged: tuple[str, ...], rows: dict[str, int],
-                 on_rows: Callable[[str, int], None] | None = None) -> None:
-    """Insert (table, data) items: tables named in `staged` go to `w.stage`, the others to their stored table.
+                 file_id: int, on_rows: Callable[[str, int], None] | None = None) -> None:
+    """Insert (table, data) items of file `file_id`: tables named in `staged` go to `w.stage`, the others to their
+    stored table.
 
     `rows[table]` counts the rows inserted; `on_rows(table, n)` (optional) is told of each batch as DuckDB takes
     it. An error raised while producing items (a refused row, say) is raised here, after DuckDB stopped
@@ -59,7 +60,8 @@ def insert_items(w, items: Iterator[tuple[str, pa.Table]], staged: tuple[str, ..
             except BaseException as e:  # handed to the caller once DuckDB has stopped reading
                 error.append(e)
 
-        w.insert_stream(table, pa.RecordBatchReader.from_batches(data.schema, batches()), data.column_names)
+        w.insert_stream(table, pa.RecordBatchReader.from_batches(data.schema, batches()), data.column_names,
+                        file_id)
         if error:
             raise error[0]
         for name, part in side:
