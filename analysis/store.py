@@ -13,6 +13,7 @@ import duckdb
 import polars as pl
 
 from analysis import schema
+from analysis.summaries import schema as summary_schema
 
 DEFAULT_DB = Path(__file__).resolve().parent.parent / "data" / "drift.duckdb"
 
@@ -47,7 +48,7 @@ def _ddl() -> list[str]:
     for table in schema.TABLES:
         cols = ", ".join(f"{c.name} {c.sql_type}" for c in schema.stored_columns(table))
         stmts.append(f"CREATE TABLE IF NOT EXISTS {schema.stored_table(table)} ({cols})")
-    return stmts
+    return stmts + summary_schema.ddl()
 
 
 def _compact_routing(con: duckdb.DuckDBPyConnection) -> None:
@@ -94,6 +95,9 @@ class Store:
                 for stmt in _ddl():
                     self._con.execute(stmt)
                 _compact_routing(self._con)
+            # a database loaded before summaries existed gets them once, here (later loads add their own)
+            from analysis.summaries.compute import backfill
+            backfill(self)
 
     def close(self) -> None:
         self._con.close()
@@ -152,12 +156,17 @@ class Store:
 
     # -- runs and files ----------------------------------------------------------------------------
     def runs(self) -> pl.DataFrame:
-        """One row per run: size, steps, whether it has routing, and its config JSON."""
+        """One row per run: size, steps, whether it has routing, and its config JSON.
+
+        Sizes come from the summaries (a few rows per step and sequence), not from the token rows: n_tokens
+        counts every token the summaries cover, also where the token rows are a sample."""
         return self.sql(f"""
-            WITH t AS (SELECT run, count(*) AS n_tokens, count(DISTINCT step) AS n_steps,
-                              count(DISTINCT (step, sample)) AS n_sequences,
+            WITH s AS (SELECT run, sum(n_tokens)::BIGINT AS n_tokens, count(DISTINCT step) AS n_steps,
                               min(step) AS first_step, max(step) AS last_step
-                       FROM tokens GROUP BY run),
+                       FROM summary_step WHERE n_tokens > 0 GROUP BY run),
+                 q AS (SELECT run, count(DISTINCT (step, sample)) AS n_sequences FROM summary_seq
+                       WHERE n_tokens > 0 GROUP BY run),
+                 t AS (SELECT * FROM s LEFT JOIN q USING (run)),
                  r AS ({_ROUTING_SIDES})
             SELECT runs.run, coalesce(t.n_tokens, 0) AS n_tokens, coalesce(t.n_steps, 0) AS n_steps,
                    coalesce(t.n_sequences, 0) AS n_sequences, r.run IS NOT NULL AS has_routing,
@@ -188,16 +197,20 @@ class Store:
         with self.transaction() as w:
             ids = [r[0] for r in w.execute(
                 "SELECT DISTINCT file_id FROM tokens WHERE run = ? UNION SELECT DISTINCT file_id FROM routing "
-                "WHERE run = ? UNION SELECT DISTINCT file_id FROM sequences WHERE run = ?",
-                [run, run, run]).fetchall()]
-            for table in ("tokens", schema.ROUTING_STORE, "sequences", "expert_load", "runs"):
+                "WHERE run = ? UNION SELECT DISTINCT file_id FROM sequences WHERE run = ? "
+                "UNION SELECT DISTINCT file_id FROM summary_step WHERE run = ?",
+                [run, run, run, run]).fetchall()]
+            for table in ("tokens", schema.ROUTING_STORE, "sequences", "expert_load", "runs",
+                          *(t for t in summary_schema.TABLES if "run" in summary_schema.columns(t))):
                 w.execute(f"DELETE FROM {table} WHERE run = ?", [run])
             # a file that held several runs keeps its record while any of its rows remain
             for fid in ids:
                 left = w.execute("SELECT (SELECT count(*) FROM tokens WHERE file_id = ?) + "
-                                 "(SELECT count(*) FROM routing WHERE file_id = ?)", [fid, fid]).fetchall()[0][0]
+                                 "(SELECT count(*) FROM routing WHERE file_id = ?) + "
+                                 "(SELECT count(*) FROM summary_step WHERE file_id = ?)", [fid, fid, fid]).fetchall()[0][0]
                 if not left:
                     w.execute("DELETE FROM files WHERE file_id = ?", [fid])
+                    w.execute("DELETE FROM summary_skip WHERE file_id = ?", [fid])
 
     def files(self) -> pl.DataFrame:
         return self.sql("SELECT file_id, name, format, size, rows, run_override, loaded_at, sha256 "
@@ -229,7 +242,7 @@ class Writer:
 
     def insert_arrow(self, table: str, data) -> None:
         """Append a pyarrow Table whose columns are a subset of the stored columns of `table`."""
-        if table not in schema.TABLES and table != "expert_load":
+        if table not in schema.TABLES and table != "expert_load" and table not in summary_schema.TABLES:
             raise ValueError(f"unknown table {table}")
         cols = ", ".join(data.column_names)
         self.cur.register("_ingest_batch", data)

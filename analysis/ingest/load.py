@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.ingest import frameworks, long, sequences, tensors
+from analysis.summaries import compute as summaries
 from analysis.ingest.detect import Detected, detect
 from analysis.ingest.errors import BadExperts, CorruptFile, DuplicateKey, IngestError, NotALogFile, OrphanRouting
 from analysis.ingest.keys import TableKeys, expert_load, routing_tokens
@@ -210,6 +211,7 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
             if rows["routing"]:
                 w.finish_expert_load(STAGED_LOAD, fid)  # the partial counts of every batch, summed
             w.drop_staged(STAGED_LOAD, STAGED_TOKENS)
+            summaries.add_file(w, fid, summaries.tokens_summarised(unit.paths, fmt), unit.name)
             w.ensure_runs(sorted(runs), config or unit.config)
             w.finish_file(fid, sum(rows.values()))
     except IngestError as e:
