@@ -147,7 +147,12 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the input files (default: delete them at the end)")
     a = ap.parse_args()
     t0 = time.perf_counter()
-    files = make_inputs(a.tokens, a.steps, a.routing_tokens, a.layers)
+    # built in a child process: Linux hands a parent's peak RSS down to the children it forks, so building the
+    # inputs with DuckDB in this process would inflate every side's peak RSS measured below
+    shape = [a.tokens, a.steps, a.routing_tokens, a.layers]
+    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
+                    f"import bench_scale; bench_scale.make_inputs(*{shape!r})"], check=True)
+    files = make_inputs(*shape)  # already built: only the paths
     print(f"inputs: {', '.join(f'{f.name} {f.stat().st_size / 2**20:.0f} MiB' for f in files)} "
           f"({time.perf_counter() - t0:.1f} s to prepare)")
     print(f"{a.tokens:,} tokens over {a.steps} steps + {a.routing_tokens * a.layers:,} routing rows "
