@@ -87,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _ingest(db, args) -> int:
     from analysis.ingest import ingest_paths
+    from analysis.ingest.limits import INGEST_MEMORY_LIMIT
     from analysis.ingest.mapping import ingest_mapped, parse_map_args
+    from analysis.ingest.progress import TerminalProgress
     try:
         mapping = parse_map_args(args.map)
     except ValueError as e:
@@ -96,10 +98,14 @@ def _ingest(db, args) -> int:
     # An internal error is one "error" line; its traceback (logged by ingest) only with DRIFT_DEBUG=1.
     logging.basicConfig(level=logging.DEBUG if os.environ.get("DRIFT_DEBUG") else logging.CRITICAL,
                         format="%(levelname)s %(name)s: %(message)s")
-    store = Store(db)
+    store = Store(db, memory_limit=os.environ.get("DRIFT_MEMORY_LIMIT") or INGEST_MEMORY_LIMIT)
+    bar = TerminalProgress()
+    try:
+        outcomes = (ingest_mapped(store, args.paths, mapping, run=args.run) if mapping
+                    else ingest_paths(store, args.paths, run=args.run, progress=bar.file, on_rows=bar.rows))
+    finally:
+        bar.close()
     failed, errors = 0, 0
-    outcomes = (ingest_mapped(store, args.paths, mapping, run=args.run) if mapping
-                else ingest_paths(store, args.paths, run=args.run))
     for outcome in outcomes:
         print(outcome.line(), file=sys.stdout if outcome.status in ("loaded", "skipped") else sys.stderr)
         failed += outcome.status == "refused"

@@ -74,6 +74,21 @@ def required(table: str) -> list[str]:
     return [c.name for c in TABLES[table] if c.required]
 
 
+# Routing is stored in `routing_rows`, where trainer_experts is NULL wherever it equals sampler_experts rank for
+# rank (most rows: only flipped or reordered top-k lists are kept twice); the view `routing` puts the lists back,
+# so every reader sees SCHEMA.md's table. NULL trainer_experts *and* NULL flip: the trainer side was not recorded.
+ROUTING_STORE = "routing_rows"
+ROUTING_VIEW = f"""CREATE VIEW IF NOT EXISTS routing AS
+    SELECT * REPLACE (CASE WHEN trainer_experts IS NOT NULL THEN trainer_experts
+                           WHEN flip IS NOT NULL THEN sampler_experts END AS trainer_experts)
+    FROM {ROUTING_STORE}"""
+
+
+def stored_table(table: str) -> str:
+    """The DuckDB table that rows of `table` are inserted into (routing: the compact one behind the view)."""
+    return ROUTING_STORE if table == "routing" else table
+
+
 def stored_columns(table: str) -> tuple[Column, ...]:
     """Columns as stored in DuckDB: the schema's, derived ones, and the id of the file that brought the row."""
     extra = ROUTING_DERIVED if table == "routing" else ()

@@ -49,10 +49,24 @@ def _ddl() -> list[str]:
     ]
     for table in schema.TABLES:
         cols = ", ".join(f"{c.name} {c.sql_type}" for c in schema.stored_columns(table))
-        stmts.append(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
+        stmts.append(f"CREATE TABLE IF NOT EXISTS {schema.stored_table(table)} ({cols})")
     # databases made before sequences had the response text
     stmts.append("ALTER TABLE sequences ADD COLUMN IF NOT EXISTS response VARCHAR")
     return stmts + summary_schema.ddl()
+
+
+def _compact_routing(con: duckdb.DuckDBPyConnection) -> None:
+    """Move a database written before `routing_rows` existed (routing as a plain table) to the compact form,
+    then (re)create the view."""
+    old = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'routing' AND NOT temporary").fetchall()
+    if old[0][0]:
+        con.execute("BEGIN TRANSACTION")
+        con.execute(f"""INSERT INTO {schema.ROUTING_STORE} BY NAME
+            SELECT * REPLACE (CASE WHEN trainer_experts = sampler_experts THEN NULL ELSE trainer_experts END
+                              AS trainer_experts) FROM routing""")
+        con.execute("DROP TABLE routing")
+        con.execute("COMMIT")
+    con.execute(schema.ROUTING_VIEW)
 
 
 class Store:
@@ -90,6 +104,7 @@ class Store:
             with self.write_lock:
                 for stmt in _ddl():
                     self._con.execute(stmt)
+                _compact_routing(self._con)
             # a database loaded before summaries existed gets them once, here (later loads add their own)
             from analysis.summaries.compute import backfill
             backfill(self)
@@ -250,7 +265,7 @@ class Store:
                 "WHERE run = ? UNION SELECT DISTINCT file_id FROM sequences WHERE run = ? "
                 "UNION SELECT DISTINCT file_id FROM summary_step WHERE run = ?",
                 [run, run, run, run]).fetchall()]
-            for table in ("tokens", "routing", "sequences", "expert_load", "runs",
+            for table in ("tokens", schema.ROUTING_STORE, "sequences", "expert_load", "runs",
                           *(t for t in summary_schema.TABLES if "run" in summary_schema.columns(t))):
                 w.execute(f"DELETE FROM {table} WHERE run = ?", [run])
             # a file that held several runs keeps its record while any of its rows remain
@@ -276,6 +291,7 @@ class Writer:
 
     def __init__(self, cur: duckdb.DuckDBPyConnection):
         self.cur = cur
+        self._staged: set[str] = set()
 
     def execute(self, query: str, params: Sequence[Any] | None = None):
         return self.cur.execute(query, params or [])
@@ -296,9 +312,53 @@ class Writer:
         cols = ", ".join(data.column_names)
         self.cur.register("_ingest_batch", data)
         try:
-            self.cur.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _ingest_batch")
+            self.cur.execute(f"INSERT INTO {schema.stored_table(table)} ({cols}) SELECT {cols} FROM _ingest_batch")
         finally:
             self.cur.unregister("_ingest_batch")
+
+    def insert_stream(self, table: str, reader, columns: Sequence[str], file_id: int) -> None:
+        """Append every batch of a pyarrow RecordBatchReader in one INSERT: inside a transaction, DuckDB keeps
+        memory flat for one streamed INSERT but not for many small ones (analysis/ingest/stream.py).
+
+        `file_id` is written as a constant rather than read from the batches: scanning a constant Arrow column
+        cost ~20% of the insert's CPU for token rows."""
+        if table not in schema.TABLES:
+            raise ValueError(f"unknown table {table}")
+        cols = [c for c in columns if c != "file_id"]
+        self.cur.register("_ingest_stream", reader)
+        try:
+            self.cur.execute(f"INSERT INTO {schema.stored_table(table)} ({', '.join(cols)}, file_id) "
+                             f"SELECT {', '.join(cols)}, ? FROM _ingest_stream", [file_id])
+        finally:
+            self.cur.unregister("_ingest_stream")
+
+    def stage(self, name: str, data) -> None:
+        """Append a pyarrow Table to the temporary table `name` (created on first use, in this transaction):
+        partial results of a load that the database holds, and spills, instead of Python."""
+        if not name.startswith("_staged_") or not name.replace("_", "").isalnum():
+            raise ValueError(f"not a staging table name: {name}")
+        self.cur.register("_stage_batch", data)
+        try:
+            if name in self._staged:
+                self.cur.execute(f"INSERT INTO {name} SELECT * FROM _stage_batch")
+            else:
+                self.cur.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM _stage_batch")
+                self._staged.add(name)
+        finally:
+            self.cur.unregister("_stage_batch")
+
+    def drop_staged(self, *names: str) -> None:
+        for name in names:
+            if name in self._staged:
+                self.cur.execute(f"DROP TABLE {name}")
+                self._staged.discard(name)
+
+    def finish_expert_load(self, staged: str, file_id: int) -> None:
+        """Sum a file's per-batch expert-load counts (staged by `stage`) into `expert_load`."""
+        if staged in self._staged:
+            self.cur.execute(f"""INSERT INTO expert_load
+                SELECT run, step, layer, expert, sum(n_sampler), sum(n_trainer), ? FROM {staged}
+                GROUP BY run, step, layer, expert ORDER BY run, step, layer, expert""", [file_id])
 
     def ensure_runs(self, runs: Sequence[str], config: dict | None = None) -> None:
         for run in runs:
@@ -339,20 +399,19 @@ class Writer:
     def first_orphan_routing(self, file_id: int, token_keys=None) -> tuple | None:
         """A routing row of this file whose token is not in `tokens`.
 
-        `token_keys`: optional Arrow table of the distinct (run, step, sample, pos) the file's routing rows
-        refer to; checking those instead of every (token, layer) row is `layers` times less work."""
+        `token_keys`: optional name of a staged table (see `stage`) of the distinct (run, step, sample, pos) the
+        file's routing rows refer to; checking those instead of every (token, layer) row is `layers` times less
+        work."""
         if token_keys is not None:
-            self.cur.register("_routing_tokens", token_keys)
-            try:
-                row = self.cur.execute(
-                    """SELECT r.run, r.step, r.sample, r.pos, NULL FROM _routing_tokens r
-                       ANTI JOIN (SELECT run, step, sample, pos FROM tokens
-                                  WHERE step BETWEEN (SELECT min(step) FROM _routing_tokens)
-                                                 AND (SELECT max(step) FROM _routing_tokens)) t
-                         ON t.run = r.run AND t.step = r.step AND t.sample = r.sample AND t.pos = r.pos
-                       LIMIT 1""").fetchall()
-            finally:
-                self.cur.unregister("_routing_tokens")
+            if token_keys not in self._staged:
+                return None
+            row = self.cur.execute(
+                f"""SELECT r.run, r.step, r.sample, r.pos, NULL FROM {token_keys} r
+                   ANTI JOIN (SELECT run, step, sample, pos FROM tokens
+                              WHERE step BETWEEN (SELECT min(step) FROM {token_keys})
+                                             AND (SELECT max(step) FROM {token_keys})) t
+                     ON t.run = r.run AND t.step = r.step AND t.sample = r.sample AND t.pos = r.pos
+                   LIMIT 1""").fetchall()
             return row[0] if row else None
         rows = self.cur.execute(
             """SELECT r.run, r.step, r.sample, r.pos, r.layer FROM routing r

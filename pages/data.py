@@ -1,6 +1,9 @@
 """Data: load logs (several files or zip archives at once), list runs and files, edit a run's config, delete a
 run, download any metrics table as CSV."""
+import threading
+
 import streamlit as st
+from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
 
 from analysis import report, views
 from analysis.store import Store
@@ -57,14 +60,25 @@ else:
         st.error(refusal, icon=":material/block:")
     elif load and files:
         bar = st.progress(0.0, text="Starting…")
+        at = {"i": 0, "n": 1, "name": ""}
+        ctx = get_script_run_ctx()
 
         def _progress(i: int, n: int, name: str) -> None:
+            at.update(i=i, n=n, name=name)
             bar.progress(min(1.0, i / n) if n else 1.0, text=f"Loading {name} ({i + 1}/{n})" if name else "Done")
+
+        def _rows(done: int, total: int | None) -> None:
+            # called from DuckDB's reading thread: attach this session so the bar may be updated from it
+            add_script_run_ctx(threading.current_thread(), ctx)
+            share = min(1.0, done / total) if total else 0.0
+            i, n = at["i"], at["n"] or 1
+            bar.progress(min(1.0, (i + share) / n), text=f"Loading {at['name']} ({i + 1}/{n}): {done:,} rows"
+                         + (f" of {total:,}" if total else ""))
 
         try:
             from analysis.ingest.uploads import ingest_uploads
             outcomes = ingest_uploads(store, [(f.name, f) for f in files], run=run_override.strip() or None,
-                                      max_bytes=max_bytes, progress=_progress)
+                                      max_bytes=max_bytes, progress=_progress, on_rows=_rows)
         except Exception as e:  # never a traceback: the upload path reads untrusted bytes
             S.log.exception("upload failed")
             st.error(f"Could not load the upload: {S.explain(e)}")

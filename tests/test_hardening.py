@@ -49,13 +49,13 @@ def test_sigkill_mid_ingest_leaves_clean_database(tmp_path):
     assert ingest_paths(Store(db), [small])[0].status == "loaded"
     big = tmp_path / "big.parquet"
     big_parquet(big, 3_000_000)
-    # The child reports each batch it has inserted (inside the still-open transaction); the kill lands
-    # after the third, i.e. provably in the middle of the file's load.
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); from analysis.store import Store, Writer; "
-              "from analysis.ingest import ingest_paths, Limits; orig = Writer.insert_arrow\n"
-              "def spy(self, table, data):\n    orig(self, table, data); print('inserted', flush=True)\n"
-              "Writer.insert_arrow = spy; s = Store(sys.argv[2]); "
-              "ingest_paths(s, [sys.argv[3]], limits=Limits(batch_rows=100_000)); print('done', flush=True)")
+    # The child reports each batch the database has taken (inside the still-open transaction, through the
+    # rows callback of the streamed INSERT); the kill lands after the third, i.e. in the middle of the file's load.
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); from analysis.store import Store; "
+              "from analysis.ingest import ingest_paths, Limits\n"
+              "def spy(done, total):\n    print('inserted', flush=True)\n"
+              "s = Store(sys.argv[2]); "
+              "ingest_paths(s, [sys.argv[3]], limits=Limits(batch_rows=100_000), on_rows=spy); print('done', flush=True)")
     proc = subprocess.Popen([sys.executable, "-c", script, str(ROOT), str(db), str(big)],
                             stdout=subprocess.PIPE, text=True)
     for _ in range(3):

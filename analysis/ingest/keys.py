@@ -6,8 +6,6 @@ Logs are almost always written in key order; for those, "no duplicate key" is a 
 """
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 import pyarrow as pa
 
@@ -60,63 +58,48 @@ def _single_value(arr: pa.ChunkedArray) -> bool:
     return pc.count_distinct(arr).as_py() == 1
 
 
-class RoutingTokens:
-    """The distinct (run, step, sample, pos) that routing rows refer to, while rows arrive in key order."""
-
-    def __init__(self):
-        self.parts: list[pa.Table] = []
-
-    def add(self, data: pa.Table) -> None:
-        step, sample, pos = (data.column(c).to_numpy() for c in ("step", "sample", "pos"))
-        new = np.ones(len(step), dtype=bool)
-        new[1:] = (step[1:] != step[:-1]) | (sample[1:] != sample[:-1]) | (pos[1:] != pos[:-1])
-        idx = np.flatnonzero(new)
-        self.parts.append(data.select(["run", "step", "sample", "pos"]).take(pa.array(idx)))
-
-    def table(self) -> pa.Table:
-        return pa.concat_tables(self.parts)
+def routing_tokens(data: pa.Table) -> pa.Table:
+    """The distinct (run, step, sample, pos) that a key-ordered routing batch refers to (one row per token,
+    not per (token, layer)); staged in the database batch by batch so the orphan check holds no key set here."""
+    step, sample, pos = (data.column(c).to_numpy() for c in ("step", "sample", "pos"))
+    new = np.ones(len(step), dtype=bool)
+    new[1:] = (step[1:] != step[:-1]) | (sample[1:] != sample[:-1]) | (pos[1:] != pos[:-1])
+    return data.select(["run", "step", "sample", "pos"]).take(pa.array(np.flatnonzero(new)))
 
 
-class ExpertLoad:
-    """Tokens routed to each expert per (run, step, layer), for each side, summed over batches."""
+def expert_load(data: pa.Table, S: np.ndarray, T: np.ndarray | None, t_rows: np.ndarray) -> pa.Table:
+    """Tokens routed to each expert per (run, step, layer), for each side, in one routing batch.
 
-    def __init__(self):
-        self.counts: dict[tuple[str, int, int, int], list[int]] = defaultdict(lambda: [0, 0])
-
-    def add(self, data: pa.Table, S: np.ndarray, T: np.ndarray | None, t_rows: np.ndarray) -> None:
-        # hash-based dictionary encoding: np.unique would sort millions of (string) keys
-        run_d = data.column("run").combine_chunks().dictionary_encode()
-        step_d = data.column("step").combine_chunks().dictionary_encode()
-        run_u, step_u = run_d.dictionary.to_pylist(), step_d.dictionary.to_pylist()
-        run_i = run_d.indices.to_numpy().astype(np.int64)
-        step_i = step_d.indices.to_numpy().astype(np.int64)
-        layers = data.column("layer").to_numpy().astype(np.int64)
-        n_layer = int(layers.max()) + 1
-        row_code = (run_i * len(step_u) + step_i) * n_layer + layers  # one code per (run, step, layer)
-        for side, M, rows in ((0, S, None), (1, T, t_rows)):
-            if M is None or M.size == 0:
-                continue
-            rc = row_code if rows is None else row_code[rows]
-            n_expert = int(M.max()) + 1
-            base = rc * n_expert
-            size = int(base.max()) + n_expert
-            n = np.zeros(size, dtype=np.int64)
+    A (run, step, layer, expert) may appear in several batches: the rows are partial counts, summed in the
+    database at the end of the file (`Writer.finish_expert_load`), so memory stays one batch's worth."""
+    # hash-based dictionary encoding: np.unique would sort millions of (string) keys
+    run_d = data.column("run").combine_chunks().dictionary_encode()
+    step_d = data.column("step").combine_chunks().dictionary_encode()
+    n_step = len(step_d.dictionary)
+    run_i = run_d.indices.to_numpy().astype(np.int64)
+    step_i = step_d.indices.to_numpy().astype(np.int64)
+    layers = data.column("layer").to_numpy().astype(np.int64)
+    n_layer = int(layers.max()) + 1
+    row_code = (run_i * n_step + step_i) * n_layer + layers  # one code per (run, step, layer)
+    n_expert = max(int(M.max()) + 1 for M in (S, T) if M is not None and M.size)
+    size = (int(row_code.max()) + 1) * n_expert
+    counts = []
+    for M, rows in ((S, None), (T, t_rows)):
+        n = np.zeros(size, dtype=np.int64)
+        if M is not None and M.size:
+            base = (row_code if rows is None else row_code[rows]) * n_expert
             for c in range(M.shape[1]):  # one rank at a time: no [rows * k] temporary
                 n += np.bincount(base + M[:, c], minlength=size)
-            for c in np.flatnonzero(n).tolist():
-                rs, ex = divmod(c, n_expert)
-                rs, la = divmod(rs, n_layer)
-                ri, si = divmod(rs, len(step_u))
-                self.counts[(run_u[ri], step_u[si], la, ex)][side] += int(n[c])
-
-    def table(self, file_id: int) -> pa.Table:
-        items = sorted(self.counts.items())
-        return pa.table({
-            "run": pa.array([k[0] for k, _ in items], pa.string()),
-            "step": pa.array([k[1] for k, _ in items], pa.int64()),
-            "layer": pa.array([k[2] for k, _ in items], pa.int32()),
-            "expert": pa.array([k[3] for k, _ in items], pa.int32()),
-            "n_sampler": pa.array([v[0] for _, v in items], pa.int64()),
-            "n_trainer": pa.array([v[1] for _, v in items], pa.int64()),
-            "file_id": pa.array([file_id] * len(items), pa.int32()),
-        })
+        counts.append(n)
+    code = np.flatnonzero(counts[0] | counts[1])
+    rest, expert = np.divmod(code, n_expert)
+    rest, layer = np.divmod(rest, n_layer)
+    ri, si = np.divmod(rest, n_step)
+    return pa.table({
+        "run": run_d.dictionary.take(pa.array(ri)),
+        "step": step_d.dictionary.take(pa.array(si)).cast(pa.int64()),
+        "layer": pa.array(layer.astype(np.int32)),
+        "expert": pa.array(expert.astype(np.int32)),
+        "n_sampler": pa.array(counts[0][code]),
+        "n_trainer": pa.array(counts[1][code]),
+    })

@@ -27,3 +27,9 @@ class Limits:
 
 def human_size(n: int) -> str:
     return f"{n / MiB:g} MiB" if n >= MiB else f"{n:,} bytes"
+
+
+# DuckDB's memory_limit for `python -m analysis ingest` unless DRIFT_MEMORY_LIMIT says otherwise. DuckDB's own
+# default (80% of RAM) lets its buffer pool grow with the file (3.2 GB peak RSS for a CTAS of 40M tokens); with
+# this limit it writes out and spills, and the whole ingest stays under 1.5 GB (benchmarks/RESULTS-scale.md).
+INGEST_MEMORY_LIMIT = "512MB"

@@ -21,8 +21,10 @@ from analysis.ingest import frameworks, long, sequences, tensors
 from analysis.summaries import compute as summaries
 from analysis.ingest.detect import detect
 from analysis.ingest.errors import BadExperts, DuplicateKey, IngestError, NotALogFile, OrphanRouting, TooLarge
-from analysis.ingest.keys import ExpertLoad, RoutingTokens, TableKeys
+from analysis.ingest.keys import TableKeys, expert_load, routing_tokens
 from analysis.ingest.limits import Limits
+from analysis.ingest.progress import RowsCallback, expected_rows
+from analysis.ingest.stream import insert_items
 from analysis.ingest.units import Outcome, Unit
 from analysis.ingest.validate import Batch, normalise
 from analysis.store import Store, StoreError
@@ -167,7 +169,7 @@ def content_hash(paths: Sequence[Path]) -> tuple[str, int]:
 
 
 def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits | None = None,
-              config: dict | None = None) -> Outcome:
+              config: dict | None = None, on_rows: RowsCallback | None = None) -> Outcome:
     limits = limits or Limits.from_env()
     fmt = unit.detected.format
     if unit.skip:
@@ -183,7 +185,6 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
             fid = w.new_file(sha, unit.name, size, fmt, run)
             runs: set[str] = set()
             keys = {t: TableKeys(t) for t in rows}
-            routing_tokens, load = RoutingTokens(), ExpertLoad()
 
             def prepared():
                 for batch in unit.reader(unit, limits):
@@ -193,18 +194,19 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
                     runs.update(pc.unique(data.column("run")).to_pylist())
                     keys[batch.table].add(data)
                     if experts is not None:
-                        load.add(data, experts.S, experts.T, experts.t_rows)
+                        # per-batch partial results go to the database, which spills: nothing here grows with the file
+                        yield STAGED_LOAD, expert_load(data, experts.S, experts.T, experts.t_rows)
                         if keys["routing"].ordered:
-                            routing_tokens.add(data)
+                            yield STAGED_TOKENS, routing_tokens(data)
                     yield batch.table, data
 
             # reading and checking batch i+1 overlaps with DuckDB inserting batch i (both release the GIL)
-            for table, data in prefetch(whole_row_groups(prepared())):
-                w.insert_arrow(table, data)
-                rows[table] += data.num_rows
-            _check_file(w, unit.name, fid, rows, keys, routing_tokens)
+            insert_items(w, prefetch(whole_row_groups(prepared())), (STAGED_LOAD, STAGED_TOKENS), rows, fid,
+                         _rows_reporter(unit, on_rows))
+            _check_file(w, unit.name, fid, rows, keys)
             if rows["routing"]:
-                w.insert_arrow("expert_load", load.table(fid))  # counted batch by batch above
+                w.finish_expert_load(STAGED_LOAD, fid)  # the partial counts of every batch, summed
+            w.drop_staged(STAGED_LOAD, STAGED_TOKENS)
             summaries.add_file(w, fid, summaries.tokens_summarised(unit.paths, fmt), unit.name)
             w.ensure_runs(sorted(runs), config or unit.config)
             w.finish_file(fid, sum(rows.values()))
@@ -221,6 +223,9 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
 # DuckDB stores tables in row groups of 122,880 rows; appends in whole multiples of that fill row groups
 # completely and were measured ~25% cheaper than 500,000-row appends (benchmarks/RESULTS-ingest.md).
 INSERT_ROWS = 4 * 122_880
+
+# Temporary tables of one load: per-batch expert-load counts and the tokens that key-ordered routing rows refer to.
+STAGED_LOAD, STAGED_TOKENS = "_staged_expert_load", "_staged_routing_tokens"
 
 
 def whole_row_groups(items: Iterator[tuple[str, pa.Table]], size: int = INSERT_ROWS) -> Iterator[tuple[str, pa.Table]]:
@@ -283,8 +288,19 @@ def prefetch(gen: Iterator, depth: int = 2) -> Iterator:
         t.join()
 
 
-def _check_file(w, name: str, fid: int, rows: dict[str, int], keys: dict[str, TableKeys],
-                routing_tokens: RoutingTokens) -> None:
+def _rows_reporter(unit: Unit, on_rows: RowsCallback | None) -> Callable[[str, int], None] | None:
+    if on_rows is None:
+        return None
+    total, done = expected_rows(unit), 0
+
+    def report(table: str, n: int) -> None:
+        nonlocal done
+        done += n
+        on_rows(done, total)
+    return report
+
+
+def _check_file(w, name: str, fid: int, rows: dict[str, int], keys: dict[str, TableKeys]) -> None:
     for table, cols in (("tokens", "run, step, sample, pos"), ("routing", "run, step, sample, pos, layer"),
                         ("sequences", "run, step, sample")):
         if rows[table]:
@@ -294,7 +310,7 @@ def _check_file(w, name: str, fid: int, rows: dict[str, int], keys: dict[str, Ta
                 raise DuplicateKey(name, f"{table} key ({key})", f"duplicate key: this key {dup[1]}",
                                    "each key may be loaded once; remove the repeated rows or use another run name")
     if rows["routing"]:
-        orphan = w.first_orphan_routing(fid, routing_tokens.table() if keys["routing"].ordered else None)
+        orphan = w.first_orphan_routing(fid, STAGED_TOKENS if keys["routing"].ordered else None)
         if orphan:
             key = ", ".join(f"{c}={v!r}" for c, v in zip(("run", "step", "sample", "pos", "layer"), orphan)
                             if v is not None)
@@ -309,21 +325,23 @@ def _check_file(w, name: str, fid: int, rows: dict[str, int], keys: dict[str, Ta
 
 
 def ingest_paths(store: Store, paths: Sequence[str | Path], run: str | None = None, config: dict | None = None,
-                 limits: Limits | None = None,
-                 progress: Callable[[int, int, str], None] | None = None) -> list[Outcome]:
+                 limits: Limits | None = None, progress: Callable[[int, int, str], None] | None = None,
+                 on_rows: RowsCallback | None = None) -> list[Outcome]:
     """Load files and folders; one Outcome per file (or joined framework unit), in load order."""
     limits = limits or Limits.from_env()
     try:
         units, outcomes = expand([Path(p) for p in paths], limits)
     except IngestError as e:  # a folder adapter refused a whole layout
         return [refused("?", e)]
-    return outcomes + load_units(store, units, run, limits, config, progress)
+    return outcomes + load_units(store, units, run, limits, config, progress, on_rows)
 
 
 def load_units(store: Store, units: Sequence[Unit], run: str | None, limits: Limits, config: dict | None = None,
-               progress: Callable[[int, int, str], None] | None = None) -> list[Outcome]:
+               progress: Callable[[int, int, str], None] | None = None,
+               on_rows: RowsCallback | None = None) -> list[Outcome]:
     """Load units one transaction each; token-bearing units first, so routing rows given in the same call
-    find their tokens whatever the order.
+    find their tokens whatever the order. `progress(i, n, name)` is told when unit i of n starts, `on_rows`
+    (see analysis.ingest.progress) how many rows of it the database has taken, from a worker thread.
 
     The outermost layer of a load: a unit's unexpected exception (a bug, not a refusal) becomes an "error"
     outcome with its traceback logged; the transaction has rolled back and the next units still load."""
@@ -333,7 +351,7 @@ def load_units(store: Store, units: Sequence[Unit], run: str | None, limits: Lim
         if progress:
             progress(i, len(units), unit.name)
         try:
-            outcomes.append(load_unit(store, unit, run, limits, config))
+            outcomes.append(load_unit(store, unit, run, limits, config, on_rows))
         except Exception as e:
             outcomes.append(internal_error(unit.name, e, unit.detected.format))
     if progress:

@@ -36,7 +36,9 @@ def _kind_or_refuse(name: str, columns) -> str:
 
 def read_parquet(fp: BinaryIO, name: str, limits: Limits) -> Iterator[Batch]:
     try:
-        pf = pq.ParquetFile(fp)
+        # pre_buffer (pyarrow's default) caches what it read ahead for the whole file: peak RSS grew 0.2 -> 0.95 GB
+        # reading 40M rows; without it memory stays one row group's worth
+        pf = pq.ParquetFile(fp, pre_buffer=False)
     except (pa.ArrowException, OSError) as e:
         raise CorruptFile(name, None, f"not a readable Parquet file ({e})", "re-export the file") from None
     kind = _kind_or_refuse(name, pf.schema_arrow.names)

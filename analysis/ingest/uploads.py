@@ -68,7 +68,8 @@ def _extract_zip(path: Path, label: str, dest: Path, limits: Limits) -> None:
 
 def ingest_uploads(store: Store, uploads: Sequence[tuple[str, BinaryIO]], run: str | None = None,
                    limits: Limits | None = None, max_bytes: int | None = None,
-                   progress: Callable[[int, int, str], None] | None = None) -> list[Outcome]:
+                   progress: Callable[[int, int, str], None] | None = None,
+                   on_rows: Callable[[int, int | None], None] | None = None) -> list[Outcome]:
     """Load browser uploads [(file name, file object)]; one Outcome per file (or per archive member)."""
     limits = limits or Limits.from_env()
     outcomes: list[Outcome] = []
@@ -109,7 +110,7 @@ def ingest_uploads(store: Store, uploads: Sequence[tuple[str, BinaryIO]], run: s
                     o.name, o.message = label, o.message.replace(f"{path.name}:", f"{label}:", 1)
             units.extend(u)
             outcomes.extend(refused)
-        return outcomes + load_units(store, units, run, limits, progress=progress)
+        return outcomes + load_units(store, units, run, limits, progress=progress, on_rows=on_rows)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

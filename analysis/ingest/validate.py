@@ -183,6 +183,7 @@ def _check_routing(file: str, batch: Batch, out: dict) -> "RoutingMatrices":
     common = np.zeros(n, dtype=np.int16)
     has_t = np.zeros(n, dtype=bool)
     T, rows = None, np.zeros(0, dtype=np.int64)
+    same = np.zeros(n, dtype=bool)  # both sides list the same experts in the same order
     if "trainer_experts" in out:
         t_valid, T = _experts_matrix(file, batch, "trainer_experts", out["trainer_experts"])
         rows = np.flatnonzero(t_valid)
@@ -203,6 +204,7 @@ def _check_routing(file: str, batch: Batch, out: dict) -> "RoutingMatrices":
                 common[rows[lo:hi]] = (Ss[lo:hi, :, None] == Ts[lo:hi, None, :]).sum(axis=(1, 2))
         top1[rows] = S[rows, 0] != T[:, 0]
         has_t[rows] = True
+        same[rows] = (S[rows] == T).all(axis=1)
     for name, side in (("sampler_weights", "sampler_experts"), ("trainer_weights", "trainer_experts")):
         if name in out:
             w = out[name]
@@ -219,6 +221,9 @@ def _check_routing(file: str, batch: Batch, out: dict) -> "RoutingMatrices":
                 raise LengthMismatch(file, f"{batch.where(i)}, column '{name}'",
                                      f"{int(wl[i])} weights for {int(el[i])} experts",
                                      f"give one weight per id of {side}, in the same order")
+    if same.any():  # stored once (schema.ROUTING_STORE); the `routing` view shows the trainer's list again
+        te = out["trainer_experts"]
+        out["trainer_experts"] = pa.ListArray.from_arrays(te.offsets, te.values, mask=pa.array(same | ~has_t))
     mask = ~has_t
     out["flip"] = pa.array(flip, mask=mask)
     out["top1_flip"] = pa.array(top1, mask=mask)

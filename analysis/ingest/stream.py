@@ -1,0 +1,69 @@
+"""Feed one load's checked batches to DuckDB in as few INSERT statements as possible, in bounded memory.
+
+Measured on 40M token rows with a 500 MB DuckDB memory_limit (benchmarks/RESULTS-scale.md): inside one
+transaction, one INSERT per batch keeps every batch in memory until COMMIT (3.0 GB peak RSS), while one INSERT
+that streams all the batches from an Arrow reader stays flat (0.7 GB). So consecutive batches of one table
+become one streamed INSERT. Small side tables (per-batch expert-load counts, the tokens routing rows refer to)
+wait in a capped buffer and are staged between INSERTs: a new INSERT starts when the table or the columns change,
+or when the side buffer is full.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import pyarrow as pa
+
+# Side rows held in Python before the streamed INSERT is cut to stage them (a few MB).
+SIDE_CAP_ROWS = 500_000
+
+
+def insert_items(w, items: Iterator[tuple[str, pa.Table]], staged: tuple[str, ...], rows: dict[str, int],
+                 file_id: int, on_rows: Callable[[str, int], None] | None = None) -> None:
+    """Insert (table, data) items of file `file_id`: tables named in `staged` go to `w.stage`, the others to their
+    stored table.
+
+    `rows[table]` counts the rows inserted; `on_rows(table, n)` (optional) is told of each batch as DuckDB takes
+    it. An error raised while producing items (a refused row, say) is raised here, after DuckDB stopped
+    reading, so the caller's transaction rolls back with the original exception."""
+    it = iter(items)
+    side: list[tuple[str, pa.Table]] = []
+    pending: list[tuple[str, pa.Table]] = []
+    while True:
+        item = pending.pop() if pending else next(it, None)
+        if item is None:
+            break
+        table, data = item
+        if table in staged:
+            w.stage(table, data)
+            continue
+        error: list[BaseException] = []
+
+        def batches(table=table, first=data) -> Iterator[pa.RecordBatch]:
+            try:
+                item = (table, first)
+                while item is not None:
+                    table2, data2 = item
+                    if table2 in staged:
+                        side.append((table2, data2))
+                        if sum(d.num_rows for _, d in side) >= SIDE_CAP_ROWS:
+                            return
+                    elif table2 != table or data2.schema != first.schema:
+                        pending.append((table2, data2))
+                        return
+                    else:
+                        rows[table] += data2.num_rows
+                        if on_rows:
+                            on_rows(table, data2.num_rows)
+                        yield from data2.to_batches()
+                    # next() by hand: a `for` or `yield from` over `it` would close it when this reader ends
+                    item = next(it, None)
+            except BaseException as e:  # handed to the caller once DuckDB has stopped reading
+                error.append(e)
+
+        w.insert_stream(table, pa.RecordBatchReader.from_batches(data.schema, batches()), data.column_names,
+                        file_id)
+        if error:
+            raise error[0]
+        for name, part in side:
+            w.stage(name, part)
+        side.clear()

@@ -1,0 +1,191 @@
+"""Ingest at run scale: `python -m analysis ingest` as a whole process vs DuckDB's own CTAS of the same files.
+
+    python benchmarks/bench_scale.py [--tokens 40000000] [--steps 400] [--routing-tokens 500000] [--layers 32]
+                                     [--repeat 1] [--keep]
+    python benchmarks/bench_scale.py --tokens 100000000 --routing-tokens 0
+
+Builds one tokens Parquet file (`--tokens` tokens over `--steps` steps, sequences of 500) and, unless
+`--routing-tokens 0`, one routing Parquet file (the first tokens of every step, `--layers` layers, top-8 of 64
+experts on both sides, ~3 % flips), both with DuckDB under benchmarks/work/scale/ (git-ignored). Then, per
+repeat, in alternating order so background load hits both alike:
+
+- **ctas**: a Python process that runs `CREATE TABLE tokens AS SELECT * FROM read_parquet(...)` (and the same for
+  routing) into a fresh database: DuckDB alone, no checks, no derived columns.
+- **ingest**: `python -m analysis ingest FILES --db fresh.duckdb`, the command a user runs.
+
+Each side is one child process; wall time, CPU (user + system) and peak RSS come from `os.wait4` for that
+child. The database size per routing row is the growth of the ingest database when the routing file is
+loaded after the tokens (`--routing-bytes`, a separate pass).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "benchmarks" / "work" / "scale"
+SEQ_LEN = 500
+
+
+def make_inputs(n_tokens: int, steps: int, routing_tokens: int, layers: int) -> list[Path]:
+    """tokens.parquet (and routing.parquet when routing_tokens > 0), written once per shape."""
+    import duckdb
+
+    out = WORK / f"t{n_tokens}_s{steps}_r{routing_tokens}_l{layers}"
+    done = out / "DONE"
+    files = [out / "tokens.parquet"] + ([out / "routing.parquet"] if routing_tokens else [])
+    if done.exists():
+        return files
+    out.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect()
+    con.execute("SET preserve_insertion_order = true")
+    per_step = n_tokens // steps
+    # t = s + small noise (kept <= 0); token i of the run is token (i % per_step) of step i // per_step
+    con.execute(f"""COPY (
+        SELECT 'bench' AS run, (i // {per_step})::BIGINT AS step, ((i % {per_step}) // {SEQ_LEN})::BIGINT AS sample,
+               (i % {SEQ_LEN})::INTEGER AS pos, (hash(i) % 50000)::INTEGER AS token_id, s AS sampler_logprob,
+               least(0.0, s + (random() - 0.5) * 0.02) AS trainer_logprob
+        FROM (SELECT i, -(random() * 5) AS s FROM range({per_step * steps}) t(i)))
+        TO '{files[0]}' (FORMAT parquet)""")
+    if routing_tokens:
+        per_r = routing_tokens // steps  # the first per_r tokens of every step carry routing
+        con.execute(f"""COPY (
+            WITH base AS (
+                SELECT 'bench' AS run, (j // {per_r})::BIGINT AS step, ((j % {per_r}) // {SEQ_LEN})::BIGINT AS sample,
+                       (j % {SEQ_LEN})::INTEGER AS pos, l::INTEGER AS layer,
+                       list_transform(range(8), lambda e: (e * 8 + hash(j, l, e) % 8)::INTEGER) AS se,
+                       hash(j, l, 7) % 100 < 3 AS flip
+                FROM range({per_r * steps}) t(j), range({layers}) u(l))
+            SELECT run, step, sample, pos, layer, se AS sampler_experts,
+                   CASE WHEN flip THEN list_transform(range(8), lambda e:
+                        CASE WHEN e = 0 THEN ((se[1] + 1) % 8)::INTEGER ELSE se[e + 1] END)
+                        ELSE se END AS trainer_experts
+            FROM base ORDER BY step, sample, pos, layer) TO '{files[1]}' (FORMAT parquet)""")
+    con.close()
+    done.touch()
+    return files
+
+
+CTAS = """
+import sys, duckdb
+con = duckdb.connect(sys.argv[1])
+for f in sys.argv[2:]:
+    table = 'routing' if f.endswith('routing.parquet') else 'tokens'
+    con.execute(f"CREATE TABLE {table} AS SELECT * FROM read_parquet(?)", [f])
+con.close()
+"""
+
+
+def timed(cmd: list[str], cwd: Path | None = None) -> dict:
+    """Run cmd as a child; wall seconds, CPU seconds and peak RSS (MB) of that child alone."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd)
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    out, err = p.stdout.read().decode(), p.stderr.read().decode()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode:
+        raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({p.returncode}):\n{out}\n{err}")
+    return {"seconds": wall, "cpu_seconds": ru.ru_utime + ru.ru_stime, "peak_rss_mb": ru.ru_maxrss / 1024,
+            "stdout": out}
+
+
+def fresh_db(name: str) -> Path:
+    db = WORK / f"{name}.duckdb"
+    for p in (db, Path(f"{db}.wal")):
+        p.unlink(missing_ok=True)
+    return db
+
+
+def run_side(which: str, files: list[Path], code: Path | None = None) -> dict:
+    """ctas, ingest (this checkout) or other (the ingest of the checkout `code`)."""
+    db = fresh_db(which)
+    if which == "ctas":
+        cmd = [sys.executable, "-c", CTAS, str(db), *map(str, files)]
+    else:
+        cmd = [sys.executable, "-m", "analysis", "ingest", *map(str, files), "--db", str(db)]
+    res = timed(cmd, code if which == "other" else None)
+    res["db_mb"] = db.stat().st_size / 2**20
+    db.unlink(missing_ok=True)
+    return res
+
+
+def routing_bytes(files: list[Path], code: Path | None) -> None:
+    """Database growth per routing row: ingest the tokens (closing the database checkpoints it), then the
+    routing file; `code`: another checkout of the project to run the ingest from (a before/after comparison)."""
+    db = fresh_db("routing-bytes")
+    ingest = [sys.executable, "-m", "analysis", "ingest"]
+    timed(ingest + [str(files[0]), "--db", str(db)], code)
+    before = db.stat().st_size
+    timed(ingest + [str(files[1]), "--db", str(db)], code)
+    after = db.stat().st_size
+    import duckdb
+    con = duckdb.connect(str(db), read_only=True)
+    n = con.execute("SELECT count(*) FROM routing").fetchall()[0][0]
+    con.close()
+    db.unlink(missing_ok=True)
+    print(f"routing ({code or 'this checkout'}): {n:,} rows, database +{(after - before) / 2**20:.0f} MiB = "
+          f"{(after - before) / n:.2f} bytes per (token, layer) row")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=40_000_000)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--routing-tokens", type=int, default=500_000)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--routing-bytes", action="store_true", help="also measure database bytes per routing row")
+    ap.add_argument("--code", type=Path, help="another checkout of the project: its ingest is timed too ('other') "
+                                              "and, with --routing-bytes, its bytes per routing row")
+    ap.add_argument("--only", choices=("ctas", "ingest", "none"), help="time one side only, or none")
+    ap.add_argument("--keep", action="store_true", help="keep the input files (default: delete them at the end)")
+    a = ap.parse_args()
+    t0 = time.perf_counter()
+    # built in a child process: Linux hands a parent's peak RSS down to the children it forks, so building the
+    # inputs with DuckDB in this process would inflate every side's peak RSS measured below
+    shape = [a.tokens, a.steps, a.routing_tokens, a.layers]
+    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
+                    f"import bench_scale; bench_scale.make_inputs(*{shape!r})"], check=True)
+    files = make_inputs(*shape)  # already built: only the paths
+    print(f"inputs: {', '.join(f'{f.name} {f.stat().st_size / 2**20:.0f} MiB' for f in files)} "
+          f"({time.perf_counter() - t0:.1f} s to prepare)")
+    print(f"{a.tokens:,} tokens over {a.steps} steps + {a.routing_tokens * a.layers:,} routing rows "
+          f"({a.layers} layers, top-8 of 64); python {platform.python_version()}, {os.cpu_count()} cpus, "
+          f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    best: dict[str, dict[str, list[float]]] = {}
+    sides = () if a.only == "none" else (a.only,) if a.only else ("ctas", "ingest") + (("other",) if a.code else ())
+    code = a.code.resolve() if a.code else None
+    for r in range(a.repeat):
+        for which in sides if r % 2 == 0 else sides[::-1]:
+            res = run_side(which, files, code)
+            for key in ("seconds", "cpu_seconds", "peak_rss_mb"):
+                best.setdefault(which, {}).setdefault(key, []).append(res[key])
+            print(f"repeat {r + 1} {which:>6}: {res['seconds']:6.2f} s wall, {res['cpu_seconds']:6.2f} s cpu, "
+                  f"{res['peak_rss_mb']:5.0f} MB peak RSS, db {res['db_mb']:.0f} MiB", flush=True)
+    if "other" in best:
+        b, o = best["ctas"], best["other"]
+        print(f"best of {a.repeat}: other ({code}) {min(o['seconds']):.2f} s = {min(o['seconds']) / min(b['seconds']):.2f}x "
+              f"ctas wall, {min(o['cpu_seconds']) / min(b['cpu_seconds']):.2f}x cpu, peak RSS {max(o['peak_rss_mb']):.0f} MB")
+    if "ctas" in best and "ingest" in best:
+        b, o = best["ctas"], best["ingest"]
+        print(f"best of {a.repeat}: ctas {min(b['seconds']):.2f} s | ingest {min(o['seconds']):.2f} s | "
+              f"wall ratio {min(o['seconds']) / min(b['seconds']):.2f}x | cpu ratio "
+              f"{min(o['cpu_seconds']) / min(b['cpu_seconds']):.2f}x | ingest peak RSS {max(o['peak_rss_mb']):.0f} MB "
+              f"(ctas {max(b['peak_rss_mb']):.0f} MB) | load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if a.routing_bytes and a.routing_tokens:
+        for c in ([code] if code else []) + [None]:
+            routing_bytes(files, c)
+    if not a.keep:
+        for f in files:
+            f.unlink(missing_ok=True)
+        (files[0].parent / "DONE").unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    main()
