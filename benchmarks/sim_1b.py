@@ -31,11 +31,20 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
 from analysis.logger import DriftLogger  # noqa: E402
+from analysis.logger import _write as write_parquet  # noqa: E402  (the logger's encoding)
 
 WORK = ROOT / "benchmarks" / "work" / "sim1b"
 RUN = "sim-1b"
 RESULTS = ROOT / "benchmarks" / "RESULTS-logger.md"
+
+
+def set_work(path: Path) -> None:
+    global WORK
+    WORK = path
 
 
 def step_data(step: int, n_tokens: int, seq_len: int) -> dict:
@@ -79,6 +88,30 @@ def log(args) -> float:
             print(f"step {step}: {spent:.1f} s in log_step so far", flush=True)
     truth_file.write_text(json.dumps(known))
     return spent
+
+
+def replicate(target: int) -> int:
+    """Complete the run to `target` steps with copies of the logged steps' files (step k copies step k mod n,
+    its step column rewritten, same encoding), for when logging every step takes longer than the machine allows.
+    Returns n, the number of steps really logged."""
+    known = json.loads((WORK / "truth.json").read_text())
+    run_dir = WORK / RUN
+    logged = sorted(int(k) for k in known if (run_dir / f"summary-step{int(k):06d}.parquet").exists()
+                    and int(k) < target)
+    n = len(logged)
+    assert logged == list(range(n)), "replicate needs steps 0 .. n-1 logged"
+    for step in range(n, target):
+        src = step % n
+        for kind in ("summary", "tokens", "routing"):
+            f = run_dir / f"{kind}-step{src:06d}.parquet"
+            if f.exists():
+                table = pq.read_table(f)
+                table = table.set_column(table.column_names.index("step"), "step",
+                                         pa.array([step] * table.num_rows, pa.int64()))
+                write_parquet(table, run_dir / f"{kind}-step{step:06d}.parquet")
+        known[str(step)] = known[str(src)]
+    (WORK / "truth.json").write_text(json.dumps(known))
+    return n
 
 
 def sizes() -> dict[str, int]:
@@ -129,13 +162,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--log-only", action="store_true")
     ap.add_argument("--ingest-only", action="store_true")
+    ap.add_argument("--replicate", action="store_true",
+                    help="with --ingest-only: complete the run to --steps with copies of the steps logged so far")
+    ap.add_argument("--work", type=Path, default=WORK, help="folder of the logs and the database (git-ignored)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
+    set_work(args.work)
     args.tokens = args.tokens // args.seq_len * args.seq_len
     torch.set_num_threads(args.threads)
     spent = None if args.ingest_only else log(args)
     if args.log_only:
         return
+    logged = replicate(args.steps) if args.replicate else args.steps
     size = sizes()
     wall, db_size, worst = ingest_and_check(args)
     total = args.steps * args.tokens
@@ -145,7 +183,9 @@ def main() -> None:
              f"--top-tokens {args.top_tokens}`  ",
              f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, torch threads={args.threads}, load average "
              f"at the end {os.getloadavg()[0]:.1f}  ",
-             f"Data: {total:,} tokens ({args.steps} steps × {args.tokens:,}, sequences of {args.seq_len})\n"]
+             f"Data: {total:,} tokens ({args.steps} steps × {args.tokens:,}, sequences of {args.seq_len})"
+             + (f"; steps {logged}..{args.steps - 1} are copies of steps 0..{logged - 1} (step column rewritten)"
+                if logged < args.steps else "") + "\n"]
     if spent is not None:
         lines.append(f"- logging: {spent:.1f} s in log_step ({total / spent / 1e6:.1f}M tokens/s)")
     lines += [f"- files: {sum(size.values()) / 1e6:.1f} MB in all ("
