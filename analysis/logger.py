@@ -1,11 +1,13 @@
-"""DriftLogger: the few lines a trainer adds to write SCHEMA.md long-table Parquet shards, one per step.
+"""DriftLogger: the few lines a trainer adds to write SCHEMA.md summaries and token rows, one set per step.
 
-    logger = DriftLogger("drift_logs", run="bf16-baseline", config={"sampler_dtype": "bf16"})
+    logger = DriftLogger("drift_logs", run="bf16-baseline", config={"sampler_dtype": "bf16"}, token_sample=0.01)
     logger.log_step(step, rollout_log_probs, old_log_probs, response_mask, token_ids=responses,
                     sampler_experts=routed_experts)
 
-Writes `<out_dir>/<run>/tokens-step000012.parquet`, `routing-step000012.parquet` and `run.json`.
-Vectorised (no Python loop per token) and byte-deterministic: the same inputs give the same file bytes.
+Writes `<out_dir>/<run>/summary-step000012.parquet` (every summary table, over every trained token; SCHEMA.md,
+"Summary files"), `tokens-step000012.parquet` and `routing-step000012.parquet` (the rows of the tokens kept by
+`token_sample`; none when it is 0) and `run.json`. Vectorised torch on the tensors' own device (no Python loop
+per token) and byte-deterministic on CPU: the same inputs give the same file bytes.
 """
 from __future__ import annotations
 
@@ -124,7 +126,7 @@ class DriftLogger:
         x = self._checked(step, sampler_logprobs, trainer_logprobs, mask, token_ids, sampler_experts,
                           trainer_experts, sampler_version, trainer_version, sample_ids)
         keep, kept = select(x.delta, x.mask, self.plan, step_generator(self.plan.seed, self.run, step, x.device))
-        tables = {"summary": (summary_files.build(self.run, step, summarise(self.run, step, x, kept, self.plan)),
+        tables = {"summary": (summary_files.build(self.run, step, summarise(x, kept, self.plan)),
                               None)}
         if self.plan.rate > 0:  # token_sample=0 writes summaries only
             rows = keep.reshape(-1).nonzero().squeeze(1)  # row-major: sample, then position

@@ -6,23 +6,18 @@ every view above token level stays exact. The per-token terms follow compute.py'
 float64 (inputs are widened first), with no Python loop per token or sequence; only reduced rows leave the device.
 
 Grouping: one pass groups tokens by (sequence, ratio band), the summary_seq rows; the step row is reduced from
-those rows. Δ bins and the (bucket, band) rows of each bucket dimension are one pass each. A group's sums are
-`torch.bincount` with weights (one pass per column), its minima and maxima one `scatter_reduce` over the
-stacked columns (minima as maxima of the negated value, which is exact).
+those rows. Δ bins and the (bucket, band) rows of each bucket dimension are one pass each (`_Groups`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-import pyarrow as pa
 import torch
 
 from analysis.summaries import schema as S
 from analysis.token_sample import Kept, SamplePlan
 
-SUMMARY_KEY = "driftscope.summary"  # schema metadata of a summary file: the tables its rows belong to
-SUMMARY_COLUMN = "summary"  # in a summary file, the table each row belongs to
 SUMMARISED_KEY = S.SUMMARISED_KEY.decode()  # "1" on token/routing files whose summaries come in a summary file
 SAMPLE_TABLE = "summary_sample"  # per (run, step): what the step's token rows are a sample of
 EXPERT_LOAD = "expert_load"  # per (run, step, layer, expert) routed-token counts, as ingest aggregates them
@@ -209,7 +204,7 @@ def _host(values: dict[str, torch.Tensor | list]) -> dict[str, list]:
     return {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
 
 
-def summarise(run: str, step: int, x: StepTensors, kept: Kept, plan: SamplePlan) -> dict[str, dict[str, list]]:
+def summarise(x: StepTensors, kept: Kept, plan: SamplePlan) -> dict[str, dict[str, list]]:
     """Summary table name -> the step's rows of that table, as columns (no run/step/file_id).
 
     Tokens are reduced in chunks of whole sequences (about CHUNK_TOKENS positions), which bounds the
@@ -300,5 +295,4 @@ def sample_record(kept: Kept, plan: SamplePlan) -> dict[str, list]:
             "n_top_tokens": [kept.n_top_tokens]}
 
 
-__all__ = ["StepTensors", "summarise", "token_terms", "bin_of", "SUMMARY_KEY", "SUMMARY_COLUMN", "SUMMARISED_KEY",
-           "SAMPLE_TABLE", "EXPERT_LOAD"]
+__all__ = ["StepTensors", "summarise", "token_terms", "bin_of", "SUMMARISED_KEY", "SAMPLE_TABLE", "EXPERT_LOAD"]
