@@ -52,8 +52,10 @@ def build(run: str, step: int, tables: dict[str, dict[str, list]]) -> pa.Table:
         n = len(next(iter(cols.values()), []))
         if n == 0:
             continue
-        data = {TABLE_COLUMN: [name] * n, "run": [run] * n, "step": [step] * n} | cols
-        parts.append(pa.table({f: pa.array(data[f], t) if f in data else pa.nulls(n, t) for f, t in fields.items()}))
+        data = {TABLE_COLUMN: pa.repeat(pa.scalar(name), n), "run": pa.repeat(pa.scalar(run), n),
+                "step": pa.repeat(pa.scalar(step, pa.int64()), n)}
+        data |= {k: pa.array(v, fields[k]) for k, v in cols.items()}  # numpy columns convert without a copy
+        parts.append(pa.table({f: data[f] if f in data else pa.nulls(n, t) for f, t in fields.items()}))
     schema = pa.schema(fields).with_metadata({SUMMARY_KEY: FORMAT_VERSION})
     table = pa.concat_tables(parts) if parts else schema.empty_table()
     return table.replace_schema_metadata(schema.metadata)
