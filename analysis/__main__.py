@@ -1,7 +1,9 @@
-"""Command line: `python -m analysis {ingest,watch,runs,metrics,corrections,findings,lab} ...` (see README, DESIGN.md)."""
+"""Command line: `python -m analysis {ingest,watch,runs,metrics,corrections,findings,lab} ...` (see README, 'Command line')."""
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 
 from analysis.store import Store, StoreError, default_db_path
@@ -91,15 +93,19 @@ def _ingest(db, args) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    # An internal error is one "error" line; its traceback (logged by ingest) only with DRIFT_DEBUG=1.
+    logging.basicConfig(level=logging.DEBUG if os.environ.get("DRIFT_DEBUG") else logging.CRITICAL,
+                        format="%(levelname)s %(name)s: %(message)s")
     store = Store(db)
-    failed = 0
+    failed, errors = 0, 0
     outcomes = (ingest_mapped(store, args.paths, mapping, run=args.run) if mapping
                 else ingest_paths(store, args.paths, run=args.run))
     for outcome in outcomes:
-        print(outcome.line(), file=sys.stdout if outcome.status != "refused" else sys.stderr)
+        print(outcome.line(), file=sys.stdout if outcome.status in ("loaded", "skipped") else sys.stderr)
         failed += outcome.status == "refused"
+        errors += outcome.status == "error"
     store.close()
-    return 1 if failed else 0
+    return 3 if errors else 1 if failed else 0
 
 
 def _metrics(store: Store, args) -> int:

@@ -23,6 +23,7 @@ import torch
 
 from analysis.ingest import summary_files
 from analysis.logger_summaries import SUMMARISED_KEY, StepTensors, summarise
+from analysis.routing_rows import routing_columns
 from analysis.token_sample import TOP_TOKENS, WORST_SEQUENCES, SamplePlan, select, step_generator
 
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,127}")
@@ -35,9 +36,18 @@ def safe_run_name(run: str) -> str:
     """
     if isinstance(run, str) and _RUN_NAME.fullmatch(run) and ".." not in run:
         return run
-    slug = re.sub(r"[^A-Za-z0-9._+=-]+", "-", str(run)).replace("..", "-").strip(".-_")[:128] or "run"
+    slug = run_name_slug(str(run))
     raise ValueError(f"run name {run!r} cannot be used as a directory name: use letters, digits and "
                      f"'._+=-' (no path separators, no '..'), for example {slug!r}")
+
+
+def run_name_slug(text: str) -> str:
+    """`text` made into a name safe_run_name accepts: other characters become '-', at most 128 characters.
+
+    >>> run_name_slug("bf16 run #2")
+    'bf16-run-2'
+    """
+    return re.sub(r"[^A-Za-z0-9._+=-]+", "-", text).replace("..", "-").strip(".-_")[:128] or "run"
 
 
 def _tensor(x, name: str, device: torch.device | None = None) -> torch.Tensor:
@@ -71,13 +81,6 @@ def _per_token(x, B: int, T: int, name: str, device: torch.device) -> torch.Tens
 
 def _host(x: torch.Tensor) -> np.ndarray:
     return x.cpu().numpy()
-
-
-def _list_column(experts: np.ndarray) -> pa.ListArray:
-    """[N, K] int -> list<int32> with N rows of K items, built from flat values and offsets."""
-    N, K = experts.shape
-    offsets = pa.array(np.arange(0, (N + 1) * K, K, dtype=np.int32))
-    return pa.ListArray.from_arrays(offsets, pa.array(experts.reshape(-1).astype(np.int32, copy=False)))
 
 
 def _write(table: pa.Table, path: Path, metadata: dict[str, str] | None = None) -> None:
@@ -210,21 +213,19 @@ class DriftLogger:
 
     def _routing_rows(self, step: int, x: StepTensors, rows: torch.Tensor) -> pa.Table:
         B, T, L, K = x.sampler_experts.shape
-        n = len(rows) * L
 
-        def experts(e):  # rows ordered token, then layer
-            return _host(e.reshape(B * T, L, K)[rows].to(torch.int32)).reshape(-1, K)
+        def experts(e):  # [kept tokens, L, K] on the host
+            return _host(e.reshape(B * T, L, K)[rows].to(torch.int32))
 
         te = x.trainer_experts
-        return pa.table({
-            "run": pa.repeat(pa.scalar(self.run, pa.string()), n),
-            "step": pa.array(np.full(n, step, dtype=np.int64)),
-            "sample": pa.array(np.repeat(_host(x.samples[rows // T]), L)),
-            "pos": pa.array(np.repeat(_host((rows % T).to(torch.int32)), L)),
-            "layer": pa.array(np.tile(np.arange(L, dtype=np.int32), len(rows))),
-            "sampler_experts": _list_column(experts(x.sampler_experts)),
-            "trainer_experts": _list_column(experts(te)) if te is not None else pa.nulls(n, pa.list_(pa.int32())),
-        })
+        keys = {"step": np.full(len(rows), step, dtype=np.int64), "sample": _host(x.samples[rows // T]),
+                "pos": _host((rows % T).to(torch.int32))}
+        cols = routing_columns(keys, experts(x.sampler_experts), experts(te) if te is not None else None)
+        n = len(cols["layer"])
+        cols["run"] = pa.repeat(pa.scalar(self.run, pa.string()), n)
+        cols.setdefault("trainer_experts", pa.nulls(n, pa.list_(pa.int32())))
+        return pa.table({c: cols[c] for c in ("run", "step", "sample", "pos", "layer", "sampler_experts",
+                                              "trainer_experts")})
 
 
 def _check_experts(e: torch.Tensor, mask: torch.Tensor, name: str) -> None:

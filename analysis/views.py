@@ -6,11 +6,11 @@ beyond a display smoothing (a trailing moving average).
 from __future__ import annotations
 
 import json
-import re
 from typing import Sequence
 
 import polars as pl
 
+from analysis.logger import run_name_slug
 from analysis.store import Store
 from analysis.summaries.read import token_table
 
@@ -93,7 +93,7 @@ def config_text(config: dict) -> str:
 
 def unique_run_name(existing: Sequence[str], base: str) -> str:
     """`base`, or `base-2`, `base-3`, … : the first name not in `existing`."""
-    base = re.sub(r"[^A-Za-z0-9._+=-]+", "-", base).strip(".-_") or "run"
+    base = run_name_slug(base)
     taken = set(existing)
     if base not in taken:
         return base

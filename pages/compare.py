@@ -2,8 +2,10 @@
 import streamlit as st
 
 from analysis import compare, distributions, routing, views
-from ui import charts, glossary, routing_charts
+from ui import auth, charts, glossary, routing_charts
 from ui import state as S
+
+auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
 
 st.title("Compare runs")
 st.caption("Put runs side by side: which settings differ (dtypes, engine, mitigation switches) and what that does "

@@ -4,8 +4,10 @@ import streamlit as st
 
 from analysis import report, views
 from analysis.store import Store
-from ui import access, mapping_form
+from ui import access, auth, mapping_form
 from ui import state as S
+
+auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
 
 st.title("Data")
 st.caption("Everything in the database, and the way in: upload sampler/trainer log-prob logs, inspect what was "
@@ -75,8 +77,10 @@ else:
             _record(outcomes)
     if ss.get("data_outcomes"):
         res = ss["data_outcomes"]
-        n = {k: sum(r["status"] == k for r in res) for k in ("loaded", "skipped", "refused")}
+        n = {k: sum(r["status"] == k for r in res) for k in ("loaded", "skipped", "refused", "error")}
         msg = f"Last upload: {n['loaded']} loaded, {n['skipped']} skipped, {n['refused']} refused."
+        if n["error"]:  # a bug of ours, not a refusal: the table's message says to report it
+            st.error(f"{n['error']} file(s) hit an internal error while reading (see the table).")
         (st.warning if n["refused"] else st.success)(msg)
         st.dataframe(res, hide_index=True, key="data_outcomes_table",
                      column_config={"message": st.column_config.TextColumn("message", width="large")})

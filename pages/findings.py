@@ -3,8 +3,10 @@ step ranges (waterfall), what each off-policy correction would mask (simulator),
 import streamlit as st
 
 from analysis import corrections, decomposition, findings, gates, inspect, views
-from ui import findings_charts, nav
+from ui import auth, findings_charts, nav
 from ui import state as S
+
+auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
 
 st.title("Findings")
 st.caption("Each finding comes from a stated rule on this data, with the numbers behind it, a link to the view that "

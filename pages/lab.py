@@ -8,8 +8,10 @@ from pathlib import Path
 import streamlit as st
 
 from analysis import views
-from ui import access, nav
+from ui import access, auth, nav
 from ui import state as S
+
+auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
 
 st.title("Drift lab")
 st.caption("A tiny mixture-of-experts GPT is sampled token by token (KV cache, the sampler's dtype) and then "
@@ -100,7 +102,7 @@ with S.guard("load the drift lab"):
                     from analysis.ingest import ingest_paths
                     outcomes = ingest_paths(S.store(), [summary["out"]])
                     S.data_changed()
-                    refused = [o for o in outcomes if o.status == "refused"]
+                    refused = [o for o in outcomes if o.status in ("refused", "error")]
                     if refused:
                         status.update(label="The lab ran but its logs were refused", state="error")
                         for o in refused:

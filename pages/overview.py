@@ -2,8 +2,10 @@
 import streamlit as st
 
 from analysis import compare, context, views
-from ui import charts, context_charts, glossary
+from ui import auth, charts, context_charts, glossary
 from ui import state as S
+
+auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
 
 st.title("Overview")
 st.caption("How far the trainer's recomputed log-probs **t** drift from the log-probs **s** the sampler reported, "
@@ -32,7 +34,7 @@ with S.guard("compute the run summary"):
             note = f"{row['n_tokens']:,} tokens · {row['n_sequences']:,} sequences"
             S.run_badge(run, colors.get(run, "#888"), note)
             cols = st.columns(len(glossary.CARD_METRICS))
-            for col, (metric, label, _) in zip(cols, glossary.CARD_METRICS):
+            for col, (metric, label) in zip(cols, glossary.CARD_METRICS):
                 help_text = glossary.describe(metric)
                 if metric == "token_any_flip_rate" and kinds.get(run) != "both":
                     help_text += (" — not available: this run has no MoE routing" if kinds.get(run) == "none"

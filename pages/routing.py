@@ -2,8 +2,10 @@
 import streamlit as st
 
 from analysis import inspect, routing, views
-from ui import charts, glossary, routing_charts
+from ui import auth, charts, glossary, routing_charts
 from ui import state as S
+
+auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
 
 st.title("Routing")
 st.caption("For every response token and MoE layer, the top-k experts the sampler's router chose (E_s) and the "

@@ -4,8 +4,10 @@ the same sequence."""
 import streamlit as st
 
 from analysis import inspect, sampled, views
-from ui import charts, routing_charts, sequence_view
+from ui import auth, charts, routing_charts, sequence_view
 from ui import state as S
+
+auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
 
 st.title("Sequences")
 st.caption("Find the responses whose log-probs disagree most, then read one token by token: each token is shaded "

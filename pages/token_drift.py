@@ -3,8 +3,10 @@ where the mismatch lives (probability, position, length, entropy, staleness) and
 import streamlit as st
 
 from analysis import buckets, distributions, sampled
-from ui import charts, glossary
+from ui import auth, charts, glossary
 from ui import state as S
+
+auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
 
 st.title("Token drift")
 st.caption("Every response token has a sampler log-prob s and a trainer log-prob t. "

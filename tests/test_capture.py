@@ -11,6 +11,8 @@ from torch.nn import functional as F
 
 from analysis.capture import RouterCapture, gather_positions, response_experts
 
+pytestmark = pytest.mark.slow  # forward passes of small torch MoE models
+
 transformers = pytest.importorskip("transformers")
 
 TINY = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

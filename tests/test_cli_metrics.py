@@ -9,12 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from analysis import report
 from conftest import metrics_load, metrics_make_routing, metrics_make_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # each test starts `python -m analysis` in a subprocess
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +24,11 @@ def cli_db(tmp_path_factory):
     """A closed database file (the CLI opens it read-only) and the library's tables for it."""
     tmp = tmp_path_factory.mktemp("cli")
     tokens = metrics_make_tokens(seed=31, runs=("r1", "r2"), steps=(0, 1), n_seq=3, max_len=12)
-    store = metrics_load(tmp, tokens, metrics_make_routing(tokens, seed=32, layers=3))
+    routing = metrics_make_routing(tokens, seed=32, layers=3)
+    store = metrics_load(tmp, tokens, routing)
     want = {by: report.metrics_table(store, ["r1"], by=by) for by in ("step", "layer", "run")}
     store.close()
-    return tmp / "t.duckdb", want
+    return tmp / "t.duckdb", want, routing
 
 
 def _cli(*args: str) -> str:
@@ -52,12 +55,12 @@ def _check_json(text: str, expected) -> None:
 
 @pytest.mark.parametrize("by", ["step", "layer"])
 def test_json_equals_library(cli_db, by):
-    db, want = cli_db
+    db, want, _ = cli_db
     _check_json(_cli("--db", str(db), "--run", "r1", "--by", by, "--format", "json"), want[by])
 
 
 def test_csv_has_metrics_md_columns(cli_db):
-    db, want = cli_db
+    db, want, _ = cli_db
     text = _cli("--db", str(db), "--run", "r1", "--by", "step")
     reader = csv.DictReader(io.StringIO(text))
     assert reader.fieldnames == ["run", "step", "n_tokens", "n_sequences", "kl_k1", "kl_k2", "kl_k3",
@@ -73,7 +76,7 @@ def test_csv_has_metrics_md_columns(cli_db):
 
 def test_by_run_json_without_importing_torch(cli_db):
     """The by=run table through the real entry point, checking afterwards that torch was never imported."""
-    db, want = cli_db
+    db, want, _ = cli_db
     code = ("import runpy, sys\n"
             f"sys.argv = ['analysis', 'metrics', '--db', {str(db)!r}, '--run', 'r1', '--by', 'run', "
             "'--format', 'json']\n"
@@ -88,6 +91,32 @@ def test_by_run_json_without_importing_torch(cli_db):
 
 def test_unknown_run_is_an_error(cli_db, capsys):
     from analysis.__main__ import main
-    db, _ = cli_db
+    db, _, _ = cli_db
     assert main(["metrics", "--db", str(db), "--run", "nope"]) == 1
     assert "no run named 'nope'" in capsys.readouterr().err
+
+
+def test_by_step_has_the_token_flip_columns_of_a_numpy_reference(cli_db):
+    """METRICS.md: token_any_flip_rate and flipped_layers_per_token per step, from the routing rows written."""
+    db, _, routing = cli_db
+    rows = json.loads(_cli("--db", str(db), "--run", "r1", "--by", "step", "--format", "json"))
+    r1 = routing.filter(routing["run"] == "r1")
+    steps, samples, pos = (r1[c].to_numpy() for c in ("step", "sample", "pos"))
+    s = np.sort(np.array(r1["sampler_experts"].to_list()), axis=1)
+    t = np.sort(np.array(r1["trainer_experts"].to_list()), axis=1)
+    flip = (s != t).any(axis=1)
+    assert 0 < flip.mean() < 1
+    for row in rows:
+        at = steps == row["step"]
+        _, token = np.unique(np.stack([samples[at], pos[at]], axis=1), axis=0, return_inverse=True)
+        per_token = np.bincount(token.ravel(), weights=flip[at])  # flipped layers of each token
+        assert row["token_any_flip_rate"] == pytest.approx(float((per_token > 0).mean()), rel=1e-12)
+        assert row["flipped_layers_per_token"] == pytest.approx(float(per_token.mean()), rel=1e-12)
+    assert sorted(r["step"] for r in rows) == sorted(set(steps.tolist()))
+
+
+def test_by_step_without_trainer_routing_has_no_flip_columns(tmp_path):
+    tokens = metrics_make_tokens(seed=33, runs=("r1",), steps=(0, 1), n_seq=2, max_len=6)
+    metrics_load(tmp_path, tokens, metrics_make_routing(tokens, seed=34, layers=2, trainer=False)).close()
+    rows = json.loads(_cli("--db", str(tmp_path / "t.duckdb"), "--by", "step", "--format", "json"))
+    assert len(rows) == 2 and "token_any_flip_rate" not in rows[0] and "kl_k3" in rows[0]

@@ -57,11 +57,6 @@ def test_metrics_table_by_run_adds_flip_columns_only_with_routing(two_runs):
         report.metrics_table(two_runs, ["x"], by="token")
 
 
-def test_flatten_doctest():
-    import doctest
-    assert doctest.testmod(compare).failed == 0
-
-
 def test_run_names_that_collide_with_columns_are_refused(two_runs):
     with pytest.raises(ValueError, match="collide"):
         compare.metric_deltas(two_runs, ["x", "metric"], baseline="x")

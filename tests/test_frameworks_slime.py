@@ -117,7 +117,7 @@ def test_numpy_routing_refused_with_the_conversion_command_which_works(tmp_path,
     dump, exp = write_slime(tmp_path, rollout_ids=(0,), eval_ids=(), numpy_routing=True)
     [o] = ingest_paths(store, [dump])
     assert o.status == "refused"
-    assert "0.pt: this file needs pickle to load, and pickle can run code, so it is refused" in o.message
+    assert "0.pt: refused: loading it would need pickle, which can run code" in o.message
     assert "numpy" in o.message
     cmd = o.message[o.message.index("python -c"):].rstrip(")")
     assert cmd.endswith("in.pt out.pt")
@@ -155,7 +155,7 @@ def test_pickle_objects_in_metadata_are_refused_without_running_them(tmp_path, s
     d["samples"][0]["metadata"]["custom"] = _Boom(str(mark))
     torch.save(d, path)
     [o] = ingest_paths(store, [dump])
-    assert o.status == "refused" and "needs pickle to load" in o.message
+    assert o.status == "refused" and "would need pickle" in o.message
     assert not mark.exists()
 
 

@@ -81,6 +81,7 @@ def test_secrets_example_documents_auth_with_placeholders():
         assert auth[key].startswith("REPLACE-"), key  # never a real secret in the repository
 
 
+@pytest.mark.slow  # AppTest
 # -- viewer mode -----------------------------------------------------------------------------------------
 def test_viewer_mode_on_every_page_and_a_read_only_database(monkeypatch, db):
     from analysis.store import StoreError
@@ -105,6 +106,7 @@ def test_viewer_mode_on_every_page_and_a_read_only_database(monkeypatch, db):
         store.set_run_config(bu.RUN_DENSE, {"x": 1})
 
 
+@pytest.mark.slow  # AppTest
 # -- sign-in ---------------------------------------------------------------------------------------------
 def test_without_secrets_the_app_opens_without_sign_in(monkeypatch, db):
     at = app(monkeypatch, db)
@@ -112,6 +114,7 @@ def test_without_secrets_the_app_opens_without_sign_in(monkeypatch, db):
     assert not [b for b in at.button if (b.key or "").startswith("auth_")]
 
 
+@pytest.mark.slow  # AppTest
 def test_with_auth_secrets_only_the_sign_in_screen_shows(monkeypatch, db):
     at = app(monkeypatch, db, {"auth": AUTH}, {"is_logged_in": False})
     assert not at.exception, at.exception
@@ -122,6 +125,7 @@ def test_with_auth_secrets_only_the_sign_in_screen_shows(monkeypatch, db):
     assert page_titles(at) == ["Driftscope"] and not at.get("file_uploader")
 
 
+@pytest.mark.slow  # AppTest
 def test_signed_in_user_sees_the_app_and_can_log_out(monkeypatch, db):
     monkeypatch.setenv("DRIFT_ALLOWED_DOMAIN", "example.org")
     at = app(monkeypatch, db, {"auth": AUTH}, dict(ANN))
@@ -133,6 +137,7 @@ def test_signed_in_user_sees_the_app_and_can_log_out(monkeypatch, db):
     assert page_titles(at) == ["Driftscope"] and not at.metric
 
 
+@pytest.mark.slow  # AppTest
 def test_one_sign_in_button_per_provider(monkeypatch, db):
     providers = {k: AUTH[k] for k in ("redirect_uri", "cookie_secret")} | {
         "google": {k: AUTH[k] for k in ("client_id", "client_secret", "server_metadata_url")},
@@ -144,6 +149,7 @@ def test_one_sign_in_button_per_provider(monkeypatch, db):
     assert [b.label for b in at.button] == ["Sign in"]
 
 
+@pytest.mark.slow  # AppTest
 def test_allow_list_keeps_other_accounts_out(monkeypatch, db):
     monkeypatch.setenv("DRIFT_ALLOWED_EMAILS", "bob@example.org")
     at = app(monkeypatch, db, {"auth": AUTH}, dict(ANN))
@@ -152,6 +158,7 @@ def test_allow_list_keeps_other_accounts_out(monkeypatch, db):
     assert at.button(key="auth_denied_logout")
 
 
+@pytest.mark.slow  # AppTest
 @pytest.mark.parametrize("secrets, env, message", [
     ({"auth": {k: v for k, v in AUTH.items() if k != "cookie_secret"}}, {}, "lacks cookie_secret"),
     ({"other": {"x": 1}}, {"DRIFT_ALLOWED_DOMAIN": "example.org"}, "nobody can sign in"),
@@ -201,6 +208,7 @@ def test_upload_refusal_counts_the_whole_upload():
     assert "1 file of" in access.upload_refusal([11 * access.MiB], cap)
 
 
+@pytest.mark.slow  # AppTest
 def test_data_page_refuses_an_upload_over_the_total_cap(monkeypatch, db, tmp_path):
     tokens = bu.fixture_tokens("capped", 5, steps=1, n_seq=2)
     paths = [tmp_path / "a.parquet", tmp_path / "b.parquet"]
@@ -316,6 +324,7 @@ class FakeIdP:
         return Handler
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHROMIUM} is not installed")
 def test_sign_in_flow_in_a_real_server(app_template_db, tmp_path):
     """st.login against a fake OIDC provider, in Chromium. First, the very first request a fresh server gets is for
@@ -391,6 +400,7 @@ def test_sign_in_flow_in_a_real_server(app_template_db, tmp_path):
     assert "Traceback" not in log.read_text(errors="replace")
 
 
+@pytest.mark.slow
 def test_viewer_on_a_new_database_holds_it_read_only(tmp_path, monkeypatch):
     """A viewer started on a database that does not exist yet creates it with the demo, then holds it read-only."""
     import duckdb

@@ -254,6 +254,7 @@ seq_strategy = st.lists(
     min_size=1, max_size=8, unique_by=lambda x: (x[0], x[1]))
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seqs=seq_strategy)
 def test_hypothesis_sequence_jsonl_roundtrip(seqs, tmp_path_factory):

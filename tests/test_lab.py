@@ -1,6 +1,9 @@
-"""Drift lab: the model's two computation paths, config invariants, and the acceptance relations of issue 4.
+"""Drift lab: the model's two computation paths, config invariants, and the relations its presets show.
 
-The relations are checked with numpy on the Parquet files the lab writes, not on its own summary.
+The relations are checked with numpy on the Parquet files the lab writes, not on its own summary. The files
+of a seed are byte-identical on one machine, but rounding differs between CPUs (SIMD kernels), so one seed's
+numbers are not the physics: a relation that rests on a few rare router flips (fp16 vs bf16 KL) is asserted
+as a statistic over seeds 0-9 with a margin, the others hold by orders of magnitude on every seed.
 """
 from __future__ import annotations
 
@@ -17,9 +20,11 @@ from analysis.lab import PRESETS, LabConfig, run_lab
 from analysis.lab.cli import main
 from analysis.lab.model import GPT, GPTConfig, KVCache
 
-# Smaller than the default (8 steps x 32 sequences x 24 tokens) to keep the suite fast on 2 cores;
-# the relations hold at both sizes (seeds 0-4 checked when the presets were tuned).
+pytestmark = pytest.mark.lab
+
+# Smaller than the default (8 steps x 32 sequences x 24 tokens) to keep the suite fast on 2 cores.
 SMALL = dict(steps=3, batch=16, response_len=16)
+FEW_SEEDS, SEEDS = range(5), range(10)  # the plain run's seeds; the sweep's (`pytest -m sweep`)
 
 
 def read_run(run_dir):
@@ -47,18 +52,60 @@ def lab(tmp_path_factory):
     return out, summaries, {p: read_run(out / p) for p in PRESETS}
 
 
-def test_acceptance_relations(lab):
+def assert_seed_relations(m: dict) -> None:
+    """Relations that hold on each seed by a wide margin (orders of magnitude, or exactly)."""
+    assert m["bf16"]["kl_k3"] > 0 and m["bf16"]["token_any_flip_rate"] > 0
+    assert m["fp32"]["kl_k3"] * 10 < m["bf16"]["kl_k3"]  # the control: only operation order differs
+    assert m["bf16-replay"]["token_any_flip_rate"] == 0  # replay removes flips exactly
+    assert m["bf16-async"]["kl_k3"] > m["bf16"]["kl_k3"]  # one step of staleness outweighs precision
+
+
+def assert_precision_relations(per_seed: list[dict]) -> None:
+    """fp16's 3 extra mantissa bits: fewer flipped tokens and less KL than bf16, with a margin of 3x.
+
+    Per seed, fp16's KL rests on its few flipped tokens (about 4 of 768), so one seed can reverse it (seed 0
+    does on some CPUs). Pooled over the seeds, the flip rate is stable; the median KL ignores the rare seed
+    whose handful of flips happen to land on sensitive tokens.
+    """
+    def pooled_flips(p):
+        return np.mean([m[p]["token_any_flip_rate"] for m in per_seed])  # equal token counts per seed
+
+    def median_kl(p):
+        return np.median([m[p]["kl_k3"] for m in per_seed])
+
+    print(f"over {len(per_seed)} seeds: token_any_flip_rate fp16 {pooled_flips('fp16'):.4f}, bf16 "
+          f"{pooled_flips('bf16'):.4f}; median kl_k3 fp16 {median_kl('fp16'):.3e}, bf16 {median_kl('bf16'):.3e}")
+    assert pooled_flips("fp16") * 3 < pooled_flips("bf16")
+    assert median_kl("fp16") * 3 < median_kl("bf16")
+
+
+def test_summary_equals_the_files_and_seed_relations(lab):
     _, summaries, m = lab
     for p in PRESETS:
         print(f"{p:15s} kl_k3={m[p]['kl_k3']:.3e} token_any_flip_rate={m[p]['token_any_flip_rate']:.4f} "
               f"({summaries[p]['seconds']:.1f} s)")
         assert m[p]["kl_k3"] == pytest.approx(summaries[p]["kl_k3"], rel=1e-9, abs=1e-18)
         assert m[p]["token_any_flip_rate"] == summaries[p]["token_any_flip_rate"]
-    assert m["bf16"]["kl_k3"] > 0 and m["bf16"]["token_any_flip_rate"] > 0
-    assert m["fp32"]["kl_k3"] * 10 < m["bf16"]["kl_k3"]
-    assert m["bf16-replay"]["token_any_flip_rate"] == 0
-    assert m["fp16"]["kl_k3"] < m["bf16"]["kl_k3"]
-    assert m["bf16-async"]["kl_k3"] > m["bf16"]["kl_k3"]
+    assert_seed_relations(m)
+
+
+def test_precision_relations_over_five_seeds(lab, tmp_path):
+    per_seed = [lab[2]] + [{p: run_lab(p, out_dir=tmp_path, seed=seed, **SMALL) for p in ("bf16", "fp16")}
+                           for seed in FEW_SEEDS[1:]]
+    assert_precision_relations(per_seed)
+
+
+@pytest.mark.sweep
+def test_acceptance_relations_over_seeds(lab, tmp_path):
+    """Every preset for seeds 0-9 (seed 0 from the `lab` fixture): about 40 s of CPU."""
+    per_seed = [lab[2]]
+    for seed in SEEDS[1:]:
+        summaries = {p: run_lab(p, out_dir=tmp_path, seed=seed, **SMALL) for p in PRESETS}
+        print(f"seed {seed}: " + ", ".join(f"{p} {s['kl_k3']:.2e}/{s['token_any_flip_rate']:.4f}"
+                                           for p, s in summaries.items()))
+        assert_seed_relations(summaries)
+        per_seed.append(summaries)
+    assert_precision_relations(per_seed)
 
 
 def test_files_follow_the_schema(lab):

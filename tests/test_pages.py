@@ -13,6 +13,8 @@ from streamlit.testing.v1 import AppTest, app_test
 
 import browser_util as bu
 
+pytestmark = pytest.mark.slow  # AppTest runs whole pages: about 14 s of CPU for the file
+
 APP = str(bu.ROOT / "app.py")
 TIMEOUT = 60  # seconds per script run: DuckDB pages on a loaded 2-core machine
 

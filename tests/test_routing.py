@@ -1,7 +1,6 @@
 """routing.* against brute-force Python set comparisons on the same files, plus the edge cases."""
 from __future__ import annotations
 
-import doctest
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -151,10 +150,6 @@ def test_flip_views_of_nothing_keep_their_columns(metrics_data, metrics_store_fr
             assert stats.schema == routing.token_flip_stats(store, ["a"], by=by).schema
         assert views["first_flip"].height == 0 and dict(views["first_flip"].schema) == FIRST_SCHEMA
         assert views["mismatch"].height == 0 and dict(views["mismatch"].schema) == MISMATCH_SCHEMA
-
-
-def test_routing_doctests():
-    assert doctest.testmod(routing).failed == 0
 
 
 def test_expert_load_matches_reference(metrics_data):

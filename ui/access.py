@@ -63,8 +63,3 @@ def upload_refusal(sizes: Sequence[int], cap: int) -> str | None:
     return (f"The upload holds {files} of {_mib(total)}{together}, over this server's cap of {_mib(cap)} per upload "
             "(DRIFT_MAX_UPLOAD_MB). Load fewer files at once, or split them.")
 
-
-# Every page imports ui.state, which imports this module: the one place that runs before any page draws.
-from ui import auth as _auth  # noqa: E402
-
-_auth.ensure_routed_through_app()

@@ -185,9 +185,9 @@ def ensure_routed_through_app() -> None:
 
     Streamlit turns v1 routing off only when st.navigation runs. Until then, the first request a fresh server
     gets for a page URL (e.g. /data) runs pages/data.py on its own: no sign-in gate, no shared sidebar. Every
-    page imports ui.state -> ui.access, which calls this at import: it switches v1 off as st.navigation would,
-    and, when app.py is not on the stack, reruns so the request goes through app.py. Pinned by a browser test
-    in tests/test_hosted.py (a Streamlit upgrade that changes this shows up there).
+    page calls this first (tests/test_tree.py checks that each does): it switches v1 off as st.navigation
+    would, and, when app.py is not on the stack, reruns so the request goes through app.py. Pinned by a browser
+    test in tests/test_hosted.py (a Streamlit upgrade that changes this shows up there).
     """
     try:
         from streamlit.runtime.pages_manager import PagesManager

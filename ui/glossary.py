@@ -40,13 +40,13 @@ METRIC_HELP: dict[str, str] = {
     "load_max_vio_trainer": "trainer's expert-load imbalance: (max load − mean) / mean",
 }
 
-# Metric cards of the Overview page, with the number format each reads best in.
-CARD_METRICS: list[tuple[str, str, str]] = [
-    ("kl_k3", "KL k3", "%.3g"),
-    ("log_ratio_abs_max", "max |Δ|", "%.3g"),
-    ("ratio_frac_high", "r > C", "%.2f%%"),
-    ("ess", "ESS", "%.4f"),
-    ("token_any_flip_rate", "tokens with a flip", "%.1f%%"),
+# Metric cards of the Overview page: (metric, label).
+CARD_METRICS: list[tuple[str, str]] = [
+    ("kl_k3", "KL k3"),
+    ("log_ratio_abs_max", "max |Δ|"),
+    ("ratio_frac_high", "r > C"),
+    ("ess", "ESS"),
+    ("token_any_flip_rate", "tokens with a flip"),
 ]
 # shares whose denominator is the group's token count: a card can give the count beside the share
 TOKEN_SHARES = {"ratio_frac_high", "ratio_frac_low", "clip_frac"}

@@ -51,10 +51,6 @@ def _step_range(runs_df, chosen: list[str]) -> None:
               help="Only steps in this range enter the metrics, charts and tables.")
 
 
-def full_step_range() -> tuple[int, int] | None:
-    return st.session_state.get(_BOUNDS)
-
-
 def render() -> None:
     ss = st.session_state
     app = S.db()

@@ -196,8 +196,6 @@ def run_colors() -> dict[str, str]:
 
 # -- errors --------------------------------------------------------------------------------------------
 def explain(e: BaseException) -> str:
-    if isinstance(e, NotImplementedError):
-        return "this analysis is not available in this build yet (the analysis function is not implemented)."
     if isinstance(e, StoreError):
         return f"the database said: {e}"
     text = str(e).strip() or type(e).__name__

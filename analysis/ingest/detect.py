@@ -15,7 +15,9 @@ from analysis.ingest.errors import CorruptFile, NotALogFile, UnknownFormat
 from analysis.ingest import summary_files
 from analysis.ingest.long import table_kind
 
-FORMATS = ("parquet", "summary", "csv", "jsonl", "sequence-jsonl", "pt", "safetensors", "prime-rl")
+# What zipfile raises on a damaged archive: besides BadZipFile, a mangled member name fails to decode
+# (UnicodeDecodeError is a ValueError) and a cut directory record fails to unpack.
+ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError, struct.error)
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ def detect(fp: BinaryIO, name: str) -> Detected:
         if head[:4] == b"PK\x03\x04":
             try:
                 members = zipfile.ZipFile(fp).namelist()
-            except zipfile.BadZipFile as e:
+            except ZIP_ERRORS as e:
                 raise CorruptFile(name, None, f"zip archive cannot be read ({e})", "the file is truncated") from None
             if any(m.endswith("data.pkl") for m in members):
                 return Detected("pt", "mixed")

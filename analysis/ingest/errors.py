@@ -19,6 +19,12 @@ class IngestError(Exception):
         super().__init__(msg)
 
 
+def parser_message(e: BaseException, limit: int = 200) -> str:
+    """The first non-empty line of a third-party parser's message (torch may raise with an empty one)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return (lines[0] if lines else "the parser gave no reason")[:limit]
+
+
 class UnknownFormat(IngestError):
     rule = "unknown format"
 

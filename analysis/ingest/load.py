@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import queue
 import threading
-from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -18,41 +19,29 @@ import pyarrow.compute as pc
 
 from analysis.ingest import frameworks, long, sequences, summary_files, tensors
 from analysis.summaries import compute as summaries
-from analysis.ingest.detect import Detected, detect
-from analysis.ingest.errors import BadExperts, CorruptFile, DuplicateKey, IngestError, NotALogFile, OrphanRouting
+from analysis.ingest.detect import detect
+from analysis.ingest.errors import BadExperts, DuplicateKey, IngestError, NotALogFile, OrphanRouting, TooLarge
 from analysis.ingest.keys import ExpertLoad, RoutingTokens, TableKeys
 from analysis.ingest.limits import Limits
+from analysis.ingest.units import Outcome, Unit
 from analysis.ingest.validate import Batch, normalise
 from analysis.store import Store, StoreError
 
-
-@dataclass
-class Unit:
-    """One all-or-nothing load: usually one file; a framework adapter may join several (slime)."""
-    name: str
-    paths: list[Path]
-    detected: Detected
-    reader: Callable[["Unit", Limits], Iterator[Batch]]
-    config: dict | None = None
-    skip: str | None = None  # set by an adapter for a unit it recognised but must not load yet (the reason)
+log = logging.getLogger(__name__)
 
 
-@dataclass
-class Outcome:
-    name: str
-    status: str  # "loaded" | "skipped" | "refused"
-    format: str | None = None
-    rows: dict[str, int] = field(default_factory=dict)
-    runs: list[str] = field(default_factory=list)
-    message: str = ""
+def refused(name: str, e: IngestError, fmt: str | None = None) -> Outcome:
+    return Outcome(name, "refused", fmt, message=str(e), rule=e.rule)
 
-    def line(self) -> str:
-        if self.status == "loaded":
-            parts = ", ".join(f"{v} {k} rows" for k, v in self.rows.items() if v)
-            return f"loaded {self.name} [{self.format}]: {parts or 'no rows'} -> run {', '.join(self.runs)}"
-        if self.status == "skipped":
-            return f"skipped {self.name}: {self.message}"
-        return f"refused {self.message}"
+
+def internal_error(name: str, e: Exception, fmt: str | None = None) -> Outcome:
+    """An unexpected exception while reading `name`: logged with its traceback, reported apart from refusals
+    (the file may be fine; the reader is not)."""
+    log.error("internal error while reading %s", name, exc_info=e)
+    return Outcome(name, "error", fmt, message=f"{name}: internal error while reading this file "
+                   f"({type(e).__name__}); nothing of it was loaded. This is a bug in Driftscope, not a fault "
+                   "found in the file: please report it with the traceback from the log (the command line "
+                   "prints it with DRIFT_DEBUG=1)")
 
 
 def _single(fn):
@@ -70,13 +59,17 @@ def _read_text(fn):
     return inner
 
 
+def _tensor_dump(unit: Unit, limits: Limits, fmt: str) -> Iterator[Batch]:
+    return tensors.read_tensor_dump(unit.paths[0], unit.name, limits, fmt, frameworks.TENSOR_LAYOUTS)
+
+
 READERS: dict[str, Callable[[Unit, Limits], Iterator[Batch]]] = {
     "parquet": _single(lambda fp, n, lim, det: long.read_parquet(fp, n, lim)),
     "csv": _single(lambda fp, n, lim, det: long.read_csv(fp, n, lim)),
     "jsonl": _single(_read_text(lambda fp, n, lim, det: long.read_jsonl_long(fp, n, lim, det.kind))),
     "sequence-jsonl": _single(_read_text(lambda fp, n, lim, det: sequences.read_sequence_jsonl(fp, n, lim))),
-    "pt": _single(lambda fp, n, lim, det: tensors.read_tensor_dump(fp, n, lim, "pt")),
-    "safetensors": _single(lambda fp, n, lim, det: tensors.read_tensor_dump(fp, n, lim, "safetensors")),
+    "pt": partial(_tensor_dump, fmt="pt"),
+    "safetensors": partial(_tensor_dump, fmt="safetensors"),
     "prime-rl": frameworks.primerl.read_unit,
     "summary": lambda unit, limits: iter(()),  # loaded by _load_summary: its rows go to the summary tables
 }
@@ -89,13 +82,7 @@ FOLDER_ADAPTERS: list[Callable[[Path, Limits], tuple[list[Unit], set[Path]]]] = 
 def file_unit(path: Path, name: str | None = None) -> Unit:
     name = name or path.name
     with open(path, "rb") as fp:
-        try:
-            det = detect(fp, name)
-        except IngestError:
-            raise
-        except Exception as e:  # a malformed header must still end in a message, not a traceback
-            raise CorruptFile(name, None, f"cannot be read ({type(e).__name__}: {str(e)[:200]})",
-                              "the file is corrupt or truncated") from None
+        det = detect(fp, name)
     reader = READERS.get(det.format)
     if reader is None:
         raise IngestError(name, None, f"format '{det.format}' is not supported here",
@@ -120,9 +107,11 @@ def _run_json_config(folder: Path) -> dict | None:
 
 
 def expand(paths: Sequence[Path], limits: Limits) -> tuple[list[Unit], list[Outcome]]:
-    """Units for files and folders (recursively), plus outcomes for files that could not even be sniffed."""
+    """Units for files and folders (recursively), plus outcomes for files that could not even be sniffed.
+
+    A file's unexpected exception becomes an "error" outcome (logged), so the other files still load."""
     units: list[Unit] = []
-    refused: list[Outcome] = []
+    outcomes: list[Outcome] = []
     for path in paths:
         path = Path(path)
         if path.is_dir():
@@ -141,10 +130,14 @@ def expand(paths: Sequence[Path], limits: Limits) -> tuple[list[Unit], list[Outc
                 except NotALogFile:
                     continue  # folders hold other files too; only log files are loaded
                 except IngestError as e:
-                    refused.append(Outcome(rel, "refused", message=str(e)))
+                    outcomes.append(refused(rel, e))
                     continue
                 except OSError as e:  # removed or unreadable between the listing and the read
-                    refused.append(Outcome(rel, "refused", message=f"{rel}: cannot be read ({e.strerror or e})"))
+                    outcomes.append(Outcome(rel, "refused", message=f"{rel}: cannot be read ({e.strerror or e})",
+                                            rule="unreadable file"))
+                    continue
+                except Exception as e:
+                    outcomes.append(internal_error(rel, e))
                     continue
                 unit.config = _run_json_config(f.parent)
                 units.append(unit)
@@ -154,10 +147,13 @@ def expand(paths: Sequence[Path], limits: Limits) -> tuple[list[Unit], list[Outc
                 unit.config = _run_json_config(path.parent)
                 units.append(unit)
             except IngestError as e:
-                refused.append(Outcome(path.name, "refused", message=str(e)))
+                outcomes.append(refused(path.name, e))
+            except Exception as e:
+                outcomes.append(internal_error(path.name, e))
         else:
-            refused.append(Outcome(str(path), "refused", message=f"{path}: no such file or folder"))
-    return units, refused
+            outcomes.append(Outcome(str(path), "refused", message=f"{path}: no such file or folder",
+                                    rule="no such file"))
+    return units, outcomes
 
 
 def content_hash(paths: Sequence[Path]) -> tuple[str, int]:
@@ -217,14 +213,12 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
             w.ensure_runs(sorted(runs), config or unit.config)
             w.finish_file(fid, sum(rows.values()))
     except IngestError as e:
-        return Outcome(unit.name, "refused", fmt, message=str(e))
+        return refused(unit.name, e, fmt)
     except StoreError as e:
-        return Outcome(unit.name, "refused", fmt, message=f"{unit.name}: {e}")
+        return Outcome(unit.name, "refused", fmt, message=f"{unit.name}: {e}", rule="refused by the database")
     except (MemoryError, RecursionError) as e:
-        return Outcome(unit.name, "refused", fmt, message=f"{unit.name}: too large to load ({type(e).__name__})")
-    except Exception as e:  # a reader bug must still never reach the user as a traceback
-        return Outcome(unit.name, "refused", fmt,
-                       message=f"{unit.name}: could not be read ({type(e).__name__}: {str(e)[:300]})")
+        return Outcome(unit.name, "refused", fmt, message=f"{unit.name}: too large to load ({type(e).__name__})",
+                       rule=TooLarge.rule)
     return Outcome(unit.name, "loaded", fmt, rows, sorted(runs))
 
 
@@ -246,12 +240,9 @@ def _load_summary(store: Store, unit: Unit, sha: str, size: int, run: str | None
             w.ensure_runs(sorted(runs), config or unit.config)
             w.finish_file(fid, sum(rows.values()))
     except IngestError as e:
-        return Outcome(unit.name, "refused", "summary", message=str(e))
+        return refused(unit.name, e, "summary")
     except StoreError as e:
-        return Outcome(unit.name, "refused", "summary", message=f"{unit.name}: {e}")
-    except Exception as e:  # a reader bug must still never reach the user as a traceback
-        return Outcome(unit.name, "refused", "summary",
-                       message=f"{unit.name}: could not be read ({type(e).__name__}: {str(e)[:300]})")
+        return Outcome(unit.name, "refused", "summary", message=f"{unit.name}: {e}", rule="refused by the database")
     return Outcome(unit.name, "loaded", "summary", rows, sorted(runs))
 
 
@@ -352,21 +343,27 @@ def ingest_paths(store: Store, paths: Sequence[str | Path], run: str | None = No
     limits = limits or Limits.from_env()
     try:
         units, outcomes = expand([Path(p) for p in paths], limits)
-    except IngestError as e:
-        return [Outcome("?", "refused", message=str(e))]
+    except IngestError as e:  # a folder adapter refused a whole layout
+        return [refused("?", e)]
     return outcomes + load_units(store, units, run, limits, config, progress)
 
 
 def load_units(store: Store, units: Sequence[Unit], run: str | None, limits: Limits, config: dict | None = None,
                progress: Callable[[int, int, str], None] | None = None) -> list[Outcome]:
     """Load units one transaction each; token-bearing units first, so routing rows given in the same call
-    find their tokens whatever the order."""
+    find their tokens whatever the order.
+
+    The outermost layer of a load: a unit's unexpected exception (a bug, not a refusal) becomes an "error"
+    outcome with its traceback logged; the transaction has rolled back and the next units still load."""
     units = sorted(units, key=lambda u: u.detected.kind == "routing")
     outcomes = []
     for i, unit in enumerate(units):
         if progress:
             progress(i, len(units), unit.name)
-        outcomes.append(load_unit(store, unit, run, limits, config))
+        try:
+            outcomes.append(load_unit(store, unit, run, limits, config))
+        except Exception as e:
+            outcomes.append(internal_error(unit.name, e, unit.detected.format))
     if progress:
         progress(len(units), len(units), "")
     return outcomes

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from analysis.ingest.errors import CorruptFile, UnknownFormat
 from analysis.ingest.limits import Limits
 from analysis.ingest.textio import iter_lines
-from analysis.ingest.validate import Batch, row_where
+from analysis.ingest.validate import Batch, row_where, valid_names
 
 
 def table_kind(columns: list[str] | set[str]) -> str | None:
@@ -131,4 +131,16 @@ def _jsonl_batch(name: str, lines: list[bytes], first_line: int, kind: str) -> B
                                   "each line must be one JSON object") from None
         raise CorruptFile(name, f"lines {first_line}-{first_line + len(lines) - 1}",
                           f"records do not form a table ({e})", "use the same type for a key on every line") from None
+    if not valid_names(t):  # Arrow's JSON reader keeps keys' bytes unchecked
+        j = next((j for j, line in enumerate(lines) if not _is_utf8(line)), 0)
+        raise CorruptFile(name, f"line {first_line + j}", "a key is not valid UTF-8",
+                          "write the file as UTF-8 text") from None
     return Batch(kind, t, lambda i: f"line {first_line + i}")
+
+
+def _is_utf8(line: bytes) -> bool:
+    try:
+        line.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False

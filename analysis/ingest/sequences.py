@@ -11,6 +11,7 @@ from analysis.ingest.errors import BadExperts, CorruptFile, LengthMismatch, Miss
 from analysis.ingest.limits import Limits
 from analysis.ingest.textio import iter_lines
 from analysis.ingest.validate import Batch
+from analysis.routing_rows import routing_columns
 
 SEQ_REQUIRED = ("step", "sample", "sampler_logprobs", "trainer_logprobs")
 # per-token arrays: key in the file -> tokens column
@@ -19,10 +20,6 @@ TOKEN_ARRAYS = {"sampler_logprobs": "sampler_logprob", "trainer_logprobs": "trai
                 "sampler_entropies": "sampler_entropy", "trainer_entropies": "trainer_entropy"}
 SCALARS = {"sampler_version": "sampler_version", "trainer_version": "trainer_version"}
 SEQ_FIELDS = ("reward", "advantage", "prompt", "response", "response_length")
-
-
-def is_sequence_record(obj: dict) -> bool:
-    return isinstance(obj, dict) and isinstance(obj.get("sampler_logprobs"), list)
 
 
 class _Chunk:
@@ -62,9 +59,9 @@ def read_sequence_records(records: Iterator[tuple[int, object]], name: str, limi
     for line_no, obj in records:
         _add_sequence(name, line_no, obj, chunk)
         if chunk.n_tokens >= limits.batch_rows:
-            yield from _flush(chunk)
+            yield from _flush(name, chunk)
             chunk = _Chunk()
-    yield from _flush(chunk)
+    yield from _flush(name, chunk)
 
 
 def _where(lines: list[tuple[int, int]], meta: dict[int, str]):
@@ -77,7 +74,7 @@ def _join(parts: list[dict[str, pa.Array]]) -> pa.Table:
     return pa.table({c: _concat([p[c] if c in p else pa.nulls(n) for p, n in zip(parts, lengths)]) for c in cols})
 
 
-def _flush(chunk: _Chunk) -> Iterator[Batch]:
+def _flush(name: str, chunk: _Chunk) -> Iterator[Batch]:
     meta = chunk.meta
     if chunk.tok_where:
         yield Batch("tokens", _join(chunk.tok), _where(chunk.tok_where, meta))
@@ -85,8 +82,23 @@ def _flush(chunk: _Chunk) -> Iterator[Batch]:
         yield Batch("routing", _join(chunk.rt), _where(chunk.rt_where, meta))
     if chunk.seq:
         lines = chunk.seq_where
-        yield Batch("sequences", pa.Table.from_pylist(chunk.seq),
-                    lambda i: f"line {lines[i]} ({meta.get(lines[i], '')})")
+        where = lambda i: f"line {lines[i]} ({meta.get(lines[i], '')})"  # noqa: E731
+        yield Batch("sequences", _sequence_table(name, chunk.seq, lines), where)
+
+
+def _sequence_table(name: str, rows: list[dict], lines: list[int]) -> pa.Table:
+    """The per-sequence fields as a table; a value Arrow cannot hold is refused at its line."""
+    fix = "numbers for reward, advantage and response_length, a string for the prompt"
+    columns = {}
+    for key in dict.fromkeys(k for row in rows for k in row):
+        values = [row.get(key) for row in rows]
+        try:
+            columns[key] = pa.array(values)
+        except (pa.ArrowException, TypeError, OverflowError):
+            for value, line in zip(values, lines):  # the first value that fails alone, else mixed types
+                _array(name, f"line {line}", key, [value], fix)
+            _array(name, f"lines {lines[0]}-{lines[-1]}", key, values, fix)
+    return pa.table(columns)
 
 
 def _concat(parts: list) -> pa.Array:
@@ -137,19 +149,15 @@ def _add_sequence(name: str, line_no: int, obj, chunk: _Chunk) -> None:
     m = len(keep)
     part: dict[str, pa.Array] = {}
     for col, v in arrays.items():
-        try:
-            arr = pa.array(v)
-        except (pa.ArrowException, TypeError, OverflowError) as e:
-            raise WrongType(name, where, f"'{col}' values have mixed or wrong types ({e})",
-                            "numbers for log-probs and ids, strings for tokens") from None
+        arr = _array(name, where, col, v, "numbers for log-probs and ids, strings for tokens")
         part[col] = arr.take(pa.array(keep)) if mask is not None else arr
     base = {"run": obj.get("run"), "step": step, "sample": sample}
     for col, value in base.items():
-        part[col] = pa.array([value] * m)
+        part[col] = _array(name, where, col, [value] * m, "a string for the run, integers for step and sample")
     part["pos"] = pa.array(keep.astype(np.int64))
     for key, col in SCALARS.items():
         if key in obj:
-            part[col] = pa.array([obj[key]] * m)
+            part[col] = _array(name, where, col, [obj[key]] * m, "an integer weight version")
     if m:
         chunk.tok.append(part)
     chunk.tok_where.extend((line_no, int(j)) for j in keep)
@@ -159,6 +167,14 @@ def _add_sequence(name: str, line_no: int, obj, chunk: _Chunk) -> None:
     if seq:
         chunk.seq.append({**base, **seq})
         chunk.seq_where.append(line_no)
+
+
+def _array(name: str, where: str, col: str, values: list, fix: str) -> pa.Array:
+    """`values` as an Arrow array; values Arrow cannot hold (an object, an int over 64 bits) are refused."""
+    try:
+        return pa.array(values)
+    except (pa.ArrowException, TypeError, OverflowError) as e:
+        raise WrongType(name, where, f"'{col}' values have mixed or wrong types ({e})", fix) from None
 
 
 def _add_routing(name, where, line_no, obj, n, keep, base, chunk: _Chunk) -> None:
@@ -174,7 +190,7 @@ def _add_routing(name, where, line_no, obj, n, keep, base, chunk: _Chunk) -> Non
             continue
         try:
             arr = np.asarray(v, dtype=np.int64)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):  # OverflowError: an id beyond 64 bits
             raise BadExperts(name, where, f"'{key}' is ragged or not integers",
                              "index it [token][layer][rank] with the same number of layers and k everywhere") from None
         if arr.ndim != 3 or arr.shape[0] != n:
@@ -186,16 +202,10 @@ def _add_routing(name, where, line_no, obj, n, keep, base, chunk: _Chunk) -> Non
     if T is not None and T.shape[1:] != S.shape[1:]:
         raise LengthMismatch(name, where, f"trainer_experts has [layers, k] = {list(T.shape[1:])}, "
                              f"sampler_experts has {list(S.shape[1:])}", "both sides need the same layers and k")
-    m, L, K = S.shape
-    rows = m * L
-    if not rows:
+    m, L, _ = S.shape
+    if not m * L:
         return
-    offsets = pa.array(np.arange(0, rows * K + 1, K, dtype=np.int32))
-    part = {"run": pa.array([base["run"]] * rows), "step": pa.array([base["step"]] * rows),
-            "sample": pa.array([base["sample"]] * rows), "pos": pa.array(np.repeat(keep, L)),
-            "layer": pa.array(np.tile(np.arange(L), m)),
-            "sampler_experts": pa.ListArray.from_arrays(offsets, pa.array(S.reshape(-1).astype(np.int32)))}
-    if T is not None:
-        part["trainer_experts"] = pa.ListArray.from_arrays(offsets, pa.array(T.reshape(-1).astype(np.int32)))
-    chunk.rt.append(part)
+    # the line's run, step and sample are still unchecked JSON values: Arrow arrays, cast by the validator
+    keys = {c: pa.array([base[c]] * m) for c in ("run", "step", "sample")} | {"pos": keep}
+    chunk.rt.append(routing_columns(keys, S, T))
     chunk.rt_where.extend((line_no, int(j)) for j in np.repeat(keep, L))

@@ -5,14 +5,20 @@ torch is imported here only, lazily: the metrics side of the library never pays 
 """
 from __future__ import annotations
 
-from typing import Any, BinaryIO, Iterator
+import os
+import pickle
+import re
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from analysis.ingest.errors import CorruptFile, LengthMismatch, MissingColumn, TooLarge, UnsafeFile, WrongType
+from analysis.ingest.errors import (CorruptFile, LengthMismatch, MissingColumn, TooLarge, UnsafeFile, WrongType,
+                                     parser_message)
 from analysis.ingest.limits import Limits, human_size
-from analysis.ingest.validate import Batch
+from analysis.ingest.validate import Batch, as_int
+from analysis.routing_rows import routing_columns
 
 SAMPLER_KEYS = ("rollout_log_probs", "sampler_logprobs")
 TRAINER_KEYS = ("old_log_probs", "trainer_logprobs")
@@ -20,36 +26,44 @@ MASK_KEYS = ("response_mask", "loss_mask")
 STEP_KEYS = ("step", "global_steps")
 
 
-def load_tensor_file(fp: BinaryIO, name: str, limits: Limits, fmt: str) -> dict[str, Any]:
+def load_tensors(path: Path, name: str, limits: Limits, fmt: str = "pt", where: str | None = None,
+                 pickle_fix: str | None = None) -> Any:
+    """The one door for user tensor files: `.safetensors`, or `.pt` via `torch.load(weights_only=True)`,
+    memory-mapped so big dumps are not read whole. Pickle is never run: a `.pt` that needs it is refused
+    (`pickle_fix` replaces the generic fix in that message); `where` names the file inside a unit of several.
+    """
     import torch
 
-    data = fp.read(limits.max_tensor_file_bytes + 1)
-    if len(data) > limits.max_tensor_file_bytes:
-        raise TooLarge(name, None, f"tensor file exceeds the cap of {human_size(limits.max_tensor_file_bytes)}",
+    size = os.path.getsize(path)
+    if size > limits.max_tensor_file_bytes:
+        raise TooLarge(name, where, f"tensor file exceeds the cap of {human_size(limits.max_tensor_file_bytes)}",
                        "dump one step per file, or raise DRIFT_MAX_TENSOR_FILE_MB")
     if fmt == "safetensors":
-        from safetensors.torch import load as st_load
+        from safetensors.torch import load_file
         try:
-            return dict(st_load(data))
-        except Exception as e:  # safetensors raises its own SafetensorError/ValueError types
-            raise CorruptFile(name, None, f"not a readable safetensors file ({e})", "re-save the tensors") from None
-    import io
-    import pickle
-    import re
+            return dict(load_file(str(path)))
+        except Exception as e:  # the parser's own SafetensorError, or whatever malformed bytes trip
+            raise CorruptFile(name, where, f"not a readable safetensors file ({parser_message(e)})",
+                              "re-save the tensors") from None
     try:
-        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        try:
+            obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e):
+                raise
+            # legacy (non-zip) torch.save files cannot be memory-mapped
+            obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
         what = f"it holds a {found.group(1)} object" if found else "it is not a plain tensor file"
-        raise UnsafeFile(name, None, f"refused: loading it would need pickle, which can run code ({what})",
-                         "save plain tensors, lists, numbers and strings; for numpy arrays use torch.as_tensor "
-                         "before torch.save (see README, 'Files that need pickle')") from None
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as e:
-        raise CorruptFile(name, None, f"not a readable torch file ({str(e).splitlines()[0][:200]})",
-                          "the file may be truncated; save it again with torch.save") from None
-    if not isinstance(obj, dict):
-        raise WrongType(name, None, f"expected a dict of tensors, got {type(obj).__name__}",
-                        "torch.save a dict such as {'rollout_log_probs': ..., 'old_log_probs': ..., ...}")
+        raise UnsafeFile(name, where, f"refused: loading it would need pickle, which can run code ({what})",
+                         pickle_fix or "save plain tensors, lists, numbers and strings; for numpy arrays use "
+                         "torch.as_tensor before torch.save (see README, 'Files that need pickle')") from None
+    # torch's unpickler fails on garbage with whatever it trips over (IndexError, struct.error, ...), and hands a
+    # file named *.safetensors to safetensors: any other failure of this one call on user bytes is a bad file
+    except Exception as e:
+        raise CorruptFile(name, where, f"not a readable torch file ({parser_message(e)})",
+                          "the file may be truncated or still being written; save it again with torch.save") from None
     return obj
 
 
@@ -69,18 +83,25 @@ def _scalar(name: str, d: dict, keys: tuple[str, ...]) -> int | None:
         if v.numel() != 1:
             raise WrongType(name, f"key '{k}'", f"expected a scalar, got shape {list(v.shape)}", "store one number")
         v = v.item()
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if not isinstance(v, int) or isinstance(v, bool):
+    out = as_int(v, integral_floats=True)
+    if out is None:
         raise WrongType(name, f"key '{k}'", f"expected an integer, got {v!r}", "store the step as an int")
-    return v
+    return out
 
 
-def read_tensor_dump(fp: BinaryIO, name: str, limits: Limits, fmt: str) -> Iterator[Batch]:
-    from analysis.ingest.frameworks import verl  # verl's padded batch layout needs its own alignment
+# A dict layout a framework writes that needs its own alignment (verl's padded batch): (is_layout, batches).
+Layout = tuple[Callable[[dict], bool], Callable[[str, dict], Iterator[Batch]]]
 
-    d = load_tensor_file(fp, name, limits, fmt)
-    yield from verl.dict_batches(name, d) if verl.is_verl_dict(d) else tensor_dict_batches(name, d)
+
+def read_tensor_dump(path: Path, name: str, limits: Limits, fmt: str,
+                     layouts: Sequence[Layout] = ()) -> Iterator[Batch]:
+    """Batches of one tensor file: by the first of `layouts` that claims its dict, else SCHEMA.md's names."""
+    d = load_tensors(path, name, limits, fmt)
+    if not isinstance(d, dict):
+        raise WrongType(name, None, f"expected a dict of tensors, got {type(d).__name__}",
+                        "torch.save a dict such as {'rollout_log_probs': ..., 'old_log_probs': ..., ...}")
+    batches = next((batches for is_layout, batches in layouts if is_layout(d)), tensor_dict_batches)
+    yield from batches(name, d)
 
 
 def tensor_dict_batches(name: str, d: dict) -> Iterator[Batch]:
@@ -156,17 +177,13 @@ def routing_batch(name: str, b_idx, t_idx, step: int, experts: dict, bt_shape, r
     if "trainer_experts" in mats and mats["trainer_experts"].shape != S.shape:
         raise LengthMismatch(name, None, f"trainer_experts has [L, K] {list(mats['trainer_experts'].shape[1:])}, "
                              f"sampler_experts {list(S.shape[1:])}", "both sides need the same layers and k")
-    n, L, K = S.shape
-    rows = n * L
-    b = np.repeat(b_idx.numpy().astype(np.int64), L)
-    p = np.repeat(t_idx.numpy().astype(np.int32), L)
-    offsets = pa.array(np.arange(0, rows * K + 1, K, dtype=np.int32))
-    cols: dict[str, Any] = {"step": np.full(rows, step, dtype=np.int64), "sample": b, "pos": p,
-                            "layer": np.tile(np.arange(L, dtype=np.int32), n)}
+    L = S.shape[1]
+    keys: dict[str, Any] = {"step": np.full(len(S), step, dtype=np.int64),
+                            "sample": b_idx.numpy().astype(np.int64), "pos": t_idx.numpy().astype(np.int32)}
     if run is not None:
-        cols["run"] = np.repeat(run, L)
-    for k, M in mats.items():
-        cols[k] = pa.ListArray.from_arrays(offsets, pa.array(M.reshape(-1)))
+        keys["run"] = run
+    cols = routing_columns(keys, S, mats.get("trainer_experts"))
+    b, p = cols["sample"], cols["pos"]
     return Batch("routing", pa.table(cols), lambda i: f"sequence {int(b[i])} (batch row), token {int(p[i])}, "
                                                       f"layer {i % L}")
 

@@ -13,7 +13,8 @@ import zipfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
 
-from analysis.ingest.errors import TooLarge, UnsafeFile
+from analysis.ingest.detect import ZIP_ERRORS
+from analysis.ingest.errors import CorruptFile, TooLarge, UnsafeFile
 from analysis.ingest.limits import Limits, human_size
 from analysis.ingest.load import Outcome, expand, load_units
 from analysis.store import Store
@@ -90,9 +91,11 @@ def ingest_uploads(store: Store, uploads: Sequence[tuple[str, BinaryIO]], run: s
                 else:
                     paths.append((path, label))
             except (TooLarge, UnsafeFile) as e:
-                outcomes.append(Outcome(label, "refused", message=str(e).replace(f"{e.file}:", f"{label}:", 1)))
-            except zipfile.BadZipFile as e:
-                outcomes.append(Outcome(label, "refused", message=f"{label}: zip archive cannot be read ({e})"))
+                outcomes.append(Outcome(label, "refused", message=str(e).replace(f"{e.file}:", f"{label}:", 1),
+                                        rule=e.rule))
+            except ZIP_ERRORS as e:
+                outcomes.append(Outcome(label, "refused", message=f"{label}: zip archive cannot be read ({e})",
+                                        rule=CorruptFile.rule))
         units = []
         for path, label in paths:
             u, refused = expand([path], limits)

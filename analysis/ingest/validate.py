@@ -33,6 +33,20 @@ class Batch:
     where: Callable[[int], str] = field(default=lambda i: f"row {i + 1}")
 
 
+def as_int(value, integral_floats: bool = False) -> int | None:
+    """An integer from Python, numpy or a 0-dim tensor, else None (bools too, so True is never step 1);
+    `integral_floats` also takes 3.0 as 3.
+
+    >>> as_int(np.int64(7)), as_int(True), as_int(3.0), as_int(3.0, integral_floats=True), as_int("3")
+    (7, None, None, 3, None)
+    """
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()
+    if integral_floats and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def row_where(offset: int) -> Callable[[int], str]:
     return lambda i: f"row {offset + i + 1}"
 
@@ -61,10 +75,22 @@ def _cast(file: str, batch: Batch, name: str, target: pa.DataType) -> pa.Array:
                     "store this column with the type SCHEMA.md gives")
 
 
+def valid_names(data: pa.Table) -> bool:
+    """Whether every column name is valid UTF-8 (readers such as Arrow's JSON reader do not check keys)."""
+    try:
+        data.column_names
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
 def normalise(file: str, batch: Batch, run: str | None, file_id: int) -> tuple[pa.Table, "RoutingMatrices | None"]:
     """Canonical, checked Arrow table for `batch.table` with file_id and, for routing, derived set columns
     plus the expert-id matrices (for load counts)."""
     cols = schema.TABLES[batch.table]
+    if not valid_names(batch.data):
+        raise WrongType(file, "column names", "a column name (key) is not valid UTF-8",
+                        "write column names as UTF-8 text")
     present = set(batch.data.column_names)
     n = batch.data.num_rows
     out: dict[str, pa.Array] = {}

@@ -1,4 +1,4 @@
-"""The drift lab: a tiny MoE GPT sampled and retrained on CPU to show real sampler/trainer drift (issue 4).
+"""The drift lab: a tiny MoE GPT sampled and retrained on CPU to show real sampler/trainer drift.
 
 `PRESETS` and `LabConfig` import without torch; `run_lab` loads torch on first use.
 """

@@ -6,5 +6,7 @@ from analysis.ingest.frameworks import primerl, slime, verl
 
 # Order matters only for files two layouts could both claim; the verl sniffer skips slime's folders.
 FOLDER_ADAPTERS = (primerl.adapter, slime.adapter, verl.adapter)
+# Dict layouts the generic tensor reader hands over (a lone verl dump, outside a folder the adapter claims).
+TENSOR_LAYOUTS = ((verl.is_verl_dict, verl.dict_batches),)
 
-__all__ = ["FOLDER_ADAPTERS", "primerl", "slime", "verl"]
+__all__ = ["FOLDER_ADAPTERS", "TENSOR_LAYOUTS", "primerl", "slime", "verl"]

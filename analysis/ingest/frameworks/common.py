@@ -1,51 +1,18 @@
-"""Pieces the framework importers share: safe `.pt` loading, dense-layer detection, canonical batches."""
+"""Pieces the framework importers share: dense-layer detection, canonical batches."""
 from __future__ import annotations
 
-import os
-import pickle
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from analysis.ingest.errors import CorruptFile, TooLarge, UnsafeFile, WrongType
-from analysis.ingest.limits import Limits
+from analysis.ingest.errors import WrongType
 from analysis.ingest.validate import Batch
+from analysis.routing_rows import routing_columns
 
 # A sample id must stay unique within (run, step): prime-rl packs (rank, export_sequence_idx) into one
 # BIGINT as rank * SAMPLE_STRIDE + export_sequence_idx, readable in decimal (2000017 = rank 2, record 17).
 SAMPLE_STRIDE = 1_000_000
-
-
-def load_pt(path: Path, name: str, limits: Limits, *, pickle_fix: str | None = None) -> Any:
-    """`torch.load(weights_only=True)` of a user file, memory-mapped so big dumps are not read whole.
-
-    A file that needs pickle is refused; `pickle_fix` replaces the generic fix in that message.
-    """
-    import torch
-
-    size = os.path.getsize(path)
-    if size > limits.max_tensor_file_bytes:
-        raise TooLarge(name, None, f"{path.name} is {size >> 20} MiB, over the cap of "
-                       f"{limits.max_tensor_file_bytes >> 20} MiB", "raise DRIFT_MAX_TENSOR_FILE_MB to load it")
-    try:
-        try:
-            return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as e:
-            if "mmap" not in str(e):
-                raise
-            # legacy (non-zip) torch.save files cannot be memory-mapped
-            return torch.load(str(path), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        reason = next((ln for ln in lines if "Unsupported global" in ln), lines[0] if lines else "")[:300]
-        raise UnsafeFile(name, path.name, f"this file needs pickle to load, and pickle can run code, so it is "
-                         f"refused ({reason})", pickle_fix or "save plain tensors, lists, numbers and strings "
-                         "(torch.as_tensor for numpy arrays) before torch.save") from None
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as e:
-        raise CorruptFile(name, path.name, f"not a readable torch file ({str(e).splitlines()[0][:200]})",
-                          "the file may be truncated or still being written; save it again") from None
 
 
 def need_dict(obj: Any, name: str, where: str, example: str) -> dict:
@@ -116,23 +83,12 @@ def _arrow(v: Any) -> pa.Array:
     return pa.array(v)
 
 
-def experts_column(M: np.ndarray) -> pa.ListArray:
-    """[N, K] integer ids -> list<int32> column of N rows."""
-    N, K = M.shape
-    offsets = pa.array(np.arange(0, (N + 1) * K, K, dtype=np.int32))
-    return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(M).reshape(-1).astype(np.int32)))
-
-
 def routing_part(run: str | None, step: int, sample: np.ndarray, pos: np.ndarray, experts: np.ndarray) -> dict:
     """Routing columns (sampler side only: trainer_experts stays NULL) for tokens (sample, pos) with
     experts [n, L, K], one row per (token, layer), layers numbered 0..L-1 in order."""
-    n, L, K = experts.shape
-    rows = n * L
-    cols: dict[str, Any] = {"step": np.full(rows, step, dtype=np.int64),
-                            "sample": np.repeat(np.asarray(sample, dtype=np.int64), L),
-                            "pos": np.repeat(np.asarray(pos, dtype=np.int32), L),
-                            "layer": np.tile(np.arange(L, dtype=np.int32), n),
-                            "sampler_experts": experts_column(experts.reshape(rows, K))}
+    n = len(experts)
+    keys: dict[str, Any] = {"step": np.full(n, step, dtype=np.int64), "sample": np.asarray(sample, dtype=np.int64),
+                            "pos": np.asarray(pos, dtype=np.int32)}
     if run is not None:
-        cols["run"] = pa.array([run] * rows, pa.string())
-    return cols
+        keys["run"] = pa.array([run] * n, pa.string())
+    return routing_columns(keys, experts)

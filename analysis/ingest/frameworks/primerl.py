@@ -26,7 +26,8 @@ from analysis.ingest.errors import BadValue, CorruptFile, IngestError, LengthMis
 from analysis.ingest.frameworks.common import SAMPLE_STRIDE, Columns
 from analysis.ingest.limits import Limits
 from analysis.ingest.textio import iter_lines, open_text
-from analysis.ingest.validate import Batch
+from analysis.ingest.units import Unit
+from analysis.ingest.validate import Batch, as_int
 
 FORMAT = "prime-rl"
 EXPORT_DIR = "token_exports"
@@ -63,10 +64,8 @@ def _in_progress(step_dir: Path, any_stable: bool | None = None) -> bool:
     return _any_stable(step_dir.parent) if any_stable is None else any_stable
 
 
-def adapter(path: Path, limits: Limits) -> tuple[list, set[Path]]:
+def adapter(path: Path, limits: Limits) -> tuple[list[Unit], set[Path]]:
     """Units for every `token_exports/` under `path`: one per step folder, one per old all-steps rank file."""
-    from analysis.ingest.load import Unit
-
     if not path.is_dir():
         return [], set()
     only_step = path if path.parent.name == EXPORT_DIR and _STEP_DIR.fullmatch(path.name) else None
@@ -147,9 +146,10 @@ def _read_file(fp: BinaryIO, name: str, label: str, limits: Limits, run: str | N
 
 def _int(name: str, where: str, rec: dict, key: str, default: Any = None) -> int:
     v = rec.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+    out = as_int(v)
+    if out is None or out < 0:
         raise WrongType(name, where, f"'{key}' must be an integer >= 0, got {v!r}", "use the exporter's records")
-    return v
+    return out
 
 
 def _record(name, where, rec, run, file_rank, counters, tokens: Columns, seqs: Columns) -> None:

@@ -15,9 +15,11 @@ import numpy as np
 
 from analysis.ingest.detect import Detected
 from analysis.ingest.errors import BadValue, LengthMismatch, MissingColumn, WrongType
-from analysis.ingest.frameworks.common import Columns, load_pt, need_dict, routing_part, scalar_config
+from analysis.ingest.frameworks.common import Columns, need_dict, routing_part, scalar_config
 from analysis.ingest.limits import Limits
-from analysis.ingest.validate import Batch
+from analysis.ingest.tensors import load_tensors
+from analysis.ingest.units import Unit
+from analysis.ingest.validate import Batch, as_int
 
 FORMAT = "slime"
 _ID = re.compile(r"(eval_)?(\d+)\.pt")
@@ -36,10 +38,8 @@ def _dump_dirs(path: Path) -> list[Path]:
                                           for sub in ("rollout_data", "train_data")))
 
 
-def adapter(path: Path, limits: Limits) -> tuple[list, set[Path]]:
+def adapter(path: Path, limits: Limits) -> tuple[list[Unit], set[Path]]:
     """One unit per rollout id of each dump folder; the run defaults to the dump folder's name."""
-    from analysis.ingest.load import Unit
-
     if not path.is_dir():
         return [], set()
     units, claimed = [], set()
@@ -93,15 +93,6 @@ def _weight_version(versions: Any) -> int | None:
     return min(ints) if ints else None
 
 
-def _as_int(v: Any) -> int | None:
-    """Python, numpy or 0-dim tensor integers as int; anything else None."""
-    if isinstance(v, bool):
-        return None
-    if hasattr(v, "ndim") and getattr(v, "ndim") == 0 and hasattr(v, "item"):
-        v = v.item()
-    return v if isinstance(v, int) else (int(v) if isinstance(v, np.integer) else None)
-
-
 def _np(v: Any) -> np.ndarray:
     return v.numpy() if hasattr(v, "numpy") else np.asarray(v)
 
@@ -111,17 +102,17 @@ def _read_unit(unit, limits: Limits, dump: Path, rid: int, run: str | None) -> I
     train_path = dump / "train_data" / f"{rid}.pt"
     rollout_path = dump / "rollout_data" / f"{rid}.pt"
     train_where = f"train_data/{rid}.pt"
-    train_obj = load_pt(train_path, name, limits)
+    train_obj = load_tensors(train_path, name, limits, where=train_path.name)
     train = _samples(train_obj, name, train_where)
-    step = _as_int(train_obj.get("rollout_id", rid))
+    step = as_int(train_obj.get("rollout_id", rid))
     if step is None or step < 0:
         raise WrongType(name, train_where, f"'rollout_id' must be an int >= 0, got {train_obj.get('rollout_id')!r}",
                         "use slime's dump unchanged")
     rollout: list | None = None
     if rollout_path.is_file():
-        rollout_obj = load_pt(rollout_path, name, limits, pickle_fix=CONVERT)
+        rollout_obj = load_tensors(rollout_path, name, limits, where=rollout_path.name, pickle_fix=CONVERT)
         rollout = _samples(rollout_obj, name, f"rollout_data/{rid}.pt")
-        if _as_int(rollout_obj.get("rollout_id", step)) != step:
+        if as_int(rollout_obj.get("rollout_id", step)) != step:
             raise BadValue(name, None, f"rollout_data/{rid}.pt holds rollout {rollout_obj.get('rollout_id')!r} but "
                            f"train_data/{rid}.pt holds rollout {step}", "keep the two dumps of one run together")
     config: dict = {"framework": "slime"}
@@ -184,19 +175,19 @@ def _sample(name, where, ts, rollout, step, run, moe, tokens: Columns, routing: 
     trained = np.flatnonzero(mask != 0)
     if not len(trained):
         return  # removed sample (remove_sample=True): all-zero loss mask, trained on nothing
-    R, total = _as_int(ts["response_lengths"]), _as_int(ts["total_lengths"])
+    R, total = as_int(ts["response_lengths"]), as_int(ts["total_lengths"])
     if R is None or total is None or not 0 < R <= total:
         raise WrongType(name, where, f"response_lengths {ts['response_lengths']!r} / total_lengths "
                         f"{ts['total_lengths']!r} are not lengths", "use slime's dump unchanged")
     P = total - R
-    pos_r = _as_int(ts.get("rollout_position"))
+    pos_r = as_int(ts.get("rollout_position"))
     rs = None
     if rollout is not None:
         if pos_r is None or not 0 <= pos_r < len(rollout):
             raise BadValue(name, where, f"rollout_position {pos_r!r} does not index the rollout dump's "
                            f"{len(rollout)} samples", "keep the two dumps of one rollout together")
         rs = need_dict(rollout[pos_r], name, f"rollout_data sample {pos_r}", "rollout samples are dicts")
-    sample = pos_r if pos_r is not None else _as_int(ts.get("sample_index"))
+    sample = pos_r if pos_r is not None else as_int(ts.get("sample_index"))
     if sample is None:
         raise MissingColumn(name, where, "no 'rollout_position' (nor 'sample_index') to identify the sample",
                             "use the train dump of a current slime (format_version 2)")

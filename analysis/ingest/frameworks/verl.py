@@ -19,9 +19,10 @@ import numpy as np
 
 from analysis.ingest.detect import Detected
 from analysis.ingest.errors import BadValue, LengthMismatch, MissingColumn, WrongType
-from analysis.ingest.frameworks.common import Columns, load_pt, routing_part, scalar_config
+from analysis.ingest.frameworks.common import Columns, routing_part, scalar_config
 from analysis.ingest.limits import Limits
-from analysis.ingest.tensors import masked_token_columns
+from analysis.ingest.tensors import load_tensors, masked_token_columns
+from analysis.ingest.units import Unit
 from analysis.ingest.validate import Batch
 
 FORMAT = "verl"
@@ -61,10 +62,8 @@ def sniff(path: Path) -> bool:
     return False
 
 
-def adapter(path: Path, limits: Limits) -> tuple[list, set[Path]]:
+def adapter(path: Path, limits: Limits) -> tuple[list[Unit], set[Path]]:
     """Claim verl step dumps under a folder; the run defaults to the name of the folder holding each file."""
-    from analysis.ingest.load import Unit
-
     if not path.is_dir():
         return [], set()
     units, claimed = [], set()
@@ -79,13 +78,7 @@ def adapter(path: Path, limits: Limits) -> tuple[list, set[Path]]:
 
 
 def _read_unit(unit, limits: Limits, fmt: str, run: str | None) -> Iterator[Batch]:
-    path = unit.paths[0]
-    if fmt == "safetensors":
-        from analysis.ingest.tensors import load_tensor_file
-        with open(path, "rb") as fp:
-            d = load_tensor_file(fp, unit.name, limits, fmt)
-    else:
-        d = load_pt(path, unit.name, limits)
+    d = load_tensors(unit.paths[0], unit.name, limits, fmt)
     if not is_verl_dict(d):
         raise WrongType(unit.name, None, "not a verl batch dump (needs 'old_log_probs' and 'prompts' or "
                         "'routed_experts')", CONFIG_HINT)
