@@ -28,7 +28,7 @@ def logged(tmp_path, token_sample: float, steps=(0, 1, 2), run="sampled") -> Sto
     return store
 
 
-@pytest.mark.parametrize("token_sample", [0.1, 0.0])
+@pytest.mark.parametrize("token_sample", [0.1, pytest.param(0.0, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("by", ["step", "run"])
 def test_finalised_columns_equal_token_level_sql_over_every_token(tmp_path, token_sample, by):
     """METRICS.md columns finalised from the logger's summaries (a sample of token rows stored) against
@@ -76,6 +76,7 @@ def test_share_text(share, text):
     assert share_text(share) == text
 
 
+@pytest.mark.slow  # whole pages in AppTest
 @pytest.mark.parametrize("page, tab, prefix", [
     ("pages/sequences.py", None, "Sequences and their tokens: "),
     ("pages/token_drift.py", "One run in detail", "Density and token ids: "),

@@ -124,6 +124,7 @@ def test_summaries_equal_ingest_of_every_token(tmp_path, token_sample):
         assert got.scalar("SELECT count(*) FROM routing") == kept * 3  # a kept token keeps all its layers
 
 
+@pytest.mark.slow  # several databases built through ingest
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("routing", [None, "sampler", "both"])
 def test_widths_and_routing_sides(tmp_path, dtype, routing):
@@ -155,6 +156,7 @@ def test_empty_step_writes_no_summary_rows(tmp_path):
     assert store.scalar("SELECT n_tokens FROM summary_sample") == 0
 
 
+@pytest.mark.slow  # several databases built through ingest
 def test_chunked_reduction_equals_reference(tmp_path, monkeypatch):
     """Steps larger than one chunk (here: 2 sequences per chunk) reduce to the same rows."""
     from analysis import logger_summaries
@@ -174,6 +176,7 @@ def test_every_summary_column_is_written():
     assert set(terms.row) | {"n_tokens"} >= {c.name for c in S.TOKEN_SUMS}
 
 
+@pytest.mark.slow  # several databases built through ingest
 def test_a_step_logged_by_two_ranks_merges_to_the_whole(tmp_path):
     """Two trainer ranks each log half of a step's sequences (own folders, distinct sample ids): the merged
     summaries equal those of one logger given the whole batch."""
