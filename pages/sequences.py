@@ -3,7 +3,7 @@ and its routing flips. Run, step and sample are in the URL (`?seq_run=…&seq_st
 the same sequence."""
 import streamlit as st
 
-from analysis import inspect, views
+from analysis import inspect, sampled, views
 from ui import auth, charts, routing_charts, sequence_view
 from ui import state as S
 
@@ -56,6 +56,9 @@ worst = None
 with S.guard("rank the sequences"):
     worst = S.cached(inspect.worst_sequences, run, step, order=order, n=20, **bounds)
 st.subheader(f"Worst sequences at step {step}")
+sample_note = S.cached(sampled.sample_label, [run])  # this page reads token rows
+if sample_note:
+    st.caption(f"Sequences and their tokens: {sample_note}.")
 if worst is None or worst.is_empty():
     st.info(f"No sequences at step {step} of {run}" + (" with this reward." if reward_filter != "any" else "."))
 else:

@@ -2,7 +2,7 @@
 where the mismatch lives (probability, position, length, entropy, staleness) and the extreme-token curve."""
 import streamlit as st
 
-from analysis import buckets, distributions
+from analysis import buckets, distributions, sampled
 from ui import auth, charts, glossary
 from ui import state as S
 
@@ -46,6 +46,9 @@ if run_tab.open:
         S.keep_choice("tokens_run", sel.runs)
         run = st.columns([2, 3])[0].selectbox("Run", sel.runs, key="tokens_run",
                                               help="The heat map and the density show one run at a time.")
+        sample_note = S.cached(sampled.sample_label, [run])  # the density and the token ids read token rows
+        if sample_note:
+            st.caption(f"Density and token ids: {sample_note}.")
         left, right = st.columns(2)
         with left, S.guard("bin Δ per step"):
             df = S.cached(distributions.step_histogram, run, n_bins=60, steps=sel.steps)

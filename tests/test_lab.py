@@ -154,7 +154,7 @@ def test_rerun_replaces_old_shards_and_keeps_foreign_logs(tmp_path):
     run_lab("fp32", out_dir=tmp_path, steps=2, batch=4, response_len=4)
     run_lab("fp32", out_dir=tmp_path, steps=1, batch=4, response_len=4)
     assert sorted(p.name for p in (tmp_path / "fp32").glob("*.parquet")) == [
-        "routing-step000000.parquet", "tokens-step000000.parquet"]
+        "routing-step000000.parquet", "summary-step000000.parquet", "tokens-step000000.parquet"]
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "run.json").write_text('{"run": "mine", "config": {"engine": "verl"}}')
     with pytest.raises(ValueError, match="holds logs the lab did not write"):

@@ -61,7 +61,8 @@ def test_a_file_is_taken_only_after_it_kept_its_size_and_time_for_the_settle_tim
     clock.t += 0.5
     assert w.poll() == []  # unchanged, but not for a full second yet
     clock.t += 0.5
-    [outcome] = w.poll()
+    summary, outcome = sorted(w.poll(), key=lambda o: o.name)  # DriftLogger writes a step's summaries too
+    assert summary.status == "loaded" and summary.name == "summary-step000000.parquet"
     assert outcome.status == "loaded" and outcome.runs == ["r"] and outcome.rows["tokens"] == 6
     assert outcome.line().startswith("loaded tokens-step000000.parquet [parquet]: 6 tokens rows")
     clock.t += 5
@@ -112,8 +113,7 @@ def test_a_corrupt_file_is_reported_once_skipped_and_retried_only_when_it_change
     w.poll()
     clock.t += 1
     outcomes = w.poll()
-    assert [o.status for o in outcomes] == ["refused", "loaded"] or [o.status for o in outcomes] == ["loaded",
-                                                                                                     "refused"]
+    assert sorted(o.status for o in outcomes) == ["loaded", "loaded", "refused"]  # summary and tokens files
     refused = next(o for o in outcomes if o.status == "refused")
     assert refused.line().startswith("refused bad.parquet: ") and "corrupt" in refused.line()
     for _ in range(3):  # not re-reported on every poll
@@ -135,13 +135,14 @@ def test_a_restart_skips_what_was_loaded_and_loads_what_came_meanwhile(tmp_path)
     with Store(db) as store:
         w = FolderWatcher(store, [logs], settle=0.0, clock=clock)
         assert w.poll() == []  # even with settle 0, two looks: the first only records the file
-        assert [o.status for o in w.poll()] == ["loaded"]
+        assert [o.status for o in w.poll()] == ["loaded", "loaded"]  # the step's summary and tokens files
     log.log_step(1, *step_arrays(1))
     with Store(db) as store:
         w = FolderWatcher(store, [logs], settle=0.0, clock=clock)
         w.poll()
         outcomes = {o.name: o.status for o in w.poll()}
-        assert outcomes == {"tokens-step000000.parquet": "skipped", "tokens-step000001.parquet": "loaded"}
+        assert outcomes == {"tokens-step000000.parquet": "skipped", "tokens-step000001.parquet": "loaded",
+                            "summary-step000000.parquet": "skipped", "summary-step000001.parquet": "loaded"}
         got = stored_tokens(store)
     want = pl.concat([token_rows(logs / "r" / f"tokens-step00000{i}.parquet") for i in (0, 1)])
     assert got.equals(want)
@@ -154,7 +155,7 @@ def test_a_folder_that_does_not_exist_yet_is_followed_once_it_appears(tmp_path):
         assert w.missing_folders() == [tmp_path / "later"] and w.poll() == []
         DriftLogger(tmp_path / "later", run="r").log_step(0, *step_arrays(0))
         w.poll()
-        assert [o.status for o in w.poll()] == ["loaded"]
+        assert [o.status for o in w.poll()] == ["loaded", "loaded"]  # the step's summary and tokens files
 
 
 def test_the_command_stops_cleanly_on_sigterm_and_closes_the_database(tmp_path):
@@ -165,8 +166,9 @@ def test_the_command_stops_cleanly_on_sigterm_and_closes_the_database(tmp_path):
                              "--interval", "0.2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        line = proc.stdout.readline()  # blocks until the first file is loaded
-        assert line.startswith("loaded tokens-step000000.parquet [parquet]: 6 tokens rows -> run r"), line
+        lines = [proc.stdout.readline(), proc.stdout.readline()]  # blocks until the step's two files are loaded
+        line = next(x for x in lines if x.startswith("loaded tokens"))  # (the other: its summary file)
+        assert line.startswith("loaded tokens-step000000.parquet [parquet]: 6 tokens rows -> run r"), lines
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)
     finally:

@@ -93,7 +93,7 @@ def test_a_killed_and_restarted_watcher_loads_every_step_of_a_live_run_exactly_o
         writer.wait_for("4")  # step 4 lands while no watcher runs
         second = watcher(logs, db)
         assert writer.p.wait(30) == 0, writer.err
-        files = [f"{kind}-step{s:06d}.parquet" for s in range(STEPS) for kind in ("tokens", "routing")]
+        files = [f"{kind}-step{s:06d}.parquet" for s in range(STEPS) for kind in ("summary", "tokens", "routing")]
         second.wait_for(f"loaded {files[-1]} [parquet]: {lw.B * lw.T * lw.L} routing rows -> run {lw.RUN}")
         second.wait_for(f"loaded slow.jsonl [jsonl]: {len(lw.slow_rows())} tokens rows -> run {lw.SLOW_RUN}")
         assert second.stop() == 0  # SIGTERM: a clean stop

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable
 
-from analysis import buckets, compare, context, corrections, distributions, findings, inspect, routing, views
+from analysis import buckets, compare, context, corrections, distributions, findings, inspect, routing, sampled, views
 from ui import access, nav
 from ui import state as S
 
@@ -50,6 +50,7 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
             (distributions.drift_histograms, (runs,), dict(n_bins=80, steps=steps)),
             (distributions.step_histogram, (first,), dict(n_bins=60, steps=steps)),
             (distributions.prob_density_2d, ([first],), dict(n_bins=100, steps=steps)),
+            (sampled.sample_label, ([first],), {}),
             (buckets.has_column_data, (runs, "sampler_entropy"), {}),
             (buckets.has_column_data, (runs, "sampler_version"), {}),
             (buckets.mismatch_by, (runs, "prob"), dict(cap=cap, clip=clip, steps=steps, metrics=["kl_k3"])),
@@ -59,7 +60,7 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
             (routing.layer_profile, (both,), dict(steps=steps)),
             (routing.flip_views, (both,), dict(steps=steps)),  # the page derives its three flip charts
         ] if both else [],
-        nav.SEQUENCES.url: [(inspect.run_steps, (first,), {})],
+        nav.SEQUENCES.url: [(inspect.run_steps, (first,), {}), (sampled.sample_label, ([first],), {})],
         nav.COMPARE.url: [
             (compare.config_diff, (runs,), {}),
             (views.run_and_step_tables, (runs,), dict(cap=cap, clip=clip, steps=steps)),

@@ -103,7 +103,8 @@ def _clear_previous(run_dir: Path) -> None:
         engine = None
     if engine != "driftscope-lab":
         raise ValueError(f"{run_dir} holds logs the lab did not write; choose another output folder or run name")
-    for shard in [*run_dir.glob("tokens-step*.parquet"), *run_dir.glob("routing-step*.parquet")]:
+    for shard in [*run_dir.glob("tokens-step*.parquet"), *run_dir.glob("routing-step*.parquet"),
+                  *run_dir.glob("summary-step*.parquet")]:
         shard.unlink()
 
 
