@@ -105,6 +105,13 @@ class Store:
         except duckdb.Error as e:
             raise StoreError(f"query failed: {e}") from None
 
+    def arrow(self, query: str, params: Sequence[Any] | dict | None = None):
+        """Run a read query with bound parameters and return a pyarrow Table (picklable, unlike a reader)."""
+        try:
+            return self.cursor().execute(query, params or []).fetch_arrow_table()
+        except duckdb.Error as e:
+            raise StoreError(f"query failed: {e}") from None
+
     def rows(self, query: str, params: Sequence[Any] | dict | None = None) -> list[tuple]:
         try:
             return self.cursor().execute(query, params or []).fetchall()

@@ -1,0 +1,111 @@
+"""Read one partition's results out of its private database, and merge partial summaries exactly.
+
+The summary rows themselves are written by ingest (analysis.summaries, the same code for every writer); here
+they are only read back, merged by their key (SUM of `n_*`/`sum_*`, MIN of `min_*`, MAX of `max_*`: the merge
+rule of analysis/summaries/schema.py) and stripped of the private database's file ids.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import pyarrow as pa
+
+from analysis import schema
+from analysis.store import Store
+from analysis.summaries import schema as summary_schema
+
+# ingest's per-(step, layer, expert) load counts; they merge like the summary tables (n_* columns add up)
+EXPERT_LOAD = ("run", "step", "layer", "expert", "n_sampler", "n_trainer")
+# summary_skip lists files of the private database: nothing to carry over
+MERGED_TABLES = tuple(t for t in summary_schema.TABLES if t != "summary_skip") + ("expert_load",)
+
+# --token-sample: whole sequences kept by |Σ Δ| and single tokens by |Δ| per step, as DriftLogger keeps them
+WORST_SEQUENCES = 16
+TOP_TOKENS = 256
+
+
+def table_columns(table: str) -> list[str]:
+    if table == "expert_load":
+        return list(EXPERT_LOAD)
+    return [c for c in summary_schema.columns(table) if c != "file_id"]
+
+
+def merge_plan(table: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """(key columns, [(column, 'sum'|'min'|'max')]) of a merged table."""
+    keys, aggs = [], []
+    for c in table_columns(table):
+        kind = summary_schema.merge_kind(c)
+        if kind == "key":
+            keys.append(c)
+        else:
+            aggs.append((c, kind))
+    return keys, aggs
+
+
+def merge(table: str, parts: Iterable[pa.Table]) -> pa.Table:
+    """Rows of `table` from any number of partial summaries, one row per key: exact (addition, min, max)."""
+    parts = [p for p in parts if p is not None and p.num_rows]
+    cols = table_columns(table)
+    if not parts:
+        return pa.table({c: pa.array([], t) for c, t in zip(cols, empty_types(table))})
+    data = pa.concat_tables([p.select(cols) for p in parts], promote_options="permissive")
+    keys, aggs = merge_plan(table)
+    out = data.group_by(keys, use_threads=False).aggregate(aggs)
+    out = out.rename_columns([c.rsplit("_", 1)[0] if c.endswith(("_sum", "_min", "_max")) else c
+                              for c in out.column_names])
+    return out.select(cols).sort_by([(k, "ascending") for k in keys])
+
+
+def empty_types(table: str) -> list[pa.DataType]:
+    from analysis.ingest.validate import ARROW_TYPES
+    extra = {"BIGINT": pa.int64(), "SMALLINT": pa.int16(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(),
+             "VARCHAR": pa.string()}
+    if table == "expert_load":
+        return [pa.string(), pa.int64(), pa.int32(), pa.int32(), pa.int64(), pa.int64()]
+    types = {c.name: c.sql_type for c in summary_schema.TABLES[table]}
+    return [extra.get(types[c]) or ARROW_TYPES[types[c]] for c in table_columns(table)]
+
+
+def summary_tables(store: Store) -> dict[str, pa.Table]:
+    """Every summary table (and expert_load) of the partition's database, merged over its files."""
+    out = {}
+    for table in MERGED_TABLES:
+        cols = ", ".join(table_columns(table))
+        rows = store.arrow(f"SELECT {cols} FROM {table}")
+        out[table] = merge(table, [rows])
+    return out
+
+
+def token_count(store: Store) -> int:
+    return int(store.scalar("SELECT count(*) FROM tokens"))
+
+
+def first_row_outside(store: Store, run: str, step: int) -> tuple | None:
+    """(file name, run, step) of a token or routing row whose run or step is not the partition's."""
+    for table in ("tokens", "routing"):
+        row = store.rows(f"SELECT f.name, t.run, t.step FROM {table} t JOIN files f USING (file_id) "
+                         "WHERE t.run <> ? OR t.step <> ? LIMIT 1", [run, step])
+        if row:
+            return row[0]
+    return None
+
+
+def token_sample(store: Store, rate: float) -> dict[str, pa.Table]:
+    """Token rows (and their routing rows) kept for drill-down views: a uniform share `rate` (a hash of the
+    token's key, so reruns keep the same tokens), every token of the WORST_SEQUENCES sequences with the
+    largest |Σ Δ| and the TOP_TOKENS tokens with the largest |Δ|."""
+    bound = min(int(rate * (1 << 32)), 1 << 32)
+    token_cols = ", ".join(c.name for c in schema.TOKENS if c.name != "run") + ", run"
+    kept = f"""
+        WITH worst AS (SELECT sample FROM tokens GROUP BY sample
+                       ORDER BY abs(sum(trainer_logprob - sampler_logprob)) DESC, sample LIMIT {WORST_SEQUENCES}),
+             top AS (SELECT sample, pos FROM tokens
+                     ORDER BY abs(trainer_logprob - sampler_logprob) DESC, sample, pos LIMIT {TOP_TOKENS})
+        SELECT * FROM tokens
+        WHERE (hash(run, step, sample, pos) & 4294967295) < ?
+           OR sample IN (SELECT sample FROM worst) OR (sample, pos) IN (SELECT (sample, pos) FROM top)"""
+    tokens = store.arrow(f"SELECT {token_cols} FROM ({kept}) ORDER BY sample, pos", [bound])
+    routing_cols = ", ".join(c.name for c in schema.ROUTING)
+    routing = store.arrow(f"""SELECT {routing_cols} FROM routing r SEMI JOIN ({kept}) k USING (sample, pos)
+                              ORDER BY sample, pos, layer""", [bound])
+    return {"tokens": tokens, "routing": routing}

@@ -1,0 +1,48 @@
+"""A seeded lake for the summarize tests: several runs, each step split across rank files, routing of both sides
+(and of the sampler only in one run), written with analysis.lake.layout; plus the same rows as plain files."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from conftest import metrics_make_routing, metrics_make_tokens
+
+RANKS = 3
+
+
+def make_rows(seed: int = 11) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Tokens of three runs × four steps (staleness, entropy, heavy tails) and routing for every token;
+    run 'c' records the sampler's routing only."""
+    tokens = metrics_make_tokens(seed=seed, runs=("a", "b", "c"), steps=(0, 1, 2, 5), n_seq=7, max_len=30)
+    both = metrics_make_routing(tokens.filter(pl.col("run") != "c"), seed=seed + 1, layers=4, k=2, n_experts=8)
+    sampler_only = metrics_make_routing(tokens.filter(pl.col("run") == "c"), seed=seed + 2, layers=4, k=2,
+                                        n_experts=8, trainer=False)
+    sampler_only = sampler_only.with_columns(trainer_experts=pl.lit(None, dtype=pl.List(pl.Int32)))
+    return tokens, pl.concat([both, sampler_only])
+
+
+def write_lake(root: Path, tokens: pl.DataFrame, routing: pl.DataFrame, ranks: int = RANKS) -> Path:
+    """Each (run, step) as `ranks` token files and `ranks` routing files, rows dealt out by sample % ranks."""
+    from analysis.lake.layout import write_file, write_run_json
+
+    for (run, step), part in tokens.group_by(["run", "step"], maintain_order=True):
+        rout = routing.filter((pl.col("run") == run) & (pl.col("step") == step))
+        for rank in range(ranks):
+            mine = part.filter(pl.col("sample") % ranks == rank)
+            if mine.height:
+                write_file(str(root), run, step, "tokens", rank, mine.to_arrow())
+            r = rout.filter(pl.col("sample") % ranks == rank)
+            if r.height:
+                write_file(str(root), run, step, "routing", rank, r.to_arrow())
+    for run in tokens["run"].unique().sort():
+        write_run_json(str(root), run, {"seeded": run})
+    return root
+
+
+def write_flat(folder: Path, tokens: pl.DataFrame, routing: pl.DataFrame) -> list[Path]:
+    """The same rows as one tokens and one routing Parquet file, for a direct `ingest`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tokens.write_parquet(folder / "tokens.parquet")
+    routing.write_parquet(folder / "routing.parquet")
+    return [folder / "tokens.parquet", folder / "routing.parquet"]
