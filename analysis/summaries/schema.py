@@ -1,0 +1,193 @@
+"""Summary tables: exact, mergeable aggregates that every run-, step-, layer- and bucket-level view reads.
+
+Every row carries (run, step, file_id) and the key columns of its table. Several rows with the same key (from
+several files, several machines, several trainer ranks) MERGE by a GROUP BY over the key: the columns whose
+name starts with `n_` or `sum_` add up (SUM), `min_*` take MIN, `max_*` take MAX. Nothing else is ever needed to
+merge, so any writer (ingest SQL, DriftLogger's torch code, a lake job) writes partial rows and never reads
+what is already stored. `finalise.py` is the only place METRICS.md formulas are applied to these sums.
+
+Per token, with s = sampler log-prob, t = trainer log-prob (natural log, ≤ 0):
+  d   = t − s (Δ), unclamped
+  cd  = clamp(d, −20, 20)                       (CLAMP, as in METRICS.md: r = exp(cd))
+  rm1 = expm1(cd) = r − 1, computed without cancellation (sums of r − 1 keep all digits when r ≈ 1)
+  k3  = r − 1 − d       = expm1(cd) − d  (≥ 0; for |d| < SERIES_BELOW by its Taylor series, see compute.py)
+  k3r = 1/r − 1 + d     = expm1(−cd) + d (≥ 0; same series with −d)
+  mpe = exp(|cd|) − 1   = expm1(|cd|)    (mult_prob_error − 1 per token)
+  qs  = 1 − exp(s) = −expm1(s),  qt = 1 − exp(t) = −expm1(t)   (1 − probability: Pearson moments taken around
+        probability 1, where most RL tokens sit, so they do not cancel; corr(qs, qt) = corr(ps, pt))
+  adp = |exp(t) − exp(s)| = |qs − qt|
+Thresholds are applied to d in log space: r > C ⟺ d > ln C, r < 1/C ⟺ d < −ln C, |r − 1| > ε ⟺ d > ln(1+ε)
+or d < ln(1−ε); F(τ) counts |cd| > ln τ. The token-level SQL (analysis/metrics.py) uses the same comparisons,
+so counts from summaries and from token rows agree exactly.
+
+Bin conventions (fixed, global, the same for every run and every writer):
+  * "Δ bins" (`summary_hist.bin`, and `band` in summary_bucket / summary_seq) index a sorted edge list E
+    (`D_EDGES` resp. `BAND_EDGES`) as  bin = 2·#{i: E[i] < d} + (1 if d == E[#{i: E[i] < d}] else 0):
+    even bins are open intervals (E[k−1], E[k]) (bin 0 = (−∞, E[0]), bin 2·len(E) = (E[-1], ∞)), odd bins hold
+    a value exactly on an edge. Strict and non-strict thresholds at any edge are then both exact.
+  * Bucket dimensions (`summary_bucket.dim`) and their `bucket` index: see BUCKET_DIMENSIONS.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+CLAMP = 20.0
+SERIES_BELOW = 0.01  # |d| below which k3 / k3r use their Taylor series (compute.py)
+
+# The cap C and clip ε values a summary answers exactly (the sidebar offers these; other values read tokens).
+CAPS = (1.2, 1.5, 2.0, 3.0, 5.0, 10.0)
+CLIPS = (0.1, 0.2, 0.28, 0.3, 0.5)
+# thresholds of the extreme-token curve F(τ) (metrics.default_taus: 49 log-spaced τ from 1.01 to 1000)
+TAUS = tuple(float(x) for x in np.geomspace(1.01, 1000.0, 49))
+
+
+def _threshold_edges() -> list[float]:
+    """ln C, ln(1 ± ε) and ln τ of the allowed parameters, and the clamp, mirrored around 0, with 0."""
+    pos = {CLAMP}
+    pos |= {math.log(c) for c in CAPS}
+    pos |= {math.log1p(e) for e in CLIPS} | {-math.log1p(-e) for e in CLIPS}
+    return sorted({0.0} | pos | {-x for x in pos})
+
+
+def _display_edges() -> list[float]:
+    """±10^(j/10) for j = −80..30 (|Δ| from 1e-8 to 1000 at 10 bins per decade), for histograms and heat maps."""
+    mags = [10.0 ** (j / 10) for j in range(-80, 31)]
+    return sorted(set(mags) | {-m for m in mags})
+
+
+# Edges of the fine Δ bins (summary_hist.bin): the display grid, every threshold above, and ±ln τ.
+BAND_EDGES: tuple[float, ...] = tuple(_threshold_edges())
+D_EDGES: tuple[float, ...] = tuple(sorted(set(_display_edges()) | set(BAND_EDGES)
+                                          | {math.log(t) for t in TAUS} | {-math.log(t) for t in TAUS}))
+N_BINS = 2 * len(D_EDGES) + 1  # bin ids 0 .. 2·len(D_EDGES)
+N_BANDS = 2 * len(BAND_EDGES) + 1
+
+# -- bucket dimensions -------------------------------------------------------------------------------
+# prob: x = log10 exp(s) = s / ln 10, bucket = clamp(floor((x − PROB_LO) / PROB_WIDTH), 0, PROB_BINS − 1)
+#       (probabilities below 10^PROB_LO share bucket 0; p = 1 is in the last bucket)
+PROB_LO, PROB_WIDTH, PROB_BINS = -12.0, 0.5, 24
+# position / length: bucket 0 = [0, 1), bucket k ≥ 1 = [2^(k−1), 2^k): 0, 1, 2–3, 4–7, ... (length ≥ 1, so its
+#       bucket 0 is empty). Length is the response length max(pos) + 1 of the token's sequence.
+# entropy: sampler_entropy in nats, bucket k = [ENTROPY_EDGES[k], ENTROPY_EDGES[k+1]) (the last open above);
+#       values below the first edge go to bucket 0. Tokens without sampler_entropy are not counted.
+ENTROPY_EDGES = (0.0, 1e-4, 1e-3, 1e-2, 0.03, 0.1, 0.3, 1.0, 2.0, 3.0, 5.0, 8.0)
+# lag: trainer_version − sampler_version, bucket = the lag itself. Tokens without both versions are not counted.
+BUCKET_DIMENSIONS = ("prob", "position", "entropy", "lag")  # stored in summary_bucket; "length" comes from
+# summary_seq (a token's length bucket is its sequence's length, so it is a GROUP BY over sequence rows)
+
+
+@dataclass(frozen=True)
+class Col:
+    name: str
+    sql_type: str
+    doc: str
+
+
+# Per-token sums shared by summary_step, summary_bucket and summary_seq (over the tokens of the row).
+TOKEN_SUMS = (
+    Col("n_tokens", "BIGINT", "number of tokens"),
+    Col("sum_d", "DOUBLE", "Σ d"),
+    Col("sum_d2", "DOUBLE", "Σ d²"),
+    Col("sum_abs_d", "DOUBLE", "Σ |d|"),
+    Col("max_abs_d", "DOUBLE", "max |d|"),
+    Col("min_d", "DOUBLE", "min d (ratio_min = exp(clamp(min_d)))"),
+    Col("max_d", "DOUBLE", "max d (ratio_max = exp(clamp(max_d)))"),
+    Col("sum_k3", "DOUBLE", "Σ k3, k3 = r − 1 − d"),
+    Col("sum_k3r", "DOUBLE", "Σ k3r, k3r = 1/r − 1 + d"),
+    Col("sum_rm1", "DOUBLE", "Σ (r − 1), r − 1 = expm1(cd)"),
+    Col("sum_rm1_sq", "DOUBLE", "Σ (r − 1)²"),
+    Col("sum_mpe", "DOUBLE", "Σ expm1(|cd|) (mult_prob_error = 1 + mean)"),
+    Col("sum_adp", "DOUBLE", "Σ |exp t − exp s|"),
+    Col("max_adp", "DOUBLE", "max |exp t − exp s|"),
+    Col("sum_qs", "DOUBLE", "Σ qs, qs = 1 − exp s"),
+    Col("sum_qt", "DOUBLE", "Σ qt, qt = 1 − exp t"),
+    Col("sum_qs2", "DOUBLE", "Σ qs²"),
+    Col("sum_qt2", "DOUBLE", "Σ qt²"),
+    Col("sum_qsqt", "DOUBLE", "Σ qs·qt"),
+    Col("min_s", "DOUBLE", "min s (Pearson is null when exp s is constant: min_s = max_s)"),
+    Col("max_s", "DOUBLE", "max s"),
+    Col("min_t", "DOUBLE", "min t"),
+    Col("max_t", "DOUBLE", "max t"),
+)
+
+# Per-token routing aggregates (tokens with trainer routing; a token's layers all come from one file).
+TOKEN_FLIP_SUMS = (
+    Col("n_routed", "BIGINT", "tokens with routing of both sides at some layer"),
+    Col("n_any_flip", "BIGINT", "of those, tokens with a flip at some layer (𝟙[∃ layer: E_s ≠ E_t])"),
+    Col("sum_flipped_layers", "BIGINT", "Σ over routed tokens of the number of flipped layers"),
+    Col("sum_abs_d_flip", "DOUBLE", "Σ |d| over routed tokens with a flip"),
+    Col("sum_k3_flip", "DOUBLE", "Σ k3 over routed tokens with a flip"),
+    Col("sum_abs_d_noflip", "DOUBLE", "Σ |d| over routed tokens without a flip"),
+    Col("sum_k3_noflip", "DOUBLE", "Σ k3 over routed tokens without a flip"),
+)
+
+KEY = (Col("run", "VARCHAR", "run name"), Col("step", "BIGINT", "trainer step"))
+FILE = Col("file_id", "INTEGER", "the file (or summary file) that brought the row; delete_run and provenance")
+
+TABLES: dict[str, tuple[Col, ...]] = {
+    # one row per (run, step, file): every by=step token column, and the per-step routing columns
+    "summary_step": KEY + TOKEN_SUMS + TOKEN_FLIP_SUMS + (FILE,),
+    # one row per (run, step, layer, file): routing counts (load_max_vio comes from expert_load)
+    "summary_layer": KEY + (
+        Col("layer", "INTEGER", "0-based MoE layer"),
+        Col("k", "SMALLINT", "top-k size (one k per (run, step, layer), enforced at ingest)"),
+        Col("n_rows", "BIGINT", "routing rows (tokens) at this layer, sampler-only rows included"),
+        Col("n_both", "BIGINT", "rows with both sides recorded (flip columns count only these)"),
+        Col("n_flip", "BIGINT", "rows with E_s ≠ E_t as sets"),
+        Col("n_top1", "BIGINT", "rows whose first-ranked experts differ"),
+        Col("sum_common", "BIGINT", "Σ |E_s ∩ E_t| over rows with both sides (overlap = sum_common / (k·n_both))"),
+        Col("n_first_flip", "BIGINT", "tokens whose lowest flipped layer is this one"),
+        FILE),
+    # one row per (run, step, sample, band, file): a sequence's tokens in one ratio band (BAND_EDGES); a
+    # sequence's rows merge by GROUP BY (run, step, sample) for the sequence metrics and the length buckets
+    "summary_seq": KEY + (
+        Col("sample", "BIGINT", "sequence id within (run, step)"),
+        Col("band", "SMALLINT", "ratio band of these tokens on BAND_EDGES (bin convention above)"),
+        Col("max_pos", "INTEGER", "max pos of these tokens (length = 1 + max over the sequence's rows)"),
+    ) + TOKEN_SUMS + (
+        Col("n_flip_tokens", "BIGINT", "tokens of this sequence with a flip at some layer (routing files)"),
+        FILE),
+    # one row per (run, step, bin, file): Δ histogram on D_EDGES; also every cap/clip/τ threshold count
+    "summary_hist": KEY + (
+        Col("bin", "SMALLINT", "fine Δ bin on D_EDGES (bin convention above)"),
+        Col("n_tokens", "BIGINT", "tokens in the bin"),
+        Col("sum_rm1", "DOUBLE", "Σ (r − 1) of those tokens (ess for any allowed C)"),
+        Col("sum_rm1_sq", "DOUBLE", "Σ (r − 1)²"),
+        FILE),
+    # one row per (run, step, dim, bucket, band, file): where the mismatch lives, on fixed bucket edges
+    "summary_bucket": KEY + (
+        Col("dim", "VARCHAR", "bucket dimension: prob | position | entropy | lag (see BUCKET_DIMENSIONS)"),
+        Col("bucket", "BIGINT", "bucket index in that dimension"),
+        Col("band", "SMALLINT", "ratio band on BAND_EDGES (makes cap/clip columns exact per bucket)"),
+    ) + TOKEN_SUMS + (FILE,),
+    # files whose token rows are not summarised here (their summaries came in a summary file)
+    "summary_skip": (FILE,),
+}
+
+# Parquet schema-metadata key and value marking token rows that are already summarised elsewhere
+# (DriftLogger's sampled token rows): ingest stores the rows but does not summarise them again.
+SUMMARISED_KEY = b"driftscope.summarised"
+SUMMARISED_VALUE = b"1"
+
+
+def merge_kind(col: str) -> str:
+    """How a column merges across rows of the same key: 'sum', 'min', 'max' or 'key'."""
+    if col.startswith(("n_", "sum_")):
+        return "sum"
+    if col.startswith("min_"):
+        return "min"
+    if col.startswith("max_"):
+        return "max"
+    return "key"
+
+
+def columns(table: str) -> list[str]:
+    return [c.name for c in TABLES[table]]
+
+
+def ddl() -> list[str]:
+    return [f"CREATE TABLE IF NOT EXISTS {t} ({', '.join(f'{c.name} {c.sql_type}' for c in cols)})"
+            for t, cols in TABLES.items()]
