@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("csv", "json"), default="csv")
     p.add_argument("--cap", type=float, default=2.0, help="importance-ratio cap C (default 2.0)")
     p.add_argument("--clip", type=float, default=0.2, help="PPO clip range epsilon (default 0.2)")
+    from analysis.lake.cli import add_parser as add_summarize
+    add_summarize(sub)
     sub.add_parser("lab", help="run the torch drift lab (options: python -m analysis lab --help)", add_help=False)
     return parser
 
@@ -37,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         from analysis.lab.cli import main as lab_main
         return lab_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command == "summarize":  # reads a lake and writes files: no database
+        from analysis.lake.cli import main as summarize_main
+        return summarize_main(args)
     db = args.db or default_db_path()
     try:
         if args.command == "ingest":

@@ -108,7 +108,7 @@ class Store:
     def arrow(self, query: str, params: Sequence[Any] | dict | None = None):
         """Run a read query with bound parameters and return a pyarrow Table (picklable, unlike a reader)."""
         try:
-            return self.cursor().execute(query, params or []).fetch_arrow_table()
+            return self.cursor().sql(query, params=params).to_arrow_table()
         except duckdb.Error as e:
             raise StoreError(f"query failed: {e}") from None
 

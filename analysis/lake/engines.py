@@ -34,7 +34,7 @@ def run_local(lake: str, partitions: Sequence[Partition], token_sample: float = 
         try:
             yield task(lake, p, token_sample, None)
         except Exception as e:  # a bug must not lose the other partitions' work
-            yield Failed(p, f"{type(e).__name__}: {str(e)[:300]}")
+            yield Failed(p, f"task failed: {type(e).__name__}: {str(e)[:300]}")
 
 
 def ray_init(address: str | None, num_cpus: int = 2):
@@ -72,4 +72,5 @@ def run_ray(lake: str, partitions: Sequence[Partition], token_sample: float = 0.
                 yield ray.get(ref)
             except Exception as e:  # RayTaskError, WorkerCrashedError, ...: the retries are spent
                 first = str(e).strip().splitlines()
-                yield Failed(p, f"{type(e).__name__}: {first[-1][:300] if first else ''}")
+                yield Failed(p, f"task failed (Ray retried it up to {max_retries} times): "
+                                f"{type(e).__name__}: {first[-1][:300] if first else ''}")

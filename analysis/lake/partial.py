@@ -109,3 +109,9 @@ def token_sample(store: Store, rate: float) -> dict[str, pa.Table]:
     routing = store.arrow(f"""SELECT {routing_cols} FROM routing r SEMI JOIN ({kept}) k USING (sample, pos)
                               ORDER BY sample, pos, layer""", [bound])
     return {"tokens": tokens, "routing": routing}
+
+
+def concat(tables: list[pa.Table]) -> pa.Table | None:
+    """Token-sample rows of several partitions as one table (None when there are none)."""
+    tables = [t for t in tables if t is not None and t.num_rows]
+    return pa.concat_tables(tables, promote_options="permissive") if tables else None

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from analysis.ingest.validate import Batch
+from analysis.lake import partial
 from analysis.lake.layout import Partition, open_lake
 
 
@@ -78,7 +79,6 @@ def summarize_partition(lake: str, partition: Partition, token_sample: float = 0
     `threads`: DuckDB threads of the private database (1 in a Ray task, which holds one CPU)."""
     from analysis.ingest.load import file_unit, load_units
     from analysis.ingest.errors import IngestError
-    from analysis.lake import partial
     from analysis.store import Store
 
     result = PartitionResult(partition.run, partition.step)
