@@ -1,0 +1,198 @@
+"""Benchmark `summarize` of a Parquet lake: in-process DuckDB vs local Ray (2 CPUs) vs `ingest` of the same files.
+
+    python benchmarks/bench_lake.py [--tokens 40000000] [--partitions 50 400] [--rebuild] [--no-write]
+
+Builds (once per partition count, cached in benchmarks/work/, git-ignored) a lake of `--tokens` tokens over P
+steps (one partition per step, each written as 2 rank files), routing of both sides for 500,000 of the tokens
+(32 layers, top-8 of 64: 16M routing rows), with numpy. Then times, as whole processes, side by side:
+  (a) python -m analysis summarize LAKE --out OUT --engine duckdb
+  (b) python -m analysis summarize LAKE --out OUT --engine ray        (a local Ray, num_cpus=2, started inside)
+  (c) python -m analysis ingest LAKE --db DB                          (every token into a database: the baseline)
+and the per-partition overhead: (d) summarize of a lake of P tiny partitions (10 tokens each) on both engines,
+(e) a Ray no-op task round trip. Results are appended to benchmarks/RESULTS-lake.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+
+from analysis.lake.layout import write_file  # noqa: E402
+
+WORK = ROOT / "benchmarks" / "work" / "lake"
+RESULTS = ROOT / "benchmarks" / "RESULTS-lake.md"
+RUN, LEN, RANKS = "bench", 500, 2
+ROUTED_TOKENS, LAYERS, K, EXPERTS = 500_000, 32, 8, 64
+BUILD_VERSION = "1"
+
+
+def _list_column(ids: np.ndarray) -> pa.ListArray:
+    n, k = ids.shape
+    return pa.ListArray.from_arrays(pa.array(np.arange(0, (n + 1) * k, k, dtype=np.int32)),
+                                    pa.array(ids.reshape(-1).astype(np.int32)))
+
+
+def build(lake: Path, tokens: int, partitions: int, routed: int = ROUTED_TOKENS) -> None:
+    """`partitions` steps of tokens // partitions tokens (sequences of LEN), each step split over RANKS files."""
+    if lake.exists():
+        shutil.rmtree(lake)
+    per_step = tokens // partitions
+    routed_per_step = routed // partitions
+    rng = np.random.default_rng(42)
+    for step in range(partitions):
+        i = np.arange(per_step)
+        sample, pos = i // LEN, (i % LEN).astype(np.int32)
+        s = -rng.exponential(1.5, per_step)
+        d = rng.normal(0.0, 0.05, per_step) * np.where(rng.random(per_step) < 0.005, 20.0, 1.0)
+        t = np.minimum(s + d, 0.0)
+        rank_of = sample % RANKS
+        for rank in range(RANKS):
+            m = rank_of == rank
+            n = int(m.sum())
+            write_file(str(lake), RUN, step, "tokens", rank, pa.table({
+                "run": pa.repeat(pa.scalar(RUN), n), "step": pa.array(np.full(n, step, np.int64)),
+                "sample": pa.array(sample[m]), "pos": pa.array(pos[m]),
+                "token_id": pa.array(rng.integers(0, 50_000, n).astype(np.int32)),
+                "sampler_logprob": pa.array(s[m]), "trainer_logprob": pa.array(t[m]),
+                "sampler_version": pa.array(np.full(n, step - 1, np.int64)),
+                "trainer_version": pa.array(np.full(n, step, np.int64))}))
+            # routing for the first routed_per_step tokens of the step, every layer; 3% of rows flip one expert
+            r = np.flatnonzero(m[:routed_per_step])
+            if not len(r):
+                continue
+            rows = len(r) * LAYERS
+            base = rng.integers(0, EXPERTS, rows)[:, None]
+            mult = (2 * rng.integers(0, EXPERTS // 2, rows) + 1)[:, None]
+            se = (base + np.arange(K)[None, :] * mult) % EXPERTS
+            te = se.copy()
+            swap = rng.random(rows) < 0.03
+            te[swap, 0] = ((base + K * mult) % EXPERTS)[swap, 0]
+            write_file(str(lake), RUN, step, "routing", rank, pa.table({
+                "run": pa.repeat(pa.scalar(RUN), rows), "step": pa.array(np.full(rows, step, np.int64)),
+                "sample": pa.array(np.repeat(sample[r], LAYERS)), "pos": pa.array(np.repeat(pos[r], LAYERS)),
+                "layer": pa.array(np.tile(np.arange(LAYERS, dtype=np.int32), len(r))),
+                "sampler_experts": _list_column(se), "trainer_experts": _list_column(te)}))
+    (lake / f".built-{BUILD_VERSION}").write_text(f"{tokens} {partitions} {routed}\n")
+
+
+def lake_for(tokens: int, partitions: int, routed: int, rebuild: bool) -> Path:
+    lake = WORK / f"lake-{tokens}-{partitions}-{routed}"
+    if rebuild or not (lake / f".built-{BUILD_VERSION}").exists():
+        t0 = time.perf_counter()
+        build(lake, tokens, partitions, routed)
+        print(f"built {lake} in {time.perf_counter() - t0:.1f}s", flush=True)
+    return lake
+
+
+def timed(cmd: list[str]) -> float:
+    """Wall seconds of a whole process (imports, Ray start-up and shutdown included); it must succeed."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    return wall
+
+
+def run_three(lake: Path) -> dict[str, float]:
+    out = WORK / "out"
+    walls = {}
+    for engine in ("duckdb", "ray"):
+        shutil.rmtree(out, ignore_errors=True)
+        walls[engine] = timed([sys.executable, "-m", "analysis", "summarize", str(lake), "--out", str(out),
+                               "--engine", engine])
+    db = WORK / "ingest.duckdb"
+    for p in (db, Path(f"{db}.wal")):
+        p.unlink(missing_ok=True)
+    walls["ingest"] = timed([sys.executable, "-m", "analysis", "ingest", str(lake), "--db", str(db)])
+    db.unlink(missing_ok=True)
+    return walls
+
+
+def ray_noop_overhead(n: int = 400) -> tuple[float, float]:
+    """(ray.init seconds, seconds per no-op task) on a local Ray with 2 CPUs."""
+    import ray
+    t0 = time.perf_counter()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    init = time.perf_counter() - t0
+
+    @ray.remote(num_cpus=1)
+    def noop(i):
+        return i
+
+    ray.get([noop.remote(i) for i in range(8)])  # warm the workers
+    t0 = time.perf_counter()
+    ray.get([noop.remote(i) for i in range(n)])
+    per = (time.perf_counter() - t0) / n
+    ray.shutdown()
+    return init, per
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=40_000_000)
+    ap.add_argument("--partitions", type=int, nargs="+", default=[50, 400])
+    ap.add_argument("--routed", type=int, default=ROUTED_TOKENS, help="tokens that also get routing rows")
+    ap.add_argument("--rebuild", action="store_true")
+    ap.add_argument("--no-write", action="store_true", help="print, do not append to RESULTS-lake.md")
+    args = ap.parse_args()
+    WORK.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for p in args.partitions:
+        lake = lake_for(args.tokens, p, args.routed, args.rebuild)
+        w = run_three(lake)
+        line = (f"- {p} partitions ({args.tokens // p:,} tokens each, {RANKS} files each): summarize duckdb "
+                f"{w['duckdb']:.1f}s, summarize ray {w['ray']:.1f}s, ingest {w['ingest']:.1f}s -> duckdb "
+                f"{w['duckdb'] / w['ingest']:.2f}x, ray {w['ray'] / w['ingest']:.2f}x of ingest; ray/duckdb "
+                f"{w['ray'] / w['duckdb']:.2f}x")
+        print(line, flush=True)
+        lines.append(line)
+    n_tiny = max(args.partitions)
+    tiny = lake_for(10 * n_tiny, n_tiny, 0, args.rebuild)
+    out = WORK / "out"
+    tw = {}
+    for engine in ("duckdb", "ray"):
+        shutil.rmtree(out, ignore_errors=True)
+        tw[engine] = timed([sys.executable, "-m", "analysis", "summarize", str(tiny), "--out", str(out),
+                            "--engine", engine])
+    init, per = ray_noop_overhead()
+    line = (f"- overhead: {n_tiny} partitions of 10 tokens: summarize duckdb {tw['duckdb']:.1f}s "
+            f"({1000 * tw['duckdb'] / n_tiny:.0f} ms per partition), ray {tw['ray']:.1f}s "
+            f"({1000 * tw['ray'] / n_tiny:.0f} ms per partition, Ray start-up included); ray.init {init:.1f}s, "
+            f"a no-op Ray task {1000 * per:.1f} ms")
+    print(line, flush=True)
+    lines.append(line)
+    if args.no_write:
+        return
+    load = os.getloadavg()[0]
+    import duckdb
+    import ray
+    head = [f"## {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S')}", "",
+            f"Command: `python benchmarks/bench_lake.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
+            f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+            f"duckdb {duckdb.__version__}, ray {ray.__version__}, load average at the end {load:.1f} "
+            "(other processes share the CPUs)  ",
+            f"Data: {args.tokens:,} tokens (sequences of {LEN}), routing for {args.routed:,} of them "
+            f"({args.routed * LAYERS:,} rows: {LAYERS} layers, top-{K} of {EXPERTS}, 3% flips), "
+            "each step one partition of 2 rank files; wall seconds of whole processes, one run each", ""]
+    new = not RESULTS.exists()
+    with open(RESULTS, "a") as f:
+        if new:
+            f.write("# Lake summarize benchmarks (benchmarks/bench_lake.py)\n\n")
+        f.write("\n".join(head + lines) + "\n\n")
+
+
+if __name__ == "__main__":
+    main()
