@@ -13,6 +13,7 @@ import duckdb
 import polars as pl
 
 from analysis import schema
+from analysis.summaries import schema as summary_schema
 
 DEFAULT_DB = Path(__file__).resolve().parent.parent / "data" / "drift.duckdb"
 
@@ -47,7 +48,7 @@ def _ddl() -> list[str]:
     for table in schema.TABLES:
         cols = ", ".join(f"{c.name} {c.sql_type}" for c in schema.stored_columns(table))
         stmts.append(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
-    return stmts
+    return stmts + summary_schema.ddl()
 
 
 class Store:
@@ -180,16 +181,20 @@ class Store:
         with self.transaction() as w:
             ids = [r[0] for r in w.execute(
                 "SELECT DISTINCT file_id FROM tokens WHERE run = ? UNION SELECT DISTINCT file_id FROM routing "
-                "WHERE run = ? UNION SELECT DISTINCT file_id FROM sequences WHERE run = ?",
-                [run, run, run]).fetchall()]
-            for table in ("tokens", "routing", "sequences", "expert_load", "runs"):
+                "WHERE run = ? UNION SELECT DISTINCT file_id FROM sequences WHERE run = ? "
+                "UNION SELECT DISTINCT file_id FROM summary_step WHERE run = ?",
+                [run, run, run, run]).fetchall()]
+            for table in ("tokens", "routing", "sequences", "expert_load", "runs",
+                          *(t for t in summary_schema.TABLES if "run" in summary_schema.columns(t))):
                 w.execute(f"DELETE FROM {table} WHERE run = ?", [run])
             # a file that held several runs keeps its record while any of its rows remain
             for fid in ids:
                 left = w.execute("SELECT (SELECT count(*) FROM tokens WHERE file_id = ?) + "
-                                 "(SELECT count(*) FROM routing WHERE file_id = ?)", [fid, fid]).fetchall()[0][0]
+                                 "(SELECT count(*) FROM routing WHERE file_id = ?) + "
+                                 "(SELECT count(*) FROM summary_step WHERE file_id = ?)", [fid, fid, fid]).fetchall()[0][0]
                 if not left:
                     w.execute("DELETE FROM files WHERE file_id = ?", [fid])
+                    w.execute("DELETE FROM summary_skip WHERE file_id = ?", [fid])
 
     def files(self) -> pl.DataFrame:
         return self.sql("SELECT file_id, name, format, size, rows, run_override, loaded_at, sha256 "
@@ -220,7 +225,7 @@ class Writer:
 
     def insert_arrow(self, table: str, data) -> None:
         """Append a pyarrow Table whose columns are a subset of the stored columns of `table`."""
-        if table not in schema.TABLES and table != "expert_load":
+        if table not in schema.TABLES and table != "expert_load" and table not in summary_schema.TABLES:
             raise ValueError(f"unknown table {table}")
         cols = ", ".join(data.column_names)
         self.cur.register("_ingest_batch", data)

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.ingest import frameworks, long, sequences, tensors
+from analysis.summaries import compute as summaries
 from analysis.ingest.detect import Detected, detect
 from analysis.ingest.errors import BadExperts, CorruptFile, DuplicateKey, IngestError, NotALogFile, OrphanRouting
 from analysis.ingest.keys import ExpertLoad, RoutingTokens, TableKeys
@@ -208,6 +209,7 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
             _check_file(w, unit.name, fid, rows, keys, routing_tokens)
             if rows["routing"]:
                 w.insert_arrow("expert_load", load.table(fid))  # counted batch by batch above
+            summaries.add_file(w, fid, summaries.tokens_summarised(unit.paths, fmt), unit.name)
             w.ensure_runs(sorted(runs), config or unit.config)
             w.finish_file(fid, sum(rows.values()))
     except IngestError as e:

@@ -1,0 +1,249 @@
+"""Partial summaries of one loaded file, computed with SQL over its rows inside the ingest transaction.
+
+`add_file(writer, file_id)` is the one call ingest makes per loaded unit. It reads `tokens` / `routing`
+WHERE file_id = ? and appends that file's rows to the summary tables (schema.py); rows of other files are
+never read or rewritten (except to join a routing row to its token's Δ), so loading is O(this file).
+
+The per-token terms are written once here, as SQL, and the token-level drill-down SQL (analysis/metrics.py)
+uses the same expressions: a metric from summaries and from token rows differ only by summation order.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from analysis.summaries import schema as S
+
+# -- per-token SQL -------------------------------------------------------------------------------------
+
+def expm1_sql(u: str, x: str) -> str:
+    """expm1(x) given u = exp(x) (DuckDB has no expm1): Kahan's (u − 1)·x / ln u, accurate to a few ulps
+    where exp(x) − 1 would lose all digits of a tiny x; x where u rounds to 1, −1 where it underflows."""
+    return f"(CASE WHEN {u} = 1.0 THEN {x} WHEN {u} = 0.0 THEN -1.0 ELSE ({u} - 1.0) * {x} / ln({u}) END)"
+
+
+def series_k3_sql(x: str) -> str:
+    """e^x − 1 − x by its Taylor series to x^8 (relative error < 1e-16 for |x| < SERIES_BELOW): expm1(x) − x
+    cancels to relative error ~2·eps/|x| there."""
+    coefs = [2, 6, 24, 120, 720, 5040, 40320]
+    inner = f"(1::DOUBLE / {coefs[-1]})"
+    for c in reversed(coefs[:-1]):
+        inner = f"(1::DOUBLE / {c} + {x} * {inner})"
+    return f"({x} * {x} * {inner})"
+
+
+def clamp_sql(x: str, lo: str, hi: str) -> str:
+    """SQL for min(max(x, lo), hi) for a non-NaN x: a CASE, measured ~2x faster in DuckDB than least/greatest."""
+    return f"(CASE WHEN {x} < {lo} THEN {lo} WHEN {x} > {hi} THEN {hi} ELSE {x} END)"
+
+
+def token_terms_sql(src: str) -> str:
+    """SELECT * of `src` (columns s, t, among others) plus the per-token terms of schema.py:
+    d, cd, r, rm1, k3, k3r, mpe, qs, qt, adp (and the helpers us, ut, ua, un)."""
+    c = float(S.CLAMP)
+    cd = clamp_sql("(t - s)", f"-{c}::DOUBLE", f"{c}::DOUBLE")
+    small = f"abs(d) < {S.SERIES_BELOW}::DOUBLE"
+    return f"""
+    SELECT *, (CASE WHEN {small} THEN {series_k3_sql('d')}
+                    WHEN rm1 - d > 0 THEN rm1 - d ELSE 0.0 END) AS k3,
+              (CASE WHEN {small} THEN {series_k3_sql('(-d)')}
+                    WHEN em + d > 0 THEN em + d ELSE 0.0 END) AS k3r,
+              abs(qs - qt) AS adp
+    FROM (SELECT *, {expm1_sql('r', 'cd')} AS rm1, {expm1_sql('ua', 'abs(cd)')} AS mpe,
+                 {expm1_sql('un', '(-cd)')} AS em,
+                 -{expm1_sql('us', 's')} AS qs, -{expm1_sql('ut', 't')} AS qt
+          FROM (SELECT *, exp(cd) AS r, exp(abs(cd)) AS ua, exp(-cd) AS un, exp(s) AS us, exp(t) AS ut
+                FROM (SELECT *, t - s AS d, {cd} AS cd FROM ({src}) src_) a_) b_) c_"""
+
+
+def token_sums_sql() -> str:
+    """Select-list of schema.TOKEN_SUMS over a relation of token_terms_sql (fsum: compensated sums)."""
+    agg = {
+        "n_tokens": "count(*)", "sum_d": "fsum(d)", "sum_d2": "fsum(d * d)", "sum_abs_d": "fsum(abs(d))",
+        "max_abs_d": "max(abs(d))", "min_d": "min(d)", "max_d": "max(d)", "sum_k3": "fsum(k3)",
+        "sum_k3r": "fsum(k3r)", "sum_rm1": "fsum(rm1)", "sum_rm1_sq": "fsum(rm1 * rm1)", "sum_mpe": "fsum(mpe)",
+        "sum_adp": "fsum(adp)", "max_adp": "max(adp)", "sum_qs": "fsum(qs)", "sum_qt": "fsum(qt)",
+        "sum_qs2": "fsum(qs * qs)", "sum_qt2": "fsum(qt * qt)", "sum_qsqt": "fsum(qs * qt)",
+        "min_s": "min(s)", "max_s": "max(s)", "min_t": "min(t)", "max_t": "max(t)",
+    }
+    assert list(agg) == [c.name for c in S.TOKEN_SUMS]
+    return ", ".join(f"{sql} AS {name}" for name, sql in agg.items())
+
+
+def count_below_sql(x: str, names: Sequence[str], op: str = ">") -> str:
+    """SQL for #{i: x <op> $names[i]} when the parameters hold ascending values: nested CASEs, a binary search
+    (at most 1 + ⌈log2 n⌉ comparisons per row). op is '>' or '>='."""
+    if op not in (">", ">="):
+        raise ValueError(f"op must be '>' or '>=', got {op!r}")
+
+    def node(lo: int, hi: int) -> str:  # the count lies in [lo, hi]
+        if lo == hi:
+            return str(lo)
+        mid = (lo + hi) // 2
+        return f"CASE WHEN {x} {op} ${names[mid]} THEN {node(mid + 1, hi)} ELSE {node(lo, mid)} END"
+    if not names:
+        return "0"
+    neg = "<=" if op == ">" else "<"
+    return f"CASE WHEN {x} {neg} ${names[0]} THEN 0 ELSE {node(1, len(names))} END"
+
+
+def edge_params(prefix: str, edges: Sequence[float]) -> dict:
+    """Named parameters {prefix0: e0, ...} plus {prefix_list: [e0, ...]} for bin_sql."""
+    return {f"{prefix}{i}": float(e) for i, e in enumerate(edges)} | {f"{prefix}_list": [float(e) for e in edges]}
+
+
+def bin_sql(x: str, prefix: str, n_edges: int) -> str:
+    """The schema's bin id of x on the edges held by `edge_params(prefix, ...)`: 2·#{E < x} + 𝟙[x on an edge]."""
+    k = count_below_sql(x, [f"{prefix}{i}" for i in range(n_edges)])
+    return f"(2 * ({k}) + (CASE WHEN {x} = list_extract(${prefix}_list, ({k}) + 1) THEN 1 ELSE 0 END))"
+
+
+def bucket_sql(dim: str) -> str:
+    """SQL of a token's bucket index in dimension `dim` (schema.BUCKET_DIMENSIONS, plus 'length' over a
+    column `length`); NULL where the token lacks the property. Parameters from `bucket_params()`."""
+    if dim == "prob":
+        b = f"floor((s / ln(10) - {S.PROB_LO}::DOUBLE) / {S.PROB_WIDTH}::DOUBLE)"
+        return f"{clamp_sql(b, '0', str(S.PROB_BINS - 1))}::BIGINT"
+    if dim in ("position", "length"):
+        x = "pos" if dim == "position" else "length"
+        return f"(CASE WHEN {x} <= 0 THEN 0 ELSE floor(log2({x}))::BIGINT + 1 END)"
+    if dim == "entropy":
+        names = [f"ee{i}" for i in range(1, len(S.ENTROPY_EDGES))]
+        return f"(CASE WHEN sampler_entropy IS NOT NULL THEN ({count_below_sql('sampler_entropy', names, '>=')}) END)"
+    if dim == "lag":
+        return "(trainer_version - sampler_version)"
+    raise ValueError(f"unknown bucket dimension {dim!r}")
+
+
+def bucket_params() -> dict:
+    return {f"ee{i}": float(e) for i, e in enumerate(S.ENTROPY_EDGES) if i > 0}
+
+
+def bin_params() -> dict:
+    return edge_params("de", S.D_EDGES) | edge_params("be", S.BAND_EDGES)
+
+
+# -- the ingest hook -----------------------------------------------------------------------------------
+
+def tokens_summarised(paths, fmt: str) -> bool:
+    """Whether a file's rows are already summarised elsewhere: a Parquet file whose schema metadata holds
+    schema.SUMMARISED_KEY = SUMMARISED_VALUE (DriftLogger's sampled token rows). Other formats never are."""
+    if fmt != "parquet" or len(paths) != 1:
+        return False
+    import pyarrow.parquet as pq
+    try:
+        meta = pq.read_schema(paths[0]).metadata or {}
+    except Exception:  # unreadable metadata: the reader refuses the file with its own message
+        return False
+    return meta.get(S.SUMMARISED_KEY) == S.SUMMARISED_VALUE
+
+
+def add_file(writer, file_id: int, tokens_summarised: bool = False, name: str = "") -> None:
+    """Append the summaries of the rows file `file_id` brought (call once, after its rows are inserted and
+    checked, inside the same transaction). tokens_summarised=True (see `tokens_summarised`): the file's token
+    and routing rows are a sample whose summaries come in their own summary file; nothing is added but a
+    summary_skip row. Raises IngestError when a token's routing layers would span two files."""
+    if tokens_summarised:
+        writer.execute("INSERT INTO summary_skip (file_id) VALUES (?)", [file_id])
+        return
+    has = writer.execute("SELECT (SELECT count(*) > 0 FROM (SELECT 1 FROM tokens WHERE file_id = $f LIMIT 1)), "
+                         "(SELECT count(*) > 0 FROM (SELECT 1 FROM routing WHERE file_id = $f LIMIT 1))",
+                         {"f": file_id}).fetchall()[0]
+    if has[0]:
+        _add_tokens(writer, file_id)
+    if has[1]:
+        _check_routing_whole(writer, file_id, name)
+        _add_routing(writer, file_id)
+
+
+# GROUPING SETS of the token pass, and what GROUPING(sample, band, bin, dim keys...) holds for each
+_DIM_COLS = {"prob": "b_prob", "position": "b_position", "entropy": "b_entropy", "lag": "b_lag"}
+
+
+def _add_tokens(writer, file_id: int) -> None:
+    src = ("SELECT run, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t, sampler_entropy, "
+           f"trainer_version, sampler_version FROM tokens WHERE file_id = $fid")
+    base = f"""SELECT *, {bin_sql('d', 'de', len(S.D_EDGES))} AS bin, {bin_sql('d', 'be', len(S.BAND_EDGES))} AS band,
+                      {', '.join(f'{bucket_sql(d)} AS {c}' for d, c in _DIM_COLS.items())}
+               FROM ({token_terms_sql(src)}) tt_"""
+    params = {"fid": file_id} | bin_params() | bucket_params()
+    dims = list(_DIM_COLS.values())
+    cols = ["sample", "band", "bin", *dims]
+    sets = ["(run, step)", "(run, step, sample, band)", "(run, step, bin)"] + [f"(run, step, band, {c})" for c in dims]
+    writer.execute(f"""CREATE TEMP TABLE _summary_part AS
+        SELECT run, step, {', '.join(cols)}, GROUPING({', '.join(cols)}) AS g, max(pos) AS max_pos,
+               {token_sums_sql()}
+        FROM ({base}) GROUP BY GROUPING SETS ({', '.join(sets)})""", params)
+    try:
+        def g(keys):  # GROUPING() bit i (from the last column) is set when cols[-1 - i] is not grouped
+            return sum(1 << (len(cols) - 1 - i) for i, c in enumerate(cols) if c not in keys)
+        sums = [c.name for c in S.TOKEN_SUMS]
+        writer.execute(f"INSERT INTO summary_step (run, step, {', '.join(sums)}, file_id) "
+                       f"SELECT run, step, {', '.join(sums)}, $fid FROM _summary_part WHERE g = $g",
+                       {"fid": file_id, "g": g(())})
+        writer.execute(f"INSERT INTO summary_seq (run, step, sample, band, max_pos, {', '.join(sums)}, file_id) "
+                       f"SELECT run, step, sample, band, max_pos, {', '.join(sums)}, $fid FROM _summary_part "
+                       f"WHERE g = $g", {"fid": file_id, "g": g(("sample", "band"))})
+        writer.execute("INSERT INTO summary_hist (run, step, bin, n_tokens, sum_rm1, sum_rm1_sq, file_id) "
+                       "SELECT run, step, bin, n_tokens, sum_rm1, sum_rm1_sq, $fid FROM _summary_part WHERE g = $g",
+                       {"fid": file_id, "g": g(("bin",))})
+        for dim, c in _DIM_COLS.items():  # a NULL bucket: tokens without entropy / versions, not counted
+            writer.execute(f"INSERT INTO summary_bucket (run, step, dim, bucket, band, {', '.join(sums)}, file_id) "
+                           f"SELECT run, step, $dim, {c}, band, {', '.join(sums)}, $fid FROM _summary_part "
+                           f"WHERE g = $g AND {c} IS NOT NULL", {"fid": file_id, "g": g(("band", c)), "dim": dim})
+    finally:
+        writer.execute("DROP TABLE _summary_part")
+
+
+def _check_routing_whole(writer, file_id: int, name: str) -> None:
+    """Refuse a routing file holding a token of which another file already brought routing layers: the
+    per-token flip columns (any layer flipped, how many, the first) are computed per file and would count
+    such a token twice."""
+    row = writer.execute("""
+        WITH mine AS (SELECT DISTINCT run, step, sample, pos FROM routing WHERE file_id = $f)
+        SELECT m.run, m.step, m.sample, m.pos FROM mine m
+        SEMI JOIN (SELECT run, step, sample, pos FROM routing
+                   WHERE file_id <> $f AND step BETWEEN (SELECT min(step) FROM mine) AND (SELECT max(step) FROM mine)) o
+          ON o.run = m.run AND o.step = m.step AND o.sample = m.sample AND o.pos = m.pos
+        LIMIT 1""", {"f": file_id}).fetchall()
+    if row:
+        from analysis.ingest.errors import IngestError
+        run, step, sample, pos = row[0]
+        raise IngestError(name or f"file {file_id}", f"routing of token (run={run!r}, step={step}, sample={sample}, "
+                          f"pos={pos})", "other layers of this token were already loaded from another file",
+                          "write all MoE layers of a token in one routing file")
+
+
+def _add_routing(writer, file_id: int) -> None:
+    params = {"fid": file_id} | edge_params("be", S.BAND_EDGES)
+    # one row per token with trainer routing, with its Δ terms from the stored token row
+    tokflip = f"""
+        WITH f AS (SELECT run, step, sample, pos, count_if(flip) AS n_fl, min(layer) FILTER (WHERE flip) AS first_flip
+                   FROM routing WHERE file_id = $fid AND flip IS NOT NULL GROUP BY run, step, sample, pos),
+             tok AS (SELECT run, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t FROM tokens
+                     WHERE step BETWEEN (SELECT min(step) FROM f) AND (SELECT max(step) FROM f))
+        SELECT f.*, tok.s, tok.t FROM f JOIN tok USING (run, step, sample, pos)"""
+    writer.execute(f"""CREATE TEMP TABLE _summary_flip AS
+        SELECT run, step, sample, pos, n_fl, first_flip, abs(d) AS abs_d, k3, {bin_sql('d', 'be', len(S.BAND_EDGES))} AS band
+        FROM ({token_terms_sql(tokflip)}) tt_""", params)
+    try:
+        writer.execute("""INSERT INTO summary_step (run, step, n_tokens, n_routed, n_any_flip, sum_flipped_layers,
+                              sum_abs_d_flip, sum_k3_flip, sum_abs_d_noflip, sum_k3_noflip, file_id)
+            SELECT run, step, 0, count(*), count_if(n_fl > 0), sum(n_fl),
+                   coalesce(fsum(abs_d) FILTER (WHERE n_fl > 0), 0), coalesce(fsum(k3) FILTER (WHERE n_fl > 0), 0),
+                   coalesce(fsum(abs_d) FILTER (WHERE n_fl = 0), 0), coalesce(fsum(k3) FILTER (WHERE n_fl = 0), 0), $fid
+            FROM _summary_flip GROUP BY run, step""", {"fid": file_id})
+        writer.execute("""INSERT INTO summary_seq (run, step, sample, band, n_tokens, n_flip_tokens, file_id)
+            SELECT run, step, sample, band, 0, count_if(n_fl > 0), $fid FROM _summary_flip
+            GROUP BY run, step, sample, band""", {"fid": file_id})
+        writer.execute("""INSERT INTO summary_layer (run, step, layer, k, n_rows, n_both, n_flip, n_top1, sum_common,
+                              n_first_flip, file_id)
+            WITH c AS (SELECT run, step, layer, min(k) AS k, count(*) AS n_rows, count(flip) AS n_both,
+                              count_if(flip) AS n_flip, count_if(top1_flip) AS n_top1, sum(n_common) AS sum_common
+                       FROM routing WHERE file_id = $fid GROUP BY run, step, layer),
+                 ff AS (SELECT run, step, first_flip AS layer, count(*) AS n_first_flip FROM _summary_flip
+                        WHERE first_flip IS NOT NULL GROUP BY ALL)
+            SELECT c.run, c.step, c.layer, c.k, c.n_rows, c.n_both, c.n_flip, c.n_top1, coalesce(c.sum_common, 0),
+                   coalesce(ff.n_first_flip, 0), $fid
+            FROM c LEFT JOIN ff USING (run, step, layer)""", {"fid": file_id})
+    finally:
+        writer.execute("DROP TABLE _summary_flip")
