@@ -17,6 +17,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
+
+from analysis.logger_summaries import SUMMARISED_KEY, SUMMARY_KEY, StepTensors, summarise
+from analysis.token_sample import TOP_TOKENS, WORST_SEQUENCES, SamplePlan, select, step_generator
 
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,127}")
 
@@ -33,27 +37,25 @@ def safe_run_name(run: str) -> str:
                      f"'._+=-' (no path separators, no '..'), for example {slug!r}")
 
 
-def _numpy(x, name: str) -> np.ndarray:
-    """Tensor (any device, any dtype), array or nested list -> numpy array, without importing torch."""
-    if hasattr(x, "detach"):  # torch.Tensor; bf16 has no numpy dtype, so widen floats first
-        x = x.detach()
-        if x.is_floating_point():
-            x = x.double()
-        x = x.cpu().numpy()
-    try:
-        return np.asarray(x)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name}: expected a tensor or array, got {type(x).__name__}") from exc
+def _tensor(x, name: str, device: torch.device | None = None) -> torch.Tensor:
+    """Tensor (any device, any dtype), array or nested list -> torch tensor on `device` (default: its own)."""
+    if not isinstance(x, torch.Tensor):
+        try:
+            x = torch.as_tensor(np.asarray(x))
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"{name}: expected a tensor or array, got {type(x).__name__}") from exc
+    x = x.detach()
+    return x if device is None else x.to(device)
 
 
-def _expect_shape(arr: np.ndarray, shape: tuple, name: str) -> None:
-    if arr.shape != shape:
+def _expect_shape(arr, shape: tuple, name: str) -> None:
+    if tuple(arr.shape) != shape:
         raise ValueError(f"{name}: expected shape {list(shape)}, got {list(arr.shape)}")
 
 
-def _per_token(x, B: int, T: int, name: str) -> np.ndarray:
-    """An int, a per-sample [B] or a per-token [B, T] value -> int64 [B, T]."""
-    arr = _numpy(x, name)
+def _per_token(x, B: int, T: int, name: str, device: torch.device) -> torch.Tensor:
+    """An int, a per-sample [B] or a per-token [B, T] value -> int64 [B, T] (a broadcast view, no copy)."""
+    arr = _tensor(x, name, device)
     if arr.ndim == 1:
         _expect_shape(arr, (B,), name)
         arr = arr[:, None]
@@ -61,7 +63,11 @@ def _per_token(x, B: int, T: int, name: str) -> np.ndarray:
         _expect_shape(arr, (B, T), name)
     elif arr.ndim != 0:
         raise ValueError(f"{name}: expected an int, shape [{B}] or [{B}, {T}], got shape {list(arr.shape)}")
-    return np.broadcast_to(arr.astype(np.int64), (B, T))
+    return arr.to(torch.int64).expand(B, T)
+
+
+def _host(x: torch.Tensor) -> np.ndarray:
+    return x.cpu().numpy()
 
 
 def _list_column(experts: np.ndarray) -> pa.ListArray:
@@ -71,18 +77,23 @@ def _list_column(experts: np.ndarray) -> pa.ListArray:
     return pa.ListArray.from_arrays(offsets, pa.array(experts.reshape(-1).astype(np.int32, copy=False)))
 
 
-def _write(table: pa.Table, path: Path) -> None:
+def _write(table: pa.Table, path: Path, metadata: dict[str, str] | None = None) -> None:
     # Written to a hidden temporary name, then renamed: a reader never sees half a shard.
+    if metadata:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
     tmp = path.with_name(f".{path.name}.tmp")
     pq.write_table(table, tmp, compression="zstd", store_schema=True, write_statistics=True)
     os.replace(tmp, path)
 
 
 class DriftLogger:
-    """Writes one tokens shard (and one routing shard when experts are given) per `log_step` call."""
+    """Writes the summaries of every `log_step` call, plus token rows (and routing rows when experts are given)
+    for the share `token_sample` of its tokens (see analysis/token_sample.py for what a sample keeps)."""
 
-    def __init__(self, out_dir: str | os.PathLike, run: str, config: dict | None = None):
+    def __init__(self, out_dir: str | os.PathLike, run: str, config: dict | None = None, token_sample: float = 1.0,
+                 worst_sequences: int = WORST_SEQUENCES, top_tokens: int = TOP_TOKENS, seed: int = 0):
         self.run = safe_run_name(run)
+        self.plan = SamplePlan(token_sample, worst_sequences, top_tokens, seed)
         self.dir = Path(out_dir) / self.run
         self.dir.mkdir(parents=True, exist_ok=True)
         text = json.dumps({"run": self.run, "config": config}, indent=2, sort_keys=True)
@@ -91,7 +102,7 @@ class DriftLogger:
     def log_step(self, step: int, sampler_logprobs, trainer_logprobs, mask, token_ids=None,
                  sampler_experts=None, trainer_experts=None, sampler_version=None, trainer_version=None,
                  sample_ids=None) -> dict[str, Path]:
-        """Write the mask==1 tokens of one step; returns the paths written.
+        """Summarise the mask==1 tokens of one step and write the sampled ones; returns the paths written.
 
         Args:
             step: trainer step (int >= 0).
@@ -102,84 +113,116 @@ class DriftLogger:
                 produced each token; trainer_experts needs sampler_experts.
             sampler_version, trainer_version: optional int, [B] or [B, T] policy versions.
             sample_ids: optional [B] sequence ids (default: the row index b).
+        Tensors stay on their device: the summaries are reduced there and only the kept tokens' rows move.
         """
+        x = self._checked(step, sampler_logprobs, trainer_logprobs, mask, token_ids, sampler_experts,
+                          trainer_experts, sampler_version, trainer_version, sample_ids)
+        keep, kept = select(x.delta, x.mask, self.plan, step_generator(self.plan.seed, self.run, step, x.device))
+        tables = {f"summary-{name}": (table, {SUMMARY_KEY: name})
+                  for name, table in summarise(self.run, step, x, kept, self.plan).items()}
+        if self.plan.rate > 0:  # token_sample=0 writes summaries only
+            rows = keep.reshape(-1).nonzero().squeeze(1)  # row-major: sample, then position
+            tables["tokens"] = (self._token_rows(step, x, rows), {SUMMARISED_KEY: "1"})
+            if x.sampler_experts is not None:
+                tables["routing"] = (self._routing_rows(step, x, rows), {SUMMARISED_KEY: "1"})
+        # Everything is checked before the first write: bad input leaves no shard behind.
+        written = {}
+        for kind, (table, metadata) in tables.items():
+            written[kind] = self.dir / f"{kind}-step{step:06d}.parquet"
+            _write(table, written[kind], metadata)
+        return written
+
+    def _checked(self, step, sampler_logprobs, trainer_logprobs, mask, token_ids, sampler_experts,
+                 trainer_experts, sampler_version, trainer_version, sample_ids) -> StepTensors:
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise ValueError(f"step: expected an int >= 0, got {step!r}")
-        s = _numpy(sampler_logprobs, "sampler_logprobs")
+        s = _tensor(sampler_logprobs, "sampler_logprobs")
         if s.ndim != 2:
             raise ValueError(f"sampler_logprobs: expected shape [B, T], got {list(s.shape)}")
+        device = s.device
         B, T = s.shape
-        t = _numpy(trainer_logprobs, "trainer_logprobs")
+        t = _tensor(trainer_logprobs, "trainer_logprobs", device)
         _expect_shape(t, (B, T), "trainer_logprobs")
-        m = _numpy(mask, "mask")
+        m = _tensor(mask, "mask", device)
         _expect_shape(m, (B, T), "mask")
-        keep = m.astype(bool).reshape(-1)
-        rows_b, rows_t = np.divmod(np.flatnonzero(keep), T)  # row-major: sample, then position
-        s = s.astype(np.float64).reshape(-1)[keep]
-        t = t.astype(np.float64).reshape(-1)[keep]
+        m = m != 0
+        # float64 before any arithmetic: bf16/fp32 widen exactly, and every sum is then a float64 sum
+        s, t = s.to(torch.float64), t.to(torch.float64)
         for name, values in (("sampler_logprobs", s), ("trainer_logprobs", t)):
-            bad = ~np.isfinite(values) | (values > 0)
+            bad = m & ~(torch.isfinite(values) & (values <= 0))
             if bad.any():
-                i = int(np.flatnonzero(bad)[0])
-                raise ValueError(f"{name}[{rows_b[i]}, {rows_t[i]}] = {float(values[i])!r}: a log-probability must be "
+                b, p = divmod(int(bad.reshape(-1).nonzero()[0]), T)
+                raise ValueError(f"{name}[{b}, {p}] = {float(values[b, p])!r}: a log-probability must be "
                                  f"finite and <= 0 (mask the token out if it is padding)")
         if sample_ids is None:
-            samples = np.arange(B, dtype=np.int64)
+            samples = torch.arange(B, dtype=torch.int64, device=device)
         else:
-            samples = _numpy(sample_ids, "sample_ids").astype(np.int64)
+            samples = _tensor(sample_ids, "sample_ids", device).to(torch.int64)
             _expect_shape(samples, (B,), "sample_ids")
-            if len(np.unique(samples)) != B:
+            if torch.unique(samples).numel() != B:
                 raise ValueError("sample_ids: expected distinct ids, got duplicates")
-        n = len(s)
+        ids = None
+        if token_ids is not None:
+            ids = _tensor(token_ids, "token_ids", device)
+            _expect_shape(ids, (B, T), "token_ids")
+        versions = {name: _per_token(value, B, T, name, device) if value is not None else None
+                    for name, value in (("sampler_version", sampler_version), ("trainer_version", trainer_version))}
+        if trainer_experts is not None and sampler_experts is None:
+            raise ValueError("trainer_experts: given without sampler_experts (SCHEMA.md: sampler side is required)")
+        se = te = None
+        if sampler_experts is not None:
+            se = _tensor(sampler_experts, "sampler_experts", device)
+            if se.ndim != 4 or tuple(se.shape[:2]) != (B, T):
+                raise ValueError(f"sampler_experts: expected shape [{B}, {T}, L, K], got {list(se.shape)}")
+            _check_experts(se, m, "sampler_experts")
+            if trainer_experts is not None:
+                te = _tensor(trainer_experts, "trainer_experts", device)
+                _expect_shape(te, tuple(se.shape), "trainer_experts")
+                _check_experts(te, m, "trainer_experts")
+        return StepTensors(s, t, t - s, m, samples, ids, versions["sampler_version"], versions["trainer_version"],
+                           se, te)
+
+    def _token_rows(self, step: int, x: StepTensors, rows: torch.Tensor) -> pa.Table:
+        n = len(rows)
+        T = x.mask.shape[1]
         columns = {
             "run": pa.repeat(pa.scalar(self.run, pa.string()), n),
             "step": pa.array(np.full(n, step, dtype=np.int64)),
-            "sample": pa.array(samples[rows_b]),
-            "pos": pa.array(rows_t.astype(np.int32)),
+            "sample": pa.array(_host(x.samples[rows // T])),
+            "pos": pa.array(_host((rows % T).to(torch.int32))),
         }
-        if token_ids is not None:
-            ids = _numpy(token_ids, "token_ids")
-            _expect_shape(ids, (B, T), "token_ids")
-            columns["token_id"] = pa.array(ids.astype(np.int32).reshape(-1)[keep])
-        columns["sampler_logprob"] = pa.array(s)
-        columns["trainer_logprob"] = pa.array(t)
-        for name, value in (("sampler_version", sampler_version), ("trainer_version", trainer_version)):
+        if x.token_ids is not None:
+            columns["token_id"] = pa.array(_host(x.token_ids.reshape(-1)[rows].to(torch.int32)))
+        columns["sampler_logprob"] = pa.array(_host(x.s.reshape(-1)[rows]))
+        columns["trainer_logprob"] = pa.array(_host(x.t.reshape(-1)[rows]))
+        for name, value in (("sampler_version", x.sampler_version), ("trainer_version", x.trainer_version)):
             if value is not None:
-                columns[name] = pa.array(_per_token(value, B, T, name).reshape(-1)[keep])
-        tables = {"tokens": pa.table(columns)}
-        if trainer_experts is not None and sampler_experts is None:
-            raise ValueError("trainer_experts: given without sampler_experts (SCHEMA.md: sampler side is required)")
-        if sampler_experts is not None:
-            tables["routing"] = self._routing(step, sampler_experts, trainer_experts, keep, samples[rows_b],
-                                              rows_t, B, T)
-        # Everything is checked before the first write: bad input leaves no shard behind.
-        written = {}
-        for kind, table in tables.items():
-            written[kind] = self.dir / f"{kind}-step{step:06d}.parquet"
-            _write(table, written[kind])
-        return written
+                columns[name] = pa.array(_host(value.reshape(-1)[rows]))
+        return pa.table(columns)
 
-    def _routing(self, step, sampler_experts, trainer_experts, keep, samples, positions, B, T) -> pa.Table:
-        se = _numpy(sampler_experts, "sampler_experts")
-        if se.ndim != 4 or se.shape[:2] != (B, T):
-            raise ValueError(f"sampler_experts: expected shape [{B}, {T}, L, K], got {list(se.shape)}")
-        L, K = se.shape[2:]
-        every = bool(keep.all())  # skip the boolean-mask copy in the common all-kept case
-        se = se.astype(np.int32, copy=False).reshape(B * T, L, K)
-        se = (se if every else se[keep]).reshape(-1, K)  # rows ordered token, then layer
-        n = len(se)
-        te = None
-        if trainer_experts is not None:
-            te = _numpy(trainer_experts, "trainer_experts")
-            _expect_shape(te, (B, T, L, K), "trainer_experts")
-            te = te.astype(np.int32, copy=False).reshape(B * T, L, K)
-            te = (te if every else te[keep]).reshape(-1, K)
+    def _routing_rows(self, step: int, x: StepTensors, rows: torch.Tensor) -> pa.Table:
+        B, T, L, K = x.sampler_experts.shape
+        n = len(rows) * L
+
+        def experts(e):  # rows ordered token, then layer
+            return _host(e.reshape(B * T, L, K)[rows].to(torch.int32)).reshape(-1, K)
+
+        te = x.trainer_experts
         return pa.table({
             "run": pa.repeat(pa.scalar(self.run, pa.string()), n),
             "step": pa.array(np.full(n, step, dtype=np.int64)),
-            "sample": pa.array(np.repeat(samples, L)),
-            "pos": pa.array(np.repeat(positions.astype(np.int32), L)),
-            "layer": pa.array(np.tile(np.arange(L, dtype=np.int32), len(positions))),
-            "sampler_experts": _list_column(se),
-            "trainer_experts": _list_column(te) if te is not None else pa.nulls(n, pa.list_(pa.int32())),
+            "sample": pa.array(np.repeat(_host(x.samples[rows // T]), L)),
+            "pos": pa.array(np.repeat(_host((rows % T).to(torch.int32)), L)),
+            "layer": pa.array(np.tile(np.arange(L, dtype=np.int32), len(rows))),
+            "sampler_experts": _list_column(experts(x.sampler_experts)),
+            "trainer_experts": _list_column(experts(te)) if te is not None else pa.nulls(n, pa.list_(pa.int32())),
         })
+
+
+def _check_experts(e: torch.Tensor, mask: torch.Tensor, name: str) -> None:
+    """Refuse a negative id in a trained token's top-k: expert load counts index by id. (Repeated ids within a
+    top-k are left to ingest, which refuses the routing rows it is given.)"""
+    bad = (e < 0).any(-1) & mask[..., None]  # [B, T, L]
+    if bad.any():
+        b, p, layer = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{name}[{b}, {p}, {layer}] = {e[b, p, layer].tolist()}: expert ids are 0-based (>= 0)")

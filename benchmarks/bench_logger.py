@@ -1,0 +1,133 @@
+"""Benchmark DriftLogger.log_step on CPU: summaries alone and with token samples, against writing every token row.
+
+    python benchmarks/bench_logger.py [--tokens 4000000] [--steps 5] [--repeat 3] [--threads 2] [--no-write]
+
+One synthetic step of B × T fp32 log-probs (B = tokens / 1000 sequences of 1000 positions, 10% padding) is
+logged repeatedly; the best of `repeat` rounds counts (each round logs `steps` steps), because other processes
+share these CPUs. Each configuration is timed alternately with the baseline in the same run:
+
+- baseline: the logger of main before trainer-side summaries (b7f1e2a), which writes every token row;
+- token_sample = 0 (summaries only), 0.001, 0.01 and 1.0.
+
+Reported: tokens/s (trained tokens logged per second of log_step, files included) and the ratio to the baseline.
+Results are appended to benchmarks/RESULTS-logger.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from analysis.logger import DriftLogger  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "RESULTS-logger.md"
+BASELINE_COMMIT = "b7f1e2a"  # main before this change: DriftLogger writes all token rows, no summaries
+SAMPLES = (0.0, 0.001, 0.01, 1.0)
+
+
+def baseline_logger():
+    """DriftLogger as it was at BASELINE_COMMIT, imported from `git show` into a temporary module."""
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{BASELINE_COMMIT}:analysis/logger.py"],
+                         check=True, capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / "baseline_logger.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("baseline_logger", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.DriftLogger
+
+
+def make_step(n_tokens: int, seed: int = 0) -> dict:
+    """fp32 log-probs as a trainer holds them: s ~ −Exp(1.5), Δ ~ N(0, 0.05) with a 0.5% heavy tail."""
+    g = torch.Generator().manual_seed(seed)
+    T = 1000
+    B = n_tokens // T
+    s = -torch.empty(B, T).exponential_(1.5, generator=g)
+    d = torch.randn(B, T, generator=g) * 0.05
+    d = torch.where(torch.rand(B, T, generator=g) < 0.005, d * 20, d)
+    t = (s + d).clamp(max=0.0)
+    lengths = torch.randint(T // 2, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    return dict(sampler_logprobs=s, trainer_logprobs=t, mask=mask,
+                token_ids=torch.randint(0, 150_000, (B, T), generator=g),
+                sampler_version=torch.full((B,), 6), trainer_version=7)
+
+
+def time_round(make_logger, step_data: dict, steps: int, out: Path) -> float:
+    shutil.rmtree(out, ignore_errors=True)
+    logger = make_logger(out)
+    t0 = time.perf_counter()
+    for step in range(steps):
+        logger.log_step(step, **step_data)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=4_000_000, help="positions per step (B × T, before padding)")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    data = make_step(args.tokens)
+    n = int(data["mask"].sum()) * args.steps
+    Baseline = baseline_logger()
+    configs = {"baseline (every token row, no summaries)": lambda out: Baseline(out, "bench")}
+    for rate in SAMPLES:
+        configs[f"token_sample={rate:g}"] = lambda out, rate=rate: DriftLogger(out, "bench", token_sample=rate)
+    best = {name: float("inf") for name in configs}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.repeat):
+            for name, make in configs.items():  # alternate: a busy moment hits every configuration alike
+                best[name] = min(best[name], time_round(make, data, args.steps, Path(tmp) / "out"))
+        sizes = {}
+        for name, make in configs.items():
+            out = Path(tmp) / "size"
+            time_round(make, data, 1, out)
+            sizes[name] = sum(f.stat().st_size for f in out.rglob("*.parquet"))
+    base = best[next(iter(configs))]
+    lines = []
+    for name, secs in best.items():
+        lines.append(f"- {name}: {secs:.3f} s for {n:,} tokens -> {n / secs / 1e6:.1f}M tokens/s, "
+                     f"{base / secs:.2f}x the baseline's rate; files {sizes[name] / 1e6:.2f} MB per step")
+    header = (f"## {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S')}Z\n\n"
+              f"Command: `python benchmarks/bench_logger.py --tokens {args.tokens} --steps {args.steps} "
+              f"--repeat {args.repeat} --threads {args.threads}`  \n"
+              f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+              f"torch {torch.__version__}, torch threads={args.threads}, load average at the end "
+              f"{os.getloadavg()[0]:.1f} (other processes share the CPUs)  \n"
+              f"Data: {args.steps} steps × {n // args.steps:,} trained tokens (fp32 log-probs, no routing), "
+              f"best of {args.repeat} rounds, alternating\n\n")
+    text = header + "\n".join(lines) + "\n"
+    print(text)
+    if not args.no_write:
+        if not RESULTS.exists():
+            RESULTS.write_text(RESULTS_INTRO)
+        with RESULTS.open("a") as fp:
+            fp.write("\n" + text)
+
+
+RESULTS_INTRO = """# DriftLogger benchmarks (benchmarks/bench_logger.py, benchmarks/sim_1b.py)
+
+Each entry is one run of the command shown. `bench_logger` times `DriftLogger.log_step` on CPU per configuration,
+alternating with the baseline (the logger before trainer-side summaries, which writes every token row); the best
+round of each counts, because other processes share these CPUs. tokens/s counts trained (mask = 1) tokens.
+"""
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The token sample DriftLogger writes when token_sample < 1: its three parts against numpy brute force."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from analysis.token_sample import SamplePlan, select, step_generator
+
+
+def step(B=64, T=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(B, T, generator=g) > 0.3
+    mask[B // 2] = False  # an empty sequence: never among the worst
+    delta = torch.randn(B, T, generator=g, dtype=torch.float64) * 0.1
+    delta[~mask] = 1e9  # padding holds anything: it must never be chosen
+    return delta, mask
+
+
+def draw(delta, mask, plan, run="r", step_=3):
+    return select(delta, mask, plan, step_generator(plan.seed, run, step_, mask.device))
+
+
+def test_worst_sequences_and_top_tokens_match_brute_force():
+    delta, mask = step()
+    plan = SamplePlan(rate=0.05, worst_sequences=4, top_tokens=10)
+    keep, kept = draw(delta, mask, plan)
+    d, m = delta.numpy(), mask.numpy()
+    seq_abs = np.array([abs(sum(d[b, t] for t in range(d.shape[1]) if m[b, t])) for b in range(d.shape[0])])
+    for b in np.argsort(-seq_abs)[:4]:
+        assert keep[b][mask[b]].all()
+    flat = [(abs(d[b, t]), b, t) for b in range(d.shape[0]) for t in range(d.shape[1]) if m[b, t]]
+    for _, b, t in sorted(flat, reverse=True)[:10]:
+        assert keep[b, t]
+    assert not (keep & ~mask).any()  # padding never kept
+    assert kept.n_tokens == int(m.sum())
+    assert kept.n_worst_sequence_tokens == sum(int(m[b].sum()) for b in np.argsort(-seq_abs)[:4])
+    assert kept.n_top_tokens == 10
+    assert kept.n_kept == int(keep.sum())
+    assert kept.n_kept <= kept.n_uniform + kept.n_worst_sequence_tokens + kept.n_top_tokens
+
+
+def test_uniform_share_is_near_the_rate():
+    mask = torch.ones(1000, 1000, dtype=torch.bool)
+    delta = torch.zeros(1000, 1000, dtype=torch.float64)
+    _, kept = draw(delta, mask, SamplePlan(rate=0.01, worst_sequences=0, top_tokens=0))
+    # binomial(1e6, 0.01): sd ≈ 99.5; 6 sd either side
+    assert abs(kept.n_uniform - 10_000) < 600
+    assert kept.n_kept == kept.n_uniform and kept.n_worst_sequence_tokens == kept.n_top_tokens == 0
+
+
+def test_rate_one_keeps_every_token_and_rate_zero_none():
+    delta, mask = step()
+    keep, kept = draw(delta, mask, SamplePlan(rate=1.0))
+    assert torch.equal(keep, mask) and kept.n_kept == kept.n_tokens == int(mask.sum())
+    keep, kept = draw(delta, mask, SamplePlan(rate=0.0))
+    assert not keep.any() and kept.n_kept == 0 and kept.n_tokens == int(mask.sum())
+
+
+def test_same_seed_run_and_step_give_the_same_sample():
+    delta, mask = step(B=200)
+    plan = SamplePlan(rate=0.1, worst_sequences=2, top_tokens=5)
+    a, _ = draw(delta, mask, plan)
+    b, _ = draw(delta, mask, plan)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, draw(delta, mask, plan, step_=4)[0])
+    assert not torch.equal(a, draw(delta, mask, plan, run="other")[0])
+    assert not torch.equal(a, draw(delta, mask, SamplePlan(rate=0.1, worst_sequences=2, top_tokens=5, seed=1))[0])
+
+
+def test_more_asked_than_there_are():
+    delta, mask = step(B=3, T=4)
+    keep, kept = draw(delta, mask, SamplePlan(rate=0.5, worst_sequences=100, top_tokens=1000))
+    assert torch.equal(keep, mask)
+    assert kept.n_top_tokens == kept.n_worst_sequence_tokens == kept.n_tokens
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(rate=1.5), r"token_sample: expected a share of tokens in \[0, 1\], got 1.5"),
+    (dict(rate=-0.1), r"token_sample: expected a share"),
+    (dict(rate=True), r"token_sample: expected a share"),
+    (dict(worst_sequences=-1), r"worst_sequences: expected an int >= 0, got -1"),
+    (dict(top_tokens=2.5), r"top_tokens: expected an int >= 0, got 2.5"),
+])
+def test_bad_plans_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplePlan(**kwargs)
