@@ -128,11 +128,19 @@ def write_file(lake: str, run: str, step: int, kind: str, rank: int, table: pa.T
     folder = partition_dir(root, run, step)
     fs.create_dir(folder, recursive=True)
     final = f"{folder}/{kind}-r{int(rank):05d}.parquet"
-    tmp = f"{folder}/.{kind}-r{int(rank):05d}.parquet.tmp"
+    write_parquet(fs, final, table)
+    return final
+
+
+def write_parquet(fs: pafs.FileSystem, path: str, table: pa.Table, metadata: dict[str, str] | None = None) -> None:
+    """Write `table` at `path` via a hidden temporary name in the same folder and a rename."""
+    if metadata:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+    folder, name = path.rsplit("/", 1)
+    tmp = f"{folder}/.{name}.tmp"
     with fs.open_output_stream(tmp) as out:
         pq.write_table(table, out, compression="zstd", store_schema=True, write_statistics=True)
-    fs.move(tmp, final)
-    return final
+    fs.move(tmp, path)
 
 
 def write_run_json(lake: str, run: str, config: dict | None) -> None:

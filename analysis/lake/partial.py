@@ -90,25 +90,42 @@ def first_row_outside(store: Store, run: str, step: int) -> tuple | None:
     return None
 
 
-def token_sample(store: Store, rate: float) -> dict[str, pa.Table]:
-    """Token rows (and their routing rows) kept for drill-down views: a uniform share `rate` (a hash of the
-    token's key, so reruns keep the same tokens), every token of the WORST_SEQUENCES sequences with the
-    largest |Σ Δ| and the TOP_TOKENS tokens with the largest |Δ|."""
-    bound = min(int(rate * (1 << 32)), 1 << 32)
-    token_cols = ", ".join(c.name for c in schema.TOKENS if c.name != "run") + ", run"
-    kept = f"""
-        WITH worst AS (SELECT sample FROM tokens GROUP BY sample
-                       ORDER BY abs(sum(trainer_logprob - sampler_logprob)) DESC, sample LIMIT {WORST_SEQUENCES}),
-             top AS (SELECT sample, pos FROM tokens
-                     ORDER BY abs(trainer_logprob - sampler_logprob) DESC, sample, pos LIMIT {TOP_TOKENS})
-        SELECT * FROM tokens
-        WHERE (hash(run, step, sample, pos) & 4294967295) < ?
-           OR sample IN (SELECT sample FROM worst) OR (sample, pos) IN (SELECT (sample, pos) FROM top)"""
-    tokens = store.arrow(f"SELECT {token_cols} FROM ({kept}) ORDER BY sample, pos", [bound])
+def token_sample(store: Store, rate: float) -> tuple[dict[str, pa.Table], dict[str, int]]:
+    """Token rows (and their routing rows) kept for drill-down views, and how many of each part, as DriftLogger
+    keeps them (analysis/token_sample.py): a uniform share `rate` (a hash of the token's key, so reruns keep the
+    same tokens), every token of the WORST_SEQUENCES sequences with the largest |Σ Δ| and the TOP_TOKENS tokens
+    with the largest |Δ|. rate 0 keeps nothing, rate 1 every token."""
+    n = token_count(store)
+    if rate <= 0.0 or rate >= 1.0:
+        every = rate >= 1.0
+        counts = {"n_tokens": n, "n_kept": n * every, "n_uniform": n * every, "n_worst_sequence_tokens": 0,
+                  "n_top_tokens": 0}
+        where = "TRUE" if every else "FALSE"
+        flagged, params = f"SELECT *, {where} AS kept FROM tokens", []
+    else:
+        flagged = f"""
+            WITH worst AS (SELECT sample FROM tokens GROUP BY sample
+                           ORDER BY abs(sum(trainer_logprob - sampler_logprob)) DESC, sample LIMIT {WORST_SEQUENCES}),
+                 top AS (SELECT sample, pos FROM tokens
+                         ORDER BY abs(trainer_logprob - sampler_logprob) DESC, sample, pos LIMIT {TOP_TOKENS})
+            SELECT *, u OR w OR tp AS kept FROM (
+                SELECT *, (hash(run, step, sample, pos) & 4294967295) < ? AS u,
+                       sample IN (SELECT sample FROM worst) AS w,
+                       (sample, pos) IN (SELECT (sample, pos) FROM top) AS tp
+                FROM tokens)"""
+        params = [min(int(rate * (1 << 32)), 1 << 32)]
+        row = store.rows(f"SELECT count(*), count_if(kept), count_if(u), count_if(w), count_if(tp) FROM ({flagged})",
+                         params)[0]
+        counts = dict(zip(("n_tokens", "n_kept", "n_uniform", "n_worst_sequence_tokens", "n_top_tokens"), row))
+    if rate <= 0.0:
+        return {}, counts
+    token_cols = ", ".join(c.name for c in schema.TOKENS)
+    kept = f"SELECT {token_cols} FROM ({flagged}) WHERE kept"
+    rows = {"tokens": store.arrow(f"{kept} ORDER BY sample, pos", params)}
     routing_cols = ", ".join(c.name for c in schema.ROUTING)
-    routing = store.arrow(f"""SELECT {routing_cols} FROM routing r SEMI JOIN ({kept}) k USING (sample, pos)
-                              ORDER BY sample, pos, layer""", [bound])
-    return {"tokens": tokens, "routing": routing}
+    rows["routing"] = store.arrow(f"""SELECT {routing_cols} FROM routing SEMI JOIN ({kept}) k USING (sample, pos)
+                                      ORDER BY sample, pos, layer""", params)
+    return rows, {k: int(v) for k, v in counts.items()}
 
 
 def concat(tables: list[pa.Table]) -> pa.Table | None:

@@ -44,7 +44,7 @@ def summarize(lake: str, out: str | Path, engine: str = "duckdb", address: str |
               run: str | None = None, token_sample: float = 0.0, progress: bool = True,
               task: Callable[..., PartitionResult] = summarize_partition, max_retries: int = MAX_RETRIES) -> Report:
     """Summarise every partition of `lake` (of run `run` only, if given) into summary files under `out`."""
-    from analysis.summaries.files import write_run_summaries
+    from analysis.lake.output import write_run_summaries
 
     if not 0.0 <= token_sample <= 1.0:
         raise ValueError(f"--token-sample: expected a share of tokens in [0, 1], got {token_sample}")
@@ -77,8 +77,11 @@ def summarize(lake: str, out: str | Path, engine: str = "duckdb", address: str |
 
     for name, results_of_run in sorted(parts.items()):
         tables = {t: partial.merge(t, (r.tables.get(t) for r in results_of_run)) for t in partial.MERGED_TABLES}
-        sample = None
-        if token_sample > 0:
-            sample = {k: partial.concat([r.sample[k] for r in results_of_run]) for k in ("tokens", "routing")}
-        report.written.extend(write_run_summaries(Path(out), name, listing.configs.get(name), tables, sample))
+        kept = [(r.step, r.kept) for r in results_of_run]
+        sample = {k: partial.concat([r.sample.get(k) for r in results_of_run]) for k in ("tokens", "routing")}
+        try:
+            report.written.extend(write_run_summaries(Path(out), name, listing.configs.get(name), tables, kept,
+                                                      token_sample, sample))
+        except ValueError as e:  # a run name that cannot be a folder name
+            report.refused.append(f"run={name}: {e}")
     return report

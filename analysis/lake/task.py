@@ -28,6 +28,7 @@ class PartitionResult:
     step: int
     tables: dict[str, pa.Table] = field(default_factory=dict)
     sample: dict[str, pa.Table] = field(default_factory=dict)  # token rows kept for drill-down (--token-sample)
+    kept: dict[str, int] = field(default_factory=dict)  # n_tokens, n_kept and the sample's parts
     refused: str | None = None
     n_tokens: int = 0
 
@@ -105,9 +106,8 @@ def summarize_partition(lake: str, partition: Partition, token_sample: float = 0
                               "write the rows under run=<their run>/step=<their step>)")
             return result
         result.tables = partial.summary_tables(store)
-        result.n_tokens = partial.token_count(store)
-        if token_sample > 0:
-            result.sample = partial.token_sample(store, token_sample)
+        result.sample, result.kept = partial.token_sample(store, token_sample)
+        result.n_tokens = result.kept["n_tokens"]
         return result
     finally:
         store.close()
