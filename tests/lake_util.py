@@ -8,13 +8,13 @@ import polars as pl
 
 from conftest import metrics_make_routing, metrics_make_tokens
 
-RANKS = 3
+RANKS = 2
 
 
-def make_rows(seed: int = 11) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Tokens of three runs × four steps (staleness, entropy, heavy tails) and routing for every token;
-    run 'c' records the sampler's routing only."""
-    tokens = metrics_make_tokens(seed=seed, runs=("a", "b", "c"), steps=(0, 1, 2, 5), n_seq=7, max_len=30)
+def make_rows(seed: int = 11, steps=(0, 5)) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Tokens of three runs (staleness, entropy, heavy tails) and routing for every token; run 'c' records the
+    sampler's routing only."""
+    tokens = metrics_make_tokens(seed=seed, runs=("a", "b", "c"), steps=steps, n_seq=7, max_len=30)
     both = metrics_make_routing(tokens.filter(pl.col("run") != "c"), seed=seed + 1, layers=4, k=2, n_experts=8)
     sampler_only = metrics_make_routing(tokens.filter(pl.col("run") == "c"), seed=seed + 2, layers=4, k=2,
                                         n_experts=8, trainer=False)
@@ -46,3 +46,27 @@ def write_flat(folder: Path, tokens: pl.DataFrame, routing: pl.DataFrame) -> lis
     tokens.write_parquet(folder / "tokens.parquet")
     routing.write_parquet(folder / "routing.parquet")
     return [folder / "tokens.parquet", folder / "routing.parquet"]
+
+
+def assert_same_summaries(got: dict, want: dict, rel: float = 1e-12) -> None:
+    """Summary tables (merged, one row per key) equal: same keys and counts exactly, nulls in the same places,
+    floating-point sums and extremes within `rel` of the column's largest magnitude."""
+    import numpy as np
+    import pyarrow as pa
+
+    assert sorted(got) == sorted(want)
+    for name in want:
+        g, w = got[name], want[name]
+        assert g.column_names == w.column_names, name
+        assert g.num_rows == w.num_rows > 0, (name, g.num_rows, w.num_rows)
+        for col in w.column_names:
+            gc, wc = g.column(col), w.column(col)
+            assert gc.is_null().to_pylist() == wc.is_null().to_pylist(), (name, col)
+            if pa.types.is_floating(wc.type):
+                gv = gc.to_numpy(zero_copy_only=False).astype(float)
+                wv = wc.to_numpy(zero_copy_only=False).astype(float)
+                ok = ~np.isnan(wv)
+                scale = np.abs(wv[ok]).max(initial=0.0)
+                np.testing.assert_allclose(gv[ok], wv[ok], rtol=rel, atol=rel * scale, err_msg=f"{name}.{col}")
+            else:
+                assert gc.to_pylist() == wc.to_pylist(), (name, col)
