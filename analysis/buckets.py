@@ -7,7 +7,7 @@ from typing import Sequence
 import polars as pl
 
 from analysis import schema
-from analysis.metrics import (TOKEN_METRICS, check_cap_clip, check_runs, clamp_sql, grouped_token_metrics_sql,
+from analysis.metrics import (TOKEN_METRICS, cap_clip_params, check_cap_clip, check_runs, clamp_sql, grouped_token_metrics_sql,
                               kl3_sql, ratio_sql, token_filter)
 from analysis.store import Store
 
@@ -90,7 +90,7 @@ def mismatch_by(store: Store, runs: list[str], dimension: str, n_bins: int = 12,
         bucket_sql = f"{clamp_sql('floor((x - $lo) / $width)', '0', str(n_bins - 1))}::BIGINT"
         params.update(lo=lo, width=width)
     src = f"SELECT run, step, sample, s, t, {bucket_sql} AS bucket FROM ({xsrc})"
-    params.update(cap=float(cap), clip=float(clip))
+    params.update(cap_clip_params(cap, clip))
     sql = grouped_token_metrics_sql(src, ["run", "bucket"], only=metrics)
     df = store.sql(sql, {k: v for k, v in params.items() if f"${k}" in sql})  # C and ε only if a metric uses them
     edge_lo = pl.lit(lo) + pl.col("bucket").cast(pl.Float64) * width

@@ -6,23 +6,28 @@ kl_k1 / kl_k3 estimate KL(π_sampler ‖ π_trainer).
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
 import polars as pl
 
 from analysis.store import Store
+from analysis.summaries.compute import count_below_sql, expm1_sql, token_terms_sql
+from analysis.summaries.schema import CLAMP, TAUS
 
-CLAMP = 20.0  # |Δ| bound inside exp(): keeps r and r² finite (e^40 < 1.8e308) for any log-prob pair
+# CLAMP (20): |Δ| bound inside exp(), keeps r and r² finite (e^40 < 1.8e308) for any log-prob pair
 
 TOKEN_METRICS = (
     "n_tokens", "n_sequences", "kl_k1", "kl_k2", "kl_k3", "log_ratio_abs_mean", "log_ratio_abs_max",
     "prob_abs_diff_mean", "prob_abs_diff_max", "prob_pearson", "ratio_mean", "ratio_std", "ratio_min",
     "ratio_max", "chi2_token", "ratio_frac_high", "ratio_frac_low", "clip_frac", "ess", "ppl_ratio", "chi2_seq",
-    "seq_log_ratio_abs_max",
+    "seq_log_ratio_abs_max", "mult_prob_error", "kl_k3_reverse", "seq_geo_ratio_mean", "seq_geo_ratio_min",
+    "seq_geo_ratio_max",
 )
 # the metrics of the per-sequence pass (averaged over sequences); n_sequences is counted there too
-SEQUENCE_METRICS = ("ppl_ratio", "chi2_seq", "seq_log_ratio_abs_max")
+SEQUENCE_METRICS = ("ppl_ratio", "chi2_seq", "seq_log_ratio_abs_max", "seq_geo_ratio_mean", "seq_geo_ratio_min",
+                    "seq_geo_ratio_max")
 
 
 # -- shared SQL helpers (used by buckets, distributions, routing, inspect) ------------------------------
@@ -102,36 +107,51 @@ def ratio_sql(d: str = "d") -> str:
 
 def kl3_sql(r: str = "r", d: str = "d") -> str:
     """SQL for one token's k3 term r − 1 − Δ. It is ≥ 0 exactly (e^Δ ≥ 1 + Δ), but rounding makes it about
-    −1e-17 when |Δ| is tiny (exp rounds to 1); such values are set to 0 so that kl_k3 keeps its sign."""
+    −1e-17 when |Δ| is tiny (exp rounds to 1); such values are set to 0 so that kl_k3 keeps its sign.
+    (The summaries and the token tables use the stabler `k3` column of summaries.compute.token_terms_sql.)"""
     return f"(CASE WHEN {r} - 1.0 - {d} > 0 THEN {r} - 1.0 - {d} ELSE 0.0 END)"
 
 
-def token_aggregates(cap_param: str = "$cap", clip_param: str = "$clip") -> dict[str, str]:
-    """name -> SQL aggregate of each per-token metric over a relation with columns s, t, d, r, ps, pt.
+def cap_clip_params(cap: float, clip: float) -> dict:
+    """The parameters of `token_aggregates`: C, ε and their thresholds on Δ (r > C ⟺ Δ > ln C, r < 1/C ⟺
+    Δ < −ln C, |r − 1| > ε ⟺ Δ > ln(1+ε) or Δ < ln(1−ε)): compared in log space, as the summaries do, so both
+    count exactly the same tokens."""
+    cap, clip = float(cap), float(clip)
+    return {"cap": cap, "ln_cap": math.log(cap), "ln_clip_hi": math.log1p(clip),
+            "ln_clip_lo": math.log1p(-clip) if clip < 1.0 else -math.inf}
 
-    Exactness on identical log-probs: Δ = 0 gives r = exp(0) = 1 exactly, so every sum below is of exact
-    zeros/ones. Spreads that could come out as rounding noise are guarded with min = max.
+
+def token_aggregates(cap_param: str = "$cap", clip_param: str = "$clip") -> dict[str, str]:
+    """name -> SQL aggregate of each per-token metric over a relation of summaries.compute.token_terms_sql
+    (columns s, t, d, r, rm1 = r − 1, k3, k3r, mpe, qs, qt, adp, us = exp s, ut = exp t).
+
+    The terms are the ones the summaries sum, in the same cancellation-free forms (r − 1 by expm1, k3 by its
+    series near 0, 1 − p); thresholds are compared on Δ (`cap_clip_params`; `clip_param` is unused and kept
+    for callers). Exactness on identical log-probs: Δ = 0 gives r = 1, rm1 = k3 = 0 exactly. Spreads that
+    could come out as rounding noise are guarded with min = max.
     """
     w = clamp_sql("r", f"1.0 / {cap_param}", cap_param)
     return {
         "n_tokens": "count(*)",
         "kl_k1": "avg(s - t)",
         "kl_k2": "avg(0.5 * d * d)",
-        "kl_k3": f"avg({kl3_sql()})",
+        "kl_k3": "avg(k3)",
         "log_ratio_abs_mean": "avg(abs(d))",
         "log_ratio_abs_max": "max(abs(d))",
-        "prob_abs_diff_mean": "avg(abs(pt - ps))",
-        "prob_abs_diff_max": "max(abs(pt - ps))",
-        "prob_pearson": "CASE WHEN min(pt) = max(pt) OR min(ps) = max(ps) THEN NULL ELSE corr(pt, ps) END",
+        "prob_abs_diff_mean": "avg(adp)",
+        "prob_abs_diff_max": "max(adp)",
+        "prob_pearson": "CASE WHEN min(ut) = max(ut) OR min(us) = max(us) THEN NULL ELSE corr(ut, us) END",
         "ratio_mean": "avg(r)",
-        "ratio_std": "CASE WHEN min(r) = max(r) THEN 0.0 ELSE stddev_pop(r) END",
+        "ratio_std": "CASE WHEN min(r) = max(r) THEN 0.0 ELSE stddev_pop(rm1) END",
         "ratio_min": "min(r)",
         "ratio_max": "max(r)",
-        "chi2_token": "avg(r * r) - 1.0",
-        "ratio_frac_high": f"count_if(r > {cap_param})::DOUBLE / count(*)",
-        "ratio_frac_low": f"count_if(r < 1.0 / {cap_param})::DOUBLE / count(*)",
-        "clip_frac": f"count_if(abs(r - 1.0) > {clip_param})::DOUBLE / count(*)",
+        "chi2_token": "avg(rm1 * rm1) + 2.0 * avg(rm1)",
+        "ratio_frac_high": "count_if(d > $ln_cap)::DOUBLE / count(*)",
+        "ratio_frac_low": "count_if(d < -$ln_cap)::DOUBLE / count(*)",
+        "clip_frac": "count_if(d > $ln_clip_hi OR d < $ln_clip_lo)::DOUBLE / count(*)",
         "ess": f"CASE WHEN min({w}) = max({w}) THEN 1.0 ELSE avg({w}) * avg({w}) / avg({w} * {w}) END",
+        "mult_prob_error": "1.0 + avg(mpe)",
+        "kl_k3_reverse": "avg(k3r)",
     }
 
 
@@ -166,8 +186,7 @@ def grouped_token_metrics_sql(src: str, keys: Sequence[str], only: Sequence[str]
             raise ValueError(f"grouping sets must be non-empty subsets of {keys}, got {sets!r}")
         group = "GROUPING SETS (" + ", ".join(f"({', '.join(s)})" for s in sets) + ")"
         gid = f"GROUPING({k}) AS grouping_id, "
-    base = f"""base AS NOT MATERIALIZED (
-        SELECT {{seq_keys}}, s, t, t - s AS d, {ratio_sql('t - s')} AS r, exp(s) AS ps, exp(t) AS pt FROM ({src}) src_)"""
+    base = f"""base AS NOT MATERIALIZED ({token_terms_sql("SELECT {seq_keys}, s, t FROM (" + src + ") s_")})"""
     if only is not None and not {"n_sequences", *SEQUENCE_METRICS} & set(only):
         # token aggregates only: one GROUP BY, no per-sequence pass
         return f"""WITH {base.format(seq_keys=k)}
@@ -176,19 +195,21 @@ def grouped_token_metrics_sql(src: str, keys: Sequence[str], only: Sequence[str]
     seq_keys = ", ".join(keys + extra)
     on = " AND ".join([f"tok.{c} IS NOT DISTINCT FROM sq.{c}" for c in keys]
                       + (["tok.grouping_id = sq.grouping_id"] if gid else []))
-    token_cols = ", ".join(f"{'sq' if m == 'n_sequences' else 'tok'}.{m}" for m in TOKEN_METRICS
-                           if m not in SEQUENCE_METRICS)
+    token_cols_sel = ", ".join(f"{'sq' if m in SEQUENCE_METRICS or m == 'n_sequences' else 'tok'}.{m}"
+                               for m in TOKEN_METRICS)
     return f"""
     WITH {base.format(seq_keys=seq_keys)},
     tok AS (SELECT {gid}{token_aggregates_sql(keys)} FROM base GROUP BY {group}),
-    seq AS (SELECT {seq_keys}, sum(d) AS sum_d, avg(s - t) AS mean_s_minus_t FROM base GROUP BY {seq_keys}),
+    seq AS (SELECT {seq_keys}, sum(d) AS sum_d, avg(s - t) AS mean_s_minus_t, avg(d) AS mean_d
+            FROM base GROUP BY {seq_keys}),
     sq AS (SELECT {gid}{k}, count(*) AS n_sequences,
                   avg(exp(mean_s_minus_t)) AS ppl_ratio,
-                  avg(exp(2.0 * {clamp_log_ratio_sql('sum_d')}) - 1.0) AS chi2_seq,
-                  max(abs(sum_d)) AS seq_log_ratio_abs_max
+                  avg({expm1_sql(f"exp(2.0 * {clamp_log_ratio_sql('sum_d')})", f"(2.0 * {clamp_log_ratio_sql('sum_d')})")}) AS chi2_seq,
+                  max(abs(sum_d)) AS seq_log_ratio_abs_max,
+                  avg(exp(mean_d)) AS seq_geo_ratio_mean, min(exp(mean_d)) AS seq_geo_ratio_min,
+                  max(exp(mean_d)) AS seq_geo_ratio_max
            FROM seq GROUP BY {group})
-    SELECT {'tok.grouping_id, ' if gid else ''}{', '.join('tok.' + c for c in keys)}, {token_cols},
-           {', '.join('sq.' + m for m in SEQUENCE_METRICS)}
+    SELECT {'tok.grouping_id, ' if gid else ''}{', '.join('tok.' + c for c in keys)}, {token_cols_sel}
     FROM tok JOIN sq ON {on}
     ORDER BY {'tok.grouping_id, ' if gid else ''}{', '.join('tok.' + c for c in keys)}"""
 
@@ -224,7 +245,7 @@ def token_metrics(store: Store, runs: list[str], by: str = "step", cap: float = 
     where, params = token_filter(store, runs, steps)
     keys = ["run", "step"] if by == "step" else ["run"]
     src = f"SELECT run, step, sample, sampler_logprob AS s, trainer_logprob AS t FROM tokens WHERE {where}"
-    params.update(cap=float(cap), clip=float(clip))
+    params.update(cap_clip_params(cap, clip))
     return store.sql(grouped_token_metrics_sql(src, keys), params)
 
 
@@ -236,7 +257,7 @@ def token_metrics_by_run_and_step(store: Store, runs: list[str], cap: float = 2.
     runs = check_runs(runs)
     where, params = token_filter(store, runs, steps)
     src = f"SELECT run, step, sample, sampler_logprob AS s, trainer_logprob AS t FROM tokens WHERE {where}"
-    params.update(cap=float(cap), clip=float(clip))
+    params.update(cap_clip_params(cap, clip))
     df = store.sql(grouped_token_metrics_sql(src, ["run", "step"], sets=[["run"], ["run", "step"]]), params)
     # GROUPING(run, step): 1 where step is rolled up (the per-run rows), 0 for the per-step rows
     by_run = df.filter(pl.col("grouping_id") == 1).drop("grouping_id", "step")
@@ -250,7 +271,7 @@ MISMATCH_FACTOR_SQL = "CASE WHEN r >= 1.0 THEN r ELSE 1.0 / r END"
 
 def default_taus() -> list[float]:
     """Log grid from 1.01 to 1000 (49 points): the thresholds of the extreme-token curve."""
-    return [float(x) for x in np.geomspace(1.01, 1000.0, 49)]
+    return list(TAUS)
 
 
 def extreme_token_curve(store: Store, runs: list[str], taus: Sequence[float] | None = None,
@@ -270,14 +291,15 @@ def extreme_token_curve(store: Store, runs: list[str], taus: Sequence[float] | N
     where, params = token_filter(store, runs, steps)
     names = []
     for i, tau in enumerate(taus):
-        params[f"tau{i}"] = tau
+        params[f"tau{i}"] = math.log(tau)
         names.append(f"tau{i}")
-    # per token, c = #{i: m > τ_i} by binary search over the sorted τ (6 comparisons for 49 τ, not 49);
+    # max(r, 1/r) > τ ⟺ |clamp(Δ)| > ln τ (compared in log space, as the summaries' Δ bins do);
+    # per token, c = #{i: |clamp Δ| > ln τ_i} by binary search over the sorted τ (6 comparisons for 49 τ, not 49);
     # F(τ_i) = #{tokens with c > i} / n follows from the few (run, c) counts
     counts = store.sql(f"""
         SELECT run, {count_below_sql("m", names)} AS c, count(*) AS n
-        FROM (SELECT run, {MISMATCH_FACTOR_SQL} AS m
-              FROM (SELECT run, {ratio_sql('trainer_logprob - sampler_logprob')} AS r FROM tokens WHERE {where}))
+        FROM (SELECT run, abs({clamp_log_ratio_sql('trainer_logprob - sampler_logprob')}) AS m
+              FROM tokens WHERE {where})
         GROUP BY ALL""", params)
     return extreme_from_counts(counts, taus)
 
@@ -297,16 +319,3 @@ def extreme_from_counts(counts: pl.DataFrame, taus: Sequence[float]) -> pl.DataF
         out_frac += [int(above[i + 1]) / total for i in range(len(taus))]
     return pl.DataFrame({"run": out_run, "tau": out_tau, "frac": out_frac},
                         schema={"run": pl.String, "tau": pl.Float64, "frac": pl.Float64})
-
-
-def count_below_sql(x: str, names: Sequence[str]) -> str:
-    """SQL for #{i: x > $names[i]} when the parameters hold ascending values: nested CASEs, one comparison for
-    x at or below the first value, then a binary search (at most 1 + ⌈log2 n⌉ comparisons per row)."""
-    def node(lo: int, hi: int) -> str:  # the count lies in [lo, hi]
-        if lo == hi:
-            return str(lo)
-        mid = (lo + hi) // 2
-        return f"CASE WHEN {x} > ${names[mid]} THEN {node(mid + 1, hi)} ELSE {node(lo, mid)} END"
-    if not names:
-        return "0"
-    return f"CASE WHEN {x} <= ${names[0]} THEN 0 ELSE {node(1, len(names))} END"

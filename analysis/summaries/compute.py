@@ -63,6 +63,8 @@ def token_sums_sql() -> str:
         "sum_k3r": "fsum(k3r)", "sum_rm1": "fsum(rm1)", "sum_rm1_sq": "fsum(rm1 * rm1)", "sum_mpe": "fsum(mpe)",
         "sum_adp": "fsum(adp)", "max_adp": "max(adp)", "sum_qs": "fsum(qs)", "sum_qt": "fsum(qt)",
         "sum_qs2": "fsum(qs * qs)", "sum_qt2": "fsum(qt * qt)", "sum_qsqt": "fsum(qs * qt)",
+        "sum_ps": "fsum(us)", "sum_pt": "fsum(ut)", "sum_ps2": "fsum(us * us)", "sum_pt2": "fsum(ut * ut)",
+        "sum_pspt": "fsum(us * ut)",
         "min_s": "min(s)", "max_s": "max(s)", "min_t": "min(t)", "max_t": "max(t)",
     }
     assert list(agg) == [c.name for c in S.TOKEN_SUMS]

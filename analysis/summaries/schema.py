@@ -13,8 +13,10 @@ Per token, with s = sampler log-prob, t = trainer log-prob (natural log, ≤ 0):
   k3  = r − 1 − d       = expm1(cd) − d  (≥ 0; for |d| < SERIES_BELOW by its Taylor series, see compute.py)
   k3r = 1/r − 1 + d     = expm1(−cd) + d (≥ 0; same series with −d)
   mpe = exp(|cd|) − 1   = expm1(|cd|)    (mult_prob_error − 1 per token)
-  qs  = 1 − exp(s) = −expm1(s),  qt = 1 − exp(t) = −expm1(t)   (1 − probability: Pearson moments taken around
-        probability 1, where most RL tokens sit, so they do not cancel; corr(qs, qt) = corr(ps, pt))
+  ps  = exp(s), pt = exp(t)
+  qs  = 1 − exp(s) = −expm1(s),  qt = 1 − exp(t) = −expm1(t)   (1 − probability: Pearson moments are kept both
+        around probability 0 (ps, pt) and around 1 (qs, qt); corr(qs, qt) = corr(ps, pt), and finalise takes the
+        pair whose mean is nearer 0, so the moments do not cancel whether most tokens sit near p = 0 or p = 1)
   adp = |exp(t) − exp(s)| = |qs − qt|
 Thresholds are applied to d in log space: r > C ⟺ d > ln C, r < 1/C ⟺ d < −ln C, |r − 1| > ε ⟺ d > ln(1+ε)
 or d < ln(1−ε); F(τ) counts |cd| > ln τ. The token-level SQL (analysis/metrics.py) uses the same comparisons,
@@ -107,6 +109,12 @@ TOKEN_SUMS = (
     Col("sum_qs2", "DOUBLE", "Σ qs²"),
     Col("sum_qt2", "DOUBLE", "Σ qt²"),
     Col("sum_qsqt", "DOUBLE", "Σ qs·qt"),
+    Col("sum_ps", "DOUBLE", "Σ ps, ps = exp s (Pearson moments around probability 0: finalise uses these or the"
+                            " q moments, whichever mean is nearer 0, so neither cancels)"),
+    Col("sum_pt", "DOUBLE", "Σ pt, pt = exp t"),
+    Col("sum_ps2", "DOUBLE", "Σ ps²"),
+    Col("sum_pt2", "DOUBLE", "Σ pt²"),
+    Col("sum_pspt", "DOUBLE", "Σ ps·pt"),
     Col("min_s", "DOUBLE", "min s (Pearson is null when exp s is constant: min_s = max_s)"),
     Col("max_s", "DOUBLE", "max s"),
     Col("min_t", "DOUBLE", "min t"),

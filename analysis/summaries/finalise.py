@@ -1,0 +1,262 @@
+"""METRICS.md columns from summary rows: the one place where the formulas meet the summaries.
+
+Every function merges the partial rows of the selected (run, step) range by SUM / MIN / MAX over the wanted
+group (a step, a run, a layer, a bucket), then applies the definitions. The sums were taken in forms that do
+not cancel (schema.py): r − 1 rather than r, 1 − p rather than p, k3 by its series near 0.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from analysis.summaries import schema as S
+
+# METRICS.md v2 token columns, in the order the tables return them
+TOKEN_COLUMNS = (
+    "n_tokens", "n_sequences", "kl_k1", "kl_k2", "kl_k3", "log_ratio_abs_mean", "log_ratio_abs_max",
+    "prob_abs_diff_mean", "prob_abs_diff_max", "prob_pearson", "ratio_mean", "ratio_std", "ratio_min",
+    "ratio_max", "chi2_token", "ratio_frac_high", "ratio_frac_low", "clip_frac", "ess", "ppl_ratio", "chi2_seq",
+    "seq_log_ratio_abs_max", "mult_prob_error", "kl_k3_reverse", "seq_geo_ratio_mean", "seq_geo_ratio_min",
+    "seq_geo_ratio_max",
+)
+SEQUENCE_COLUMNS = ("n_sequences", "ppl_ratio", "chi2_seq", "seq_log_ratio_abs_max", "seq_geo_ratio_mean",
+                    "seq_geo_ratio_min", "seq_geo_ratio_max")
+FLIP_COLUMNS = ("token_any_flip_rate", "flipped_layers_per_token")
+
+
+def summarised(cap: float, clip: float) -> bool:
+    """Whether C and ε are among the values the summaries answer exactly (schema.CAPS, schema.CLIPS)."""
+    return float(cap) in S.CAPS and float(clip) in S.CLIPS
+
+
+def _edge_bin(x: float, edges: Sequence[float]) -> int:
+    """The odd bin id of the edge x (schema bin convention): 2·index + 1."""
+    return 2 * list(edges).index(x) + 1
+
+
+def merged(table: str, keys: Sequence[str], where: str, only: Sequence[str] | None = None) -> str:
+    """SELECT keys, merged columns FROM table WHERE where GROUP BY keys (sums add, minima and maxima merge)."""
+    outs = []
+    for c in S.columns(table):
+        kind = S.merge_kind(c)
+        if kind == "key" or (only is not None and c not in only):
+            continue
+        if kind == "sum":
+            outs.append(f"fsum({c}) AS {c}" if _is_double(table, c) else f"sum({c})::BIGINT AS {c}")
+        else:
+            outs.append(f"{kind}({c}) AS {c}")
+    return f"SELECT {', '.join(keys)}, {', '.join(outs)} FROM {table} WHERE {where} GROUP BY {', '.join(keys)}"
+
+
+def _is_double(table: str, col: str) -> bool:
+    return next(c for c in S.TABLES[table] if c.name == col).sql_type == "DOUBLE"
+
+
+def token_sql(keys: Sequence[str]) -> str:
+    """Select-list of the token columns over a merged relation with TOKEN_SUMS (aliased m) and the cap/clip
+    counts of `threshold_sql` (aliased h): everything but the sequence columns."""
+    n = "m.n_tokens::DOUBLE"
+    c = float(S.CLAMP)
+    r_of = lambda d: f"exp(CASE WHEN {d} < -{c} THEN -{c} WHEN {d} > {c} THEN {c} ELSE {d} END)"
+    w_of = lambda d: f"(CASE WHEN {r_of(d)} < 1.0 / $cap THEN 1.0 / $cap WHEN {r_of(d)} > $cap THEN $cap ELSE {r_of(d)} END)"
+    # the moments around p = 0 or around p = 1, whichever the sampler's mean probability is nearer
+    near0 = f"(m.sum_ps <= 0.5 * {n})"
+    pick = lambda p, q: f"(CASE WHEN {near0} THEN {p} ELSE {q} END)"
+    vx = pick(f"(m.sum_ps2 - m.sum_ps * m.sum_ps / {n})", f"(m.sum_qs2 - m.sum_qs * m.sum_qs / {n})")
+    vy = pick(f"(m.sum_pt2 - m.sum_pt * m.sum_pt / {n})", f"(m.sum_qt2 - m.sum_qt * m.sum_qt / {n})")
+    cov = pick(f"(m.sum_pspt - m.sum_ps * m.sum_pt / {n})", f"(m.sum_qsqt - m.sum_qs * m.sum_qt / {n})")
+    var_r = f"(m.sum_rm1_sq / {n} - (m.sum_rm1 / {n}) * (m.sum_rm1 / {n}))"
+    return ",\n".join([
+        *(f"m.{k}" for k in keys), "m.n_tokens",
+        f"-m.sum_d / {n} AS kl_k1",
+        f"0.5 * m.sum_d2 / {n} AS kl_k2",
+        f"m.sum_k3 / {n} AS kl_k3",
+        f"m.sum_abs_d / {n} AS log_ratio_abs_mean",
+        "m.max_abs_d AS log_ratio_abs_max",
+        f"m.sum_adp / {n} AS prob_abs_diff_mean",
+        "m.max_adp AS prob_abs_diff_max",
+        # corr(exp t, exp s) = corr(1 − exp t, 1 − exp s); null when either column is constant
+        f"""CASE WHEN exp(m.min_s) = exp(m.max_s) OR exp(m.min_t) = exp(m.max_t) OR {vx} <= 0 OR {vy} <= 0
+                 THEN NULL ELSE {cov} / sqrt({vx} * {vy}) END AS prob_pearson""",
+        f"1.0 + m.sum_rm1 / {n} AS ratio_mean",
+        f"CASE WHEN {r_of('m.min_d')} = {r_of('m.max_d')} THEN 0.0 ELSE sqrt(greatest({var_r}, 0.0)) END AS ratio_std",
+        f"{r_of('m.min_d')} AS ratio_min",
+        f"{r_of('m.max_d')} AS ratio_max",
+        f"m.sum_rm1_sq / {n} + 2.0 * m.sum_rm1 / {n} AS chi2_token",
+        f"h.n_high / {n} AS ratio_frac_high",
+        f"h.n_low / {n} AS ratio_frac_low",
+        f"h.n_clip / {n} AS clip_frac",
+        # w = clamp(r, 1/C, C): Σ(w − 1) = A and Σ(w − 1)² = B from the bins; ess = (n + A)² / (n (n + 2A + B))
+        f"""CASE WHEN {w_of('m.min_d')} = {w_of('m.max_d')} THEN 1.0 ELSE
+                 (m.n_tokens + h.a) * (m.n_tokens + h.a) / ({n} * (m.n_tokens + 2.0 * h.a + h.b)) END AS ess""",
+        f"1.0 + m.sum_mpe / {n} AS mult_prob_error",
+        f"m.sum_k3r / {n} AS kl_k3_reverse",
+    ])
+
+
+def threshold_sql(table: str, keys: Sequence[str], where: str, bin_col: str) -> str:
+    """Per group of `keys`: n_high (d > ln C), n_low (d < −ln C), n_clip (d > ln(1+ε) or d < ln(1−ε)), and
+    a = Σ(w − 1), b = Σ(w − 1)² for w = clamp(r, 1/C, C), from rows binned on `bin_col` (parameters of
+    `threshold_params`)."""
+    return f"""SELECT {', '.join(keys)},
+        coalesce(sum(n_tokens) FILTER (WHERE {bin_col} > $hi_bin), 0)::DOUBLE AS n_high,
+        coalesce(sum(n_tokens) FILTER (WHERE {bin_col} < $lo_bin), 0)::DOUBLE AS n_low,
+        coalesce(sum(n_tokens) FILTER (WHERE {bin_col} > $clip_hi_bin OR {bin_col} < $clip_lo_bin), 0)::DOUBLE AS n_clip,
+        coalesce(fsum(sum_rm1) FILTER (WHERE {bin_col} BETWEEN $lo_bin AND $hi_bin), 0)
+          + coalesce(sum(n_tokens) FILTER (WHERE {bin_col} < $lo_bin), 0) * (1.0 / $cap - 1.0)
+          + coalesce(sum(n_tokens) FILTER (WHERE {bin_col} > $hi_bin), 0) * ($cap - 1.0) AS a,
+        coalesce(fsum(sum_rm1_sq) FILTER (WHERE {bin_col} BETWEEN $lo_bin AND $hi_bin), 0)
+          + coalesce(sum(n_tokens) FILTER (WHERE {bin_col} < $lo_bin), 0) * (1.0 / $cap - 1.0) * (1.0 / $cap - 1.0)
+          + coalesce(sum(n_tokens) FILTER (WHERE {bin_col} > $hi_bin), 0) * ($cap - 1.0) * ($cap - 1.0) AS b
+        FROM {table} WHERE {where} GROUP BY {', '.join(keys)}"""
+
+
+def threshold_params(cap: float, clip: float, edges: Sequence[float]) -> dict:
+    """Bin ids of ln C, −ln C, ln(1+ε), ln(1−ε) on `edges` (schema.D_EDGES or BAND_EDGES), plus $cap."""
+    cap, clip = float(cap), float(clip)
+    return {"cap": cap, "hi_bin": _edge_bin(math.log(cap), edges), "lo_bin": _edge_bin(-math.log(cap), edges),
+            "clip_hi_bin": _edge_bin(math.log1p(clip), edges), "clip_lo_bin": _edge_bin(math.log1p(-clip), edges)}
+
+
+def sequence_sql(keys: Sequence[str], where: str) -> str:
+    """Per group of `keys` (a subset of run, step, plus any column of summary_seq): the sequence columns
+    over whole sequences (a sequence's rows from every file and band merged first)."""
+    c = float(S.CLAMP)
+    cs = f"(CASE WHEN sum_d < -{c} THEN -{c} WHEN sum_d > {c} THEN {c} ELSE sum_d END)"
+    u = f"exp(2.0 * {cs})"
+    expm1_2cs = f"(CASE WHEN {u} = 1.0 THEN 2.0 * {cs} ELSE ({u} - 1.0) * 2.0 * {cs} / ln({u}) END)"
+    return f"""SELECT {', '.join(keys)}, count(*) AS n_sequences,
+               avg(exp(-sum_d / n)) AS ppl_ratio,
+               avg({expm1_2cs}) AS chi2_seq,
+               max(abs(sum_d)) AS seq_log_ratio_abs_max,
+               avg(exp(sum_d / n)) AS seq_geo_ratio_mean,
+               min(exp(sum_d / n)) AS seq_geo_ratio_min,
+               max(exp(sum_d / n)) AS seq_geo_ratio_max
+        FROM (SELECT run, step, sample, sum(n_tokens)::DOUBLE AS n, fsum(sum_d) AS sum_d
+              FROM summary_seq WHERE {where} GROUP BY run, step, sample HAVING sum(n_tokens) > 0)
+        GROUP BY {', '.join(keys)}"""
+
+
+def token_table_sql(keys: Sequence[str], where: str, flips: bool = True) -> str:
+    """The METRICS.md token table (TOKEN_COLUMNS, plus FLIP_COLUMNS with flips=True) per group of `keys`
+    (("run",) or ("run", "step")) over the summary rows matching `where`. Parameters: `threshold_params`."""
+    keys = list(keys)
+    on = lambda a, b: " AND ".join(f"{a}.{k} = {b}.{k}" for k in keys)
+    cols = token_sql(keys)
+    seq = ", ".join(f"q.{c}" for c in SEQUENCE_COLUMNS)
+    flip = ("""CASE WHEN m.n_routed > 0 THEN m.n_any_flip::DOUBLE / m.n_routed END AS token_any_flip_rate,
+               CASE WHEN m.n_routed > 0 THEN m.sum_flipped_layers::DOUBLE / m.n_routed END AS flipped_layers_per_token"""
+            if flips else "")
+    return f"""
+    WITH m AS ({merged('summary_step', keys, where)} HAVING sum(n_tokens) > 0),
+         h AS ({threshold_sql('summary_hist', keys, where, 'bin')}),
+         q AS ({sequence_sql(keys, where)}),
+         t AS (SELECT {cols}, {seq}{', ' + flip if flip else ''}
+               FROM m JOIN h ON {on('m', 'h')} JOIN q ON {on('m', 'q')})
+    SELECT {', '.join(keys)}, {', '.join(TOKEN_COLUMNS)}{', ' + ', '.join(FLIP_COLUMNS) if flips else ''}
+    FROM t ORDER BY {', '.join(keys)}"""
+
+
+# -- routing --------------------------------------------------------------------------------------------
+
+# load_max_vio per side: (max − mean) / mean of token counts over the experts seen on that side (count > 0)
+# at this (step, layer); NULL when that side has no rows. expert_load holds one row per file and expert.
+LAYER_LOAD_SQL = """
+    SELECT run, step, layer,
+           (max(ns) FILTER (WHERE ns > 0) - avg(ns) FILTER (WHERE ns > 0)) / avg(ns) FILTER (WHERE ns > 0)
+               AS load_max_vio_sampler,
+           (max(nt) FILTER (WHERE nt > 0) - avg(nt) FILTER (WHERE nt > 0)) / avg(nt) FILTER (WHERE nt > 0)
+               AS load_max_vio_trainer
+    FROM (SELECT run, step, layer, expert, sum(n_sampler) AS ns, sum(n_trainer) AS nt
+          FROM expert_load WHERE {where} GROUP BY run, step, layer, expert)
+    GROUP BY run, step, layer"""
+
+
+def layer_counts_sql(where: str) -> str:
+    """Per (run, step, layer): merged routing counts, the overlap numerator Σ|E_s ∩ E_t|/k, and load_max_vio."""
+    return f"""
+    WITH c AS (SELECT run, step, layer, min(k) AS k, sum(n_rows)::BIGINT AS n_rows, sum(n_both)::BIGINT AS n_both,
+                      sum(n_flip)::BIGINT AS n_flip, sum(n_top1)::BIGINT AS n_top1,
+                      sum(sum_common)::BIGINT AS sum_common, sum(n_first_flip)::BIGINT AS n_first_flip
+               FROM summary_layer WHERE {where} GROUP BY run, step, layer),
+         l AS ({LAYER_LOAD_SQL.format(where=where)})
+    SELECT c.*, c.sum_common::DOUBLE / c.k AS sum_overlap, l.load_max_vio_sampler, l.load_max_vio_trainer
+    FROM c LEFT JOIN l USING (run, step, layer)"""
+
+
+def routing_by_layer_sql(where: str) -> str:
+    """by=layer: [run, step, layer, n_tokens, flip_rate, top1_flip_rate, overlap, load_max_vio_*]; flip
+    columns over rows with both sides (null for sampler-only layers, n_tokens 0)."""
+    return f"""
+    SELECT run, step, layer, n_both AS n_tokens,
+           n_flip::DOUBLE / nullif(n_both, 0) AS flip_rate,
+           n_top1::DOUBLE / nullif(n_both, 0) AS top1_flip_rate,
+           sum_overlap / nullif(n_both, 0) AS overlap,
+           load_max_vio_sampler, load_max_vio_trainer
+    FROM ({layer_counts_sql(where)}) ORDER BY run, step, layer"""
+
+
+def routing_pooled_sql(keys: Sequence[str], where: str, token_flips: bool) -> str:
+    """by=step / run: rates pooled over every (token, layer) row with both sides (n_rows of them),
+    load_max_vio_* the mean of the per-(step, layer) values; with token_flips, n_tokens (tokens with trainer
+    routing), token_any_flip_rate and flipped_layers_per_token from the per-token flip sums."""
+    k = ", ".join(keys)
+    pooled = f"""SELECT {k}, sum(n_both)::BIGINT AS n_rows,
+           sum(n_flip)::DOUBLE / nullif(sum(n_both), 0) AS flip_rate,
+           sum(n_top1)::DOUBLE / nullif(sum(n_both), 0) AS top1_flip_rate,
+           fsum(sum_overlap) / nullif(sum(n_both), 0) AS overlap,
+           avg(load_max_vio_sampler) AS load_max_vio_sampler,
+           avg(load_max_vio_trainer) AS load_max_vio_trainer
+        FROM ({layer_counts_sql(where)}) GROUP BY {k}"""
+    if not token_flips:
+        return f"""SELECT {k}, flip_rate, top1_flip_rate, overlap, load_max_vio_sampler, load_max_vio_trainer, n_rows
+                   FROM ({pooled}) ORDER BY {k}"""
+    on = " AND ".join(f"g.{c} = tf.{c}" for c in keys)
+    return f"""
+    WITH g AS ({pooled}), tf AS ({token_flip_sql(keys, where)})
+    SELECT {', '.join('g.' + c for c in keys)}, coalesce(tf.n_tokens, 0) AS n_tokens,
+           g.flip_rate, g.top1_flip_rate, g.overlap, g.load_max_vio_sampler, g.load_max_vio_trainer,
+           tf.token_any_flip_rate, tf.flipped_layers_per_token, g.n_rows
+    FROM g LEFT JOIN tf ON {on} ORDER BY {', '.join('g.' + c for c in keys)}"""
+
+
+def token_flip_sql(keys: Sequence[str], where: str) -> str:
+    """[keys, n_tokens, token_any_flip_rate, flipped_layers_per_token] over tokens with trainer routing;
+    groups without any give no row."""
+    k = ", ".join(keys)
+    return f"""SELECT {k}, sum(n_routed)::BIGINT AS n_tokens,
+           sum(n_any_flip)::DOUBLE / sum(n_routed) AS token_any_flip_rate,
+           sum(sum_flipped_layers)::DOUBLE / sum(n_routed) AS flipped_layers_per_token
+        FROM summary_step WHERE {where} GROUP BY {k} HAVING sum(n_routed) > 0 ORDER BY {k}"""
+
+
+def first_flip_sql(where: str) -> str:
+    """[run, first_flip_layer, n_tokens, frac]: tokens by their lowest flipped layer; fracs of a run sum to 1."""
+    return f"""SELECT run, layer AS first_flip_layer, n AS n_tokens, n::DOUBLE / sum(n) OVER (PARTITION BY run) AS frac
+        FROM (SELECT run, layer, sum(n_first_flip)::BIGINT AS n FROM summary_layer WHERE {where}
+              GROUP BY run, layer HAVING sum(n_first_flip) > 0)
+        ORDER BY run, first_flip_layer"""
+
+
+def flip_mismatch_sql(where: str) -> str:
+    """[run, flipped, n_tokens, log_ratio_abs_mean, kl_k3] for routed tokens with / without a flip."""
+    return f"""
+    WITH m AS (SELECT run, sum(n_routed)::BIGINT AS n, sum(n_any_flip)::BIGINT AS nf,
+                      fsum(sum_abs_d_flip) AS af, fsum(sum_k3_flip) AS kf,
+                      fsum(sum_abs_d_noflip) AS an, fsum(sum_k3_noflip) AS kn
+               FROM summary_step WHERE {where} GROUP BY run HAVING sum(n_routed) > 0)
+    SELECT * FROM (
+        SELECT run, false AS flipped, n - nf AS n_tokens, an / (n - nf) AS log_ratio_abs_mean, kn / (n - nf) AS kl_k3
+        FROM m WHERE n > nf
+        UNION ALL
+        SELECT run, true, nf, af / nf, kf / nf FROM m WHERE nf > 0)
+    ORDER BY run, flipped"""
+
+
+def layer_profile_sql(where: str) -> str:
+    """[run, layer, n_tokens, flip_rate, top1_flip_rate, overlap] pooled over steps; layers without trainer
+    routing give no row."""
+    return f"""
+    SELECT run, layer, sum(n_both)::BIGINT AS n_tokens, sum(n_flip)::DOUBLE / sum(n_both) AS flip_rate,
+           sum(n_top1)::DOUBLE / sum(n_both) AS top1_flip_rate, fsum(sum_overlap) / sum(n_both) AS overlap
+    FROM ({layer_counts_sql(where)}) GROUP BY run, layer HAVING sum(n_both) > 0 ORDER BY run, layer"""
