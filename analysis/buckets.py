@@ -7,24 +7,21 @@ from typing import Sequence
 import polars as pl
 
 from analysis import schema
-from analysis.metrics import (TOKEN_METRICS, cap_clip_params, check_cap_clip, check_runs, clamp_sql, grouped_token_metrics_sql,
-                              kl3_sql, ratio_sql, token_filter)
+from analysis.metrics import (SEQUENCE_METRICS, TOKEN_METRICS, cap_clip_params, check_cap_clip, check_runs,
+                              grouped_token_metrics_sql, kl3_sql, ratio_sql, run_filter, token_filter)
 from analysis.store import Store
+from analysis.summaries.compute import bucket_params, bucket_sql
+from analysis.summaries.finalise import bucket_table_sql, summarised, threshold_params
+from analysis.summaries.schema import BAND_EDGES, ENTROPY_EDGES, PROB_LO, PROB_WIDTH
 
 DIMENSIONS = ("prob", "position", "length", "entropy", "lag")
 BUCKET_COLUMNS = ("run", "bucket", "bucket_lo", "bucket_hi", "label", "n_tokens", "kl_k1", "kl_k3",
                   "log_ratio_abs_mean", "log_ratio_abs_max", "ratio_frac_high", "ratio_frac_low", "clip_frac",
                   "prob_abs_diff_mean")
-PROB_FLOOR_LOG10 = -12.0  # sampler probabilities below 1e-12 share the lowest bin
 
-# x: the bucketed quantity per token, as SQL over `tokens` (length needs its sequence, hence the window).
-_X = {
-    "prob": "sampler_logprob / ln(10)",  # log10 of the sampler probability
-    "position": "pos",
-    "length": "max(pos) OVER (PARTITION BY run, step, sample) + 1",
-    "entropy": "sampler_entropy",
-    "lag": "trainer_version - sampler_version",
-}
+# x: the bucketed quantity per token, as SQL over `tokens` (length needs its sequence, hence the window);
+# the bucket of x is summaries.compute.bucket_sql, on the fixed edges of summaries/schema.py
+_LENGTH = "max(pos) OVER (PARTITION BY run, step, sample) + 1"
 _X_PRESENT = {"entropy": "sampler_entropy IS NOT NULL",
               "lag": "trainer_version IS NOT NULL AND sampler_version IS NOT NULL"}
 
@@ -46,80 +43,100 @@ def _empty(metrics: Sequence[str] | None) -> pl.DataFrame:
 def mismatch_by(store: Store, runs: list[str], dimension: str, n_bins: int = 12, cap: float = 2.0,
                 clip: float = 0.2, steps: tuple[int, int] | None = None,
                 metrics: Sequence[str] | None = None) -> pl.DataFrame:
-    """METRICS.md token metrics per (run, bucket) of one token property.
+    """METRICS.md token metrics per (run, bucket) of one token property, on fixed global bucket edges
+    (summaries/schema.py; `n_bins` is accepted for compatibility and ignored).
 
     dimension:
-      - "prob": sampler probability exp(s) in `n_bins` equal bins of log10 p between the lowest decade seen
-        (not below 1e-12) and 1;
-      - "position": position in the response; "length": response length of the token's sequence
-        (max pos + 1): `n_bins` equal integer-width bins between the min and max seen;
-      - "entropy": sampler_entropy, `n_bins` equal bins between min and max (empty frame without entropies);
-      - "lag": staleness trainer_version − sampler_version, one bucket per value, bucket = the lag
-        (empty frame without versions).
+      - "prob": sampler probability exp(s), half-decade bins of log10 p from 1e-12 (lower ones in the first) to 1;
+      - "position": position in the response, "length": response length of the token's sequence (max pos + 1):
+        0, 1, 2–3, 4–7, ... (powers of two);
+      - "entropy": sampler_entropy on fixed edges from 0 to 8 nats and above (empty frame without entropies);
+      - "lag": staleness trainer_version − sampler_version, bucket = the lag (empty frame without versions).
     Buckets are the half-open [bucket_lo, bucket_hi) in the property's own units (probability for "prob");
-    the top edge of the last bin is inclusive. bucket is the 0-based bin index (the lag for "lag").
-    Metrics as in `metrics.token_metrics` (kl_k1/kl_k3 estimate KL(π_sampler ‖ π_trainer)); sequence
-    metrics use each sequence's tokens inside the bucket. Empty buckets give no row.
+    bucket is the bin index (the lag for "lag"). Empty buckets give no row.
+
+    Read from the summaries (every token, cost independent of the number of tokens) when C and ε are allowed
+    values (schema.CAPS / CLIPS) and no sequence metric is asked for a dimension other than "length" (a bucket of
+    a token property splits sequences); otherwise from the token rows (`mismatch_by_tokens`), where sequence
+    metrics use each sequence's tokens inside the bucket.
     Returns [run, bucket, bucket_lo, bucket_hi, label, n_tokens, kl_k1, kl_k3, log_ratio_abs_mean,
     log_ratio_abs_max, ratio_frac_high, ratio_frac_low, clip_frac, prob_abs_diff_mean, <other token metrics>];
-    `metrics`: only these token metrics (the bucket columns and n_tokens always come): a chart showing one
-    metric costs about half the full table's query (one GROUP BY, fewer aggregates).
+    `metrics`: only these token metrics (the bucket columns and n_tokens always come).
     """
-    if dimension not in DIMENSIONS:
-        raise ValueError(f"dimension must be one of {', '.join(DIMENSIONS)}, got {dimension!r}")
-    if int(n_bins) < 1:
-        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
-    n_bins = int(n_bins)
-    if metrics is not None and (unknown := [m for m in metrics if m not in TOKEN_METRICS]):
-        raise ValueError(f"unknown token metric(s) {', '.join(map(repr, unknown))}; see metrics.TOKEN_METRICS")
-    check_cap_clip(cap, clip)
+    metrics = _check(dimension, cap, clip, metrics)
+    runs = check_runs(runs)
+    seq_asked = set(TOKEN_METRICS if metrics is None else metrics) & {"n_sequences", *SEQUENCE_METRICS}
+    if not summarised(cap, clip) or (seq_asked and dimension != "length"):
+        return mismatch_by_tokens(store, runs, dimension, cap, clip, steps, metrics)
+    where, params = run_filter(runs, steps)
+    params |= threshold_params(cap, clip, BAND_EDGES)
+    if dimension != "length":
+        params["dim"] = dimension
+    sql = bucket_table_sql(dimension, where, bucket_sql("length"))
+    df = store.sql(sql, {k: v for k, v in params.items() if f"${k}" in sql})
+    return _with_edges(df, dimension, metrics)
+
+
+def mismatch_by_tokens(store: Store, runs: list[str], dimension: str, cap: float = 2.0, clip: float = 0.2,
+                       steps: tuple[int, int] | None = None, metrics: Sequence[str] | None = None) -> pl.DataFrame:
+    """`mismatch_by` from the token rows (same buckets, same columns): the drill-down path, and the reference
+    the summaries are tested against. Exact for every token only where the token rows are complete."""
+    metrics = _check(dimension, cap, clip, metrics)
     runs = check_runs(runs)
     where, params = token_filter(store, runs, steps)
     if dimension in _X_PRESENT:
         where += f" AND {_X_PRESENT[dimension]}"
-    x = _X[dimension]
-    xsrc = f"SELECT run, step, sample, sampler_logprob AS s, trainer_logprob AS t, {x} AS x FROM tokens WHERE {where}"
-    lo, hi = store.rows(f"SELECT min(x), max(x) FROM ({xsrc})", params)[0]
-    if lo is None:
-        return _empty(metrics)
-    if dimension == "lag":
-        width, lo = 1.0, 0.0
-        bucket_sql = "x::BIGINT"
-    else:
-        lo, width = _grid(dimension, float(lo), float(hi), n_bins)
-        bucket_sql = f"{clamp_sql('floor((x - $lo) / $width)', '0', str(n_bins - 1))}::BIGINT"
-        params.update(lo=lo, width=width)
-    src = f"SELECT run, step, sample, s, t, {bucket_sql} AS bucket FROM ({xsrc})"
+    length = f", {_LENGTH} AS length" if dimension == "length" else ""
+    xsrc = (f"SELECT run, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t, sampler_entropy, "
+            f"trainer_version, sampler_version{length} FROM tokens WHERE {where}")
+    src = f"SELECT run, step, sample, s, t, {bucket_sql(dimension)} AS bucket FROM ({xsrc})"
     params.update(cap_clip_params(cap, clip))
+    params.update(bucket_params())
     sql = grouped_token_metrics_sql(src, ["run", "bucket"], only=metrics)
     df = store.sql(sql, {k: v for k, v in params.items() if f"${k}" in sql})  # C and ε only if a metric uses them
-    edge_lo = pl.lit(lo) + pl.col("bucket").cast(pl.Float64) * width
-    edge_hi = edge_lo + width
-    if dimension == "prob":
-        edge_lo, edge_hi = 10.0 ** edge_lo, 10.0 ** edge_hi
-    df = df.with_columns(bucket_lo=edge_lo, bucket_hi=edge_hi)
-    df = df.with_columns(label=pl.Series([_label(dimension, a, b) for a, b in
-                                          zip(df["bucket_lo"].to_list(), df["bucket_hi"].to_list())],
-                                         dtype=pl.String))
-    return df.select(_columns(metrics))
+    return _with_edges(df, dimension, metrics)
 
 
-def _grid(dimension: str, lo: float, hi: float, n_bins: int) -> tuple[float, float]:
-    """(lower edge, bin width) of `n_bins` equal bins covering [lo, hi]."""
+def _check(dimension: str, cap: float, clip: float, metrics: Sequence[str] | None) -> list[str] | None:
+    if dimension not in DIMENSIONS:
+        raise ValueError(f"dimension must be one of {', '.join(DIMENSIONS)}, got {dimension!r}")
+    if metrics is not None and (unknown := [m for m in metrics if m not in TOKEN_METRICS]):
+        raise ValueError(f"unknown token metric(s) {', '.join(map(repr, unknown))}; see metrics.TOKEN_METRICS")
+    check_cap_clip(cap, clip)
+    return None if metrics is None else list(metrics)
+
+
+def bucket_edges(dimension: str, bucket: int) -> tuple[float, float]:
+    """[lo, hi) of a bucket in the property's units (the fixed edges of summaries/schema.py)."""
     if dimension == "prob":
-        lo = min(max(math.floor(lo), PROB_FLOOR_LOG10), -1.0)
-        return lo, -lo / n_bins
+        return 10.0 ** (PROB_LO + bucket * PROB_WIDTH), 10.0 ** (PROB_LO + (bucket + 1) * PROB_WIDTH)
     if dimension in ("position", "length"):
-        return lo, float(max(1, math.ceil((hi - lo + 1) / n_bins)))
-    return lo, (hi - lo) / n_bins if hi > lo else 1.0
+        return (0.0, 1.0) if bucket == 0 else (float(2 ** (bucket - 1)), float(2 ** bucket))
+    if dimension == "entropy":
+        hi = ENTROPY_EDGES[bucket + 1] if bucket + 1 < len(ENTROPY_EDGES) else math.inf
+        return ENTROPY_EDGES[bucket], hi
+    return float(bucket), float(bucket + 1)
+
+
+def _with_edges(df: pl.DataFrame, dimension: str, metrics: Sequence[str] | None) -> pl.DataFrame:
+    if df.is_empty():
+        return _empty(metrics)
+    edges = [bucket_edges(dimension, int(b)) for b in df["bucket"].to_list()]
+    df = df.with_columns(bucket=pl.col("bucket").cast(pl.Int64),
+                         bucket_lo=pl.Series([e[0] for e in edges], dtype=pl.Float64),
+                         bucket_hi=pl.Series([e[1] for e in edges], dtype=pl.Float64),
+                         label=pl.Series([_label(dimension, *e) for e in edges], dtype=pl.String))
+    return df.select(_columns(metrics))
 
 
 def _label(dimension: str, lo: float, hi: float) -> str:
     if dimension == "lag":
         return f"lag {int(lo)}"
     if dimension in ("position", "length"):
-        a, b = int(round(lo)), int(round(hi)) - 1
+        a, b = int(lo), int(hi) - 1
         return str(a) if a == b else f"{a}–{b}"
+    if math.isinf(hi):
+        return f"≥ {lo:.3g}"
     return f"{lo:.3g}–{hi:.3g}"
 
 

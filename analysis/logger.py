@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from analysis.logger_summaries import SUMMARISED_KEY, SUMMARY_KEY, StepTensors, summarise
+from analysis.ingest import summary_files
+from analysis.logger_summaries import SUMMARISED_KEY, StepTensors, summarise
 from analysis.token_sample import TOP_TOKENS, WORST_SEQUENCES, SamplePlan, select, step_generator
 
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,127}")
@@ -118,8 +119,8 @@ class DriftLogger:
         x = self._checked(step, sampler_logprobs, trainer_logprobs, mask, token_ids, sampler_experts,
                           trainer_experts, sampler_version, trainer_version, sample_ids)
         keep, kept = select(x.delta, x.mask, self.plan, step_generator(self.plan.seed, self.run, step, x.device))
-        tables = {f"summary-{name}": (table, {SUMMARY_KEY: name})
-                  for name, table in summarise(self.run, step, x, kept, self.plan).items()}
+        tables = {"summary": (summary_files.build(self.run, step, summarise(self.run, step, x, kept, self.plan)),
+                              None)}
         if self.plan.rate > 0:  # token_sample=0 writes summaries only
             rows = keep.reshape(-1).nonzero().squeeze(1)  # row-major: sample, then position
             tables["tokens"] = (self._token_rows(step, x, rows), {SUMMARISED_KEY: "1"})

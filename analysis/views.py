@@ -11,8 +11,8 @@ from typing import Sequence
 
 import polars as pl
 
-from analysis import metrics, routing
 from analysis.store import Store
+from analysis.summaries.read import token_table
 
 
 def routing_kinds(store: Store, runs: Sequence[str]) -> dict[str, str]:
@@ -23,47 +23,23 @@ def routing_kinds(store: Store, runs: Sequence[str]) -> dict[str, str]:
     return {run: ("both" if sides[run] else "sampler") if run in sides else "none" for run in runs if run in known}
 
 
-def _with_flips(tok: pl.DataFrame, flips: pl.DataFrame | None, by: str) -> pl.DataFrame:
-    """`tok` plus token_any_flip_rate and flipped_layers_per_token from `flips` (a routing.flip_views table;
-    None when no run has the trainer's routing: the columns are then null)."""
-    keys = ["run"] if by == "run" else ["run", "step"]
-    if flips is None or tok.is_empty():
-        return tok.with_columns(pl.lit(None, pl.Float64).alias("token_any_flip_rate"),
-                                pl.lit(None, pl.Float64).alias("flipped_layers_per_token"))
-    flips = flips.select(*keys, "token_any_flip_rate", "flipped_layers_per_token")
-    return tok.join(flips.cast({k: tok.schema[k] for k in keys}), on=keys, how="left")
-
-
-def _flips(store: Store, runs: Sequence[str], steps: tuple[int, int] | None,
-           bys: tuple[str, ...]) -> dict[str, pl.DataFrame | None]:
-    flip_runs = [r for r, kind in routing_kinds(store, runs).items() if kind == "both"]
-    if not flip_runs:
-        return {by: None for by in bys}
-    return routing.flip_views(store, flip_runs, steps, views=bys)
-
-
 def run_summary(store: Store, runs: Sequence[str], cap: float = 2.0, clip: float = 0.2,
                 steps: tuple[int, int] | None = None) -> pl.DataFrame:
-    """One row per run: token_metrics(by="run") plus token_any_flip_rate and flipped_layers_per_token
-    (null for runs without the trainer's routing)."""
-    tok = metrics.token_metrics(store, list(runs), by="run", cap=cap, clip=clip, steps=steps)
-    return _with_flips(tok, _flips(store, runs, steps, ("run",))["run"], "run")
+    """One row per run: the METRICS.md token columns plus token_any_flip_rate and flipped_layers_per_token
+    (null for runs without the trainer's routing), from the summaries."""
+    return token_table(store, list(runs), by="run", cap=cap, clip=clip, steps=steps, flips=True)
 
 
 def step_metrics(store: Store, runs: Sequence[str], cap: float = 2.0, clip: float = 0.2,
                  steps: tuple[int, int] | None = None) -> pl.DataFrame:
-    """token_metrics(by="step") plus the per-step flip columns (null where the trainer's routing is missing)."""
-    tok = metrics.token_metrics(store, list(runs), by="step", cap=cap, clip=clip, steps=steps)
-    return _with_flips(tok, _flips(store, runs, steps, ("step",))["step"], "step")
+    """The per-step token columns plus the per-step flip columns (null where the trainer's routing is missing)."""
+    return token_table(store, list(runs), by="step", cap=cap, clip=clip, steps=steps, flips=True)
 
 
 def run_and_step_tables(store: Store, runs: Sequence[str], cap: float = 2.0, clip: float = 0.2,
                         steps: tuple[int, int] | None = None) -> dict[str, pl.DataFrame]:
-    """{"run": run_summary(...), "step": step_metrics(...)} from one pass over the tokens and one over the
-    routing rows (grouping sets) instead of two each: what the Overview and Compare pages show."""
-    tok = metrics.token_metrics_by_run_and_step(store, list(runs), cap=cap, clip=clip, steps=steps)
-    flips = _flips(store, runs, steps, ("run", "step"))
-    return {by: _with_flips(tok[by], flips[by], by) for by in ("run", "step")}
+    """{"run": run_summary(...), "step": step_metrics(...)}: what the Overview and Compare pages show."""
+    return {"run": run_summary(store, runs, cap, clip, steps), "step": step_metrics(store, runs, cap, clip, steps)}
 
 
 def smooth(df: pl.DataFrame, columns: Sequence[str], window: int, by: str = "run",

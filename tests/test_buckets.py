@@ -15,38 +15,39 @@ CONTRACT = ["run", "bucket", "bucket_lo", "bucket_hi", "label", "n_tokens", "kl_
             "log_ratio_abs_max", "ratio_frac_high", "ratio_frac_low", "clip_frac", "prob_abs_diff_mean"]
 
 
-def _ref_bucket_index(tokens: pl.DataFrame, dimension: str, n_bins: int) -> np.ndarray:
-    """Bin index per token, from the documented grid (independent of the SQL)."""
+def _ref_bucket_index(tokens: pl.DataFrame, dimension: str, n_bins: int = 0) -> np.ndarray:
+    """Bin index per token on the fixed global edges (summaries/schema.py), from their documented definition
+    (independent of the SQL): half decades of p from 1e-12, powers of two of position and length, the
+    entropy edges, the lag itself. `n_bins` is ignored (the edges are fixed)."""
     if dimension == "lag":
         return (tokens["trainer_version"] - tokens["sampler_version"]).to_numpy()
     if dimension == "prob":
         x = tokens["sampler_logprob"].to_numpy() / math.log(10)
-        lo = min(max(math.floor(x.min()), -12.0), -1.0)
-        width = -lo / n_bins
-    elif dimension in ("position", "length"):
+        return np.clip(np.floor((x + 12.0) / 0.5), 0, 23).astype(np.int64)
+    if dimension in ("position", "length"):
         if dimension == "position":
-            x = tokens["pos"].to_numpy().astype(float)
+            x = tokens["pos"].to_list()
         else:
-            x = tokens.select(pl.col("pos").max().over("run", "step", "sample") + 1).to_series().to_numpy()
-            x = x.astype(float)
-        lo = x.min()
-        width = float(max(1, math.ceil((x.max() - lo + 1) / n_bins)))
-    else:
-        x = tokens["sampler_entropy"].to_numpy()
-        lo = x.min()
-        width = (x.max() - lo) / n_bins
-    return np.clip(np.floor((x - lo) / width), 0, n_bins - 1).astype(np.int64)
+            x = tokens.select(pl.col("pos").max().over("run", "step", "sample") + 1).to_series().to_list()
+        return np.array([int(v).bit_length() for v in x], dtype=np.int64)  # 0 | 1 | 2–3 | 4–7 ...
+    x = tokens["sampler_entropy"].to_numpy()
+    edges = [1e-4, 1e-3, 1e-2, 0.03, 0.1, 0.3, 1.0, 2.0, 3.0, 5.0, 8.0]
+    return np.searchsorted(edges, x, side="right").astype(np.int64)
 
 
-@pytest.mark.parametrize("dimension, n_bins", [("prob", 6), ("position", 5), ("length", 4), ("entropy", 7),
-                                               ("lag", 0)])
-def test_mismatch_by_matches_numpy(metrics_data, dimension, n_bins):
+@pytest.mark.parametrize("dimension", ["prob", "position", "length", "entropy", "lag"])
+@pytest.mark.parametrize("cap, clip", [(1.8, 0.1), (2.0, 0.2)])  # token rows (C off the allowed set); summaries
+def test_mismatch_by_matches_numpy(metrics_data, dimension, cap, clip):
     store, data = metrics_data
-    df = buckets.mismatch_by(store, ["a", "b"], dimension, n_bins=n_bins or 10, cap=1.8, clip=0.1)
-    assert df.columns[:len(CONTRACT)] == CONTRACT
-    tokens = data.tokens.with_columns(bucket=pl.Series(_ref_bucket_index(data.tokens, dimension, n_bins or 10)))
-    ref = ref_grouped(tokens, ["run", "bucket"], cap=1.8, clip=0.1)
-    assert_frame_matches(df, ref, ["run", "bucket"])
+    # summaries hold no sequence metric for a token property's bucket (it splits sequences): the others
+    chosen = None if dimension == "length" or cap == 1.8 else [m for m in metrics.TOKEN_METRICS
+                                                                  if m not in metrics.SEQUENCE_METRICS + ("n_sequences",)]
+    df = buckets.mismatch_by(store, ["a", "b"], dimension, cap=cap, clip=clip, metrics=chosen)
+    assert df.columns[:len(CONTRACT)] == CONTRACT if chosen is None else df.columns[:6] == CONTRACT[:6]
+    tokens = data.tokens.with_columns(bucket=pl.Series(_ref_bucket_index(data.tokens, dimension)))
+    ref = ref_grouped(tokens, ["run", "bucket"], cap=cap, clip=clip)
+    assert_frame_matches(df, ref, ["run", "bucket"], columns=[c for c in df.columns if c in metrics.TOKEN_METRICS
+                                                              and c in next(iter(ref.values()))])
     assert (df["bucket_lo"] < df["bucket_hi"]).all()
     assert df["label"].null_count() == 0
     assert df.group_by("run").agg(pl.col("n_tokens").sum()).sort("run")["n_tokens"].to_list() == \
@@ -58,9 +59,9 @@ def test_mismatch_by_matches_numpy(metrics_data, dimension, n_bins):
 def test_mismatch_by_chosen_metrics_match_numpy(metrics_data, dimension, chosen):
     # metrics=[...]: the bucket columns, n_tokens and just those metrics, same values as the numpy reference
     store, data = metrics_data
-    df = buckets.mismatch_by(store, ["a", "b"], dimension, n_bins=6, cap=1.8, clip=0.1, metrics=chosen)
+    df = buckets.mismatch_by(store, ["a", "b"], dimension, cap=1.8, clip=0.1, metrics=chosen)
     assert df.columns == CONTRACT[:6] + [m for m in metrics.TOKEN_METRICS if m in chosen]
-    tokens = data.tokens.with_columns(bucket=pl.Series(_ref_bucket_index(data.tokens, dimension, 6)))
+    tokens = data.tokens.with_columns(bucket=pl.Series(_ref_bucket_index(data.tokens, dimension)))
     ref = ref_grouped(tokens, ["run", "bucket"], cap=1.8, clip=0.1)
     assert_frame_matches(df, ref, ["run", "bucket"], columns=["n_tokens", *chosen])
     empty = buckets.mismatch_by(store, ["a"], dimension, steps=(10, 20), metrics=chosen)

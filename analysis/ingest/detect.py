@@ -12,9 +12,10 @@ from typing import BinaryIO
 import pyarrow.parquet as pq
 
 from analysis.ingest.errors import CorruptFile, NotALogFile, UnknownFormat
+from analysis.ingest import summary_files
 from analysis.ingest.long import table_kind
 
-FORMATS = ("parquet", "csv", "jsonl", "sequence-jsonl", "pt", "safetensors", "prime-rl")
+FORMATS = ("parquet", "summary", "csv", "jsonl", "sequence-jsonl", "pt", "safetensors", "prime-rl")
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,13 @@ def detect(fp: BinaryIO, name: str) -> Detected:
             raise NotALogFile(name, None, "the file is empty", "upload a log file; SCHEMA.md lists the accepted ones")
         if head[:4] == b"PAR1":
             try:
-                cols = pq.ParquetFile(fp).schema_arrow.names
+                arrow_schema = pq.ParquetFile(fp).schema_arrow
             except Exception as e:
                 raise CorruptFile(name, None, f"Parquet footer cannot be read ({e})",
                                   "the file is truncated or corrupt; re-export it") from None
-            return Detected("parquet", table_kind(cols) or "unknown")
+            if summary_files.is_summary_file(arrow_schema.metadata):  # DriftLogger's per-step summaries
+                return Detected("summary", "summary")
+            return Detected("parquet", table_kind(arrow_schema.names) or "unknown")
         if head[:2] == b"\x1f\x8b":
             try:
                 line = _first_line(gzip.GzipFile(fileobj=fp, mode="rb"))

@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.ingest import frameworks, long, sequences, tensors
+from analysis.ingest import frameworks, long, sequences, summary_files, tensors
 from analysis.summaries import compute as summaries
 from analysis.ingest.detect import Detected, detect
 from analysis.ingest.errors import BadExperts, CorruptFile, DuplicateKey, IngestError, NotALogFile, OrphanRouting
@@ -78,6 +78,7 @@ READERS: dict[str, Callable[[Unit, Limits], Iterator[Batch]]] = {
     "pt": _single(lambda fp, n, lim, det: tensors.read_tensor_dump(fp, n, lim, "pt")),
     "safetensors": _single(lambda fp, n, lim, det: tensors.read_tensor_dump(fp, n, lim, "safetensors")),
     "prime-rl": frameworks.primerl.read_unit,
+    "summary": lambda unit, limits: iter(()),  # loaded by _load_summary: its rows go to the summary tables
 }
 
 # Folder adapters claim framework layouts (e.g. slime's rollout_data/ + train_data/) before the
@@ -179,6 +180,8 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
     sha, size = content_hash(unit.paths)
     if store.is_loaded(sha, run):
         return Outcome(unit.name, "skipped", fmt, message="same content already loaded")
+    if fmt == "summary":
+        return _load_summary(store, unit, sha, size, run, limits, config)
     rows = {"tokens": 0, "routing": 0, "sequences": 0}
     try:
         with store.transaction() as w:
@@ -207,9 +210,10 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
                 w.insert_arrow(table, data)
                 rows[table] += data.num_rows
             _check_file(w, unit.name, fid, rows, keys, routing_tokens)
-            if rows["routing"]:
+            summarised = summaries.tokens_summarised(unit.paths, fmt)
+            if rows["routing"] and not summarised:  # a sample's expert load comes in its summary file
                 w.insert_arrow("expert_load", load.table(fid))  # counted batch by batch above
-            summaries.add_file(w, fid, summaries.tokens_summarised(unit.paths, fmt), unit.name)
+            summaries.add_file(w, fid, summarised, unit.name)
             w.ensure_runs(sorted(runs), config or unit.config)
             w.finish_file(fid, sum(rows.values()))
     except IngestError as e:
@@ -222,6 +226,33 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
         return Outcome(unit.name, "refused", fmt,
                        message=f"{unit.name}: could not be read ({type(e).__name__}: {str(e)[:300]})")
     return Outcome(unit.name, "loaded", fmt, rows, sorted(runs))
+
+
+def _load_summary(store: Store, unit: Unit, sha: str, size: int, run: str | None, limits: Limits,
+                  config: dict | None) -> Outcome:
+    """A DriftLogger summary file: its rows appended to the summary tables, checked whole, in one transaction."""
+    rows: dict[str, int] = {}
+    runs: set[str] = set()
+    try:
+        with store.transaction() as w:
+            if store.is_loaded(sha, run):
+                return Outcome(unit.name, "skipped", "summary", message="same content already loaded")
+            fid = w.new_file(sha, unit.name, size, "summary", run)
+            with open(unit.paths[0], "rb") as fp:
+                for table, data in summary_files.read(fp, unit.name, limits, run):
+                    w.insert_arrow(table, data.append_column("file_id", pa.array([fid] * data.num_rows, pa.int32())))
+                    rows[table] = rows.get(table, 0) + data.num_rows
+                    runs.update(pc.unique(data.column("run")).to_pylist())
+            w.ensure_runs(sorted(runs), config or unit.config)
+            w.finish_file(fid, sum(rows.values()))
+    except IngestError as e:
+        return Outcome(unit.name, "refused", "summary", message=str(e))
+    except StoreError as e:
+        return Outcome(unit.name, "refused", "summary", message=f"{unit.name}: {e}")
+    except Exception as e:  # a reader bug must still never reach the user as a traceback
+        return Outcome(unit.name, "refused", "summary",
+                       message=f"{unit.name}: could not be read ({type(e).__name__}: {str(e)[:300]})")
+    return Outcome(unit.name, "loaded", "summary", rows, sorted(runs))
 
 
 # DuckDB stores tables in row groups of 122,880 rows; appends in whole multiples of that fill row groups

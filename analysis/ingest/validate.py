@@ -176,7 +176,8 @@ def _check_routing(file: str, batch: Batch, out: dict) -> "RoutingMatrices":
             for lo in range(0, len(rows), 262144):  # bounded (n, k, k) temporaries
                 hi = lo + 262144
                 common[rows[lo:hi]] = (Ss[lo:hi, :, None] == Ts[lo:hi, None, :]).sum(axis=(1, 2))
-        top1[rows] = S[rows, 0] != T[:, 0]
+        if len(rows):  # a trainer_experts column of nulls only (sampler side alone) gives T of shape (0, 0)
+            top1[rows] = S[rows, 0] != T[:, 0]
         has_t[rows] = True
     for name, side in (("sampler_weights", "sampler_experts"), ("trainer_weights", "trainer_experts")):
         if name in out:

@@ -34,8 +34,10 @@ def _edge_bin(x: float, edges: Sequence[float]) -> int:
     return 2 * list(edges).index(x) + 1
 
 
-def merged(table: str, keys: Sequence[str], where: str, only: Sequence[str] | None = None) -> str:
-    """SELECT keys, merged columns FROM table WHERE where GROUP BY keys (sums add, minima and maxima merge)."""
+def merged(table: str, keys: Sequence[str], where: str, only: Sequence[str] | None = None,
+           source: str | None = None) -> str:
+    """SELECT keys, merged columns FROM table WHERE where GROUP BY keys (sums add, minima and maxima merge).
+    `source`: a subquery with the table's columns (and the keys) to read instead of the table itself."""
     outs = []
     for c in S.columns(table):
         kind = S.merge_kind(c)
@@ -45,7 +47,8 @@ def merged(table: str, keys: Sequence[str], where: str, only: Sequence[str] | No
             outs.append(f"fsum({c}) AS {c}" if _is_double(table, c) else f"sum({c})::BIGINT AS {c}")
         else:
             outs.append(f"{kind}({c}) AS {c}")
-    return f"SELECT {', '.join(keys)}, {', '.join(outs)} FROM {table} WHERE {where} GROUP BY {', '.join(keys)}"
+    src = f"({source}) src_" if source else table
+    return f"SELECT {', '.join(keys)}, {', '.join(outs)} FROM {src} WHERE {where} GROUP BY {', '.join(keys)}"
 
 
 def _is_double(table: str, col: str) -> bool:
@@ -118,9 +121,10 @@ def threshold_params(cap: float, clip: float, edges: Sequence[float]) -> dict:
             "clip_hi_bin": _edge_bin(math.log1p(clip), edges), "clip_lo_bin": _edge_bin(math.log1p(-clip), edges)}
 
 
-def sequence_sql(keys: Sequence[str], where: str) -> str:
-    """Per group of `keys` (a subset of run, step, plus any column of summary_seq): the sequence columns
-    over whole sequences (a sequence's rows from every file and band merged first)."""
+def sequence_sql(keys: Sequence[str], where: str, length_bucket: str | None = None) -> str:
+    """Per group of `keys` (a subset of run, step, and `bucket` with length_bucket): the sequence columns over
+    whole sequences (a sequence's rows from every file and band merged first). length_bucket: SQL of the
+    bucket of a sequence's response length `length` (= 1 + its max pos)."""
     c = float(S.CLAMP)
     cs = f"(CASE WHEN sum_d < -{c} THEN -{c} WHEN sum_d > {c} THEN {c} ELSE sum_d END)"
     u = f"exp(2.0 * {cs})"
@@ -132,8 +136,9 @@ def sequence_sql(keys: Sequence[str], where: str) -> str:
                avg(exp(sum_d / n)) AS seq_geo_ratio_mean,
                min(exp(sum_d / n)) AS seq_geo_ratio_min,
                max(exp(sum_d / n)) AS seq_geo_ratio_max
-        FROM (SELECT run, step, sample, sum(n_tokens)::DOUBLE AS n, fsum(sum_d) AS sum_d
-              FROM summary_seq WHERE {where} GROUP BY run, step, sample HAVING sum(n_tokens) > 0)
+        FROM (SELECT *, {length_bucket or 'NULL'} AS bucket FROM (
+              SELECT run, step, sample, sum(n_tokens)::DOUBLE AS n, fsum(sum_d) AS sum_d, max(max_pos) + 1 AS length
+              FROM summary_seq WHERE {where} GROUP BY run, step, sample HAVING sum(n_tokens) > 0) sq_) sb_
         GROUP BY {', '.join(keys)}"""
 
 
@@ -260,3 +265,34 @@ def layer_profile_sql(where: str) -> str:
     SELECT run, layer, sum(n_both)::BIGINT AS n_tokens, sum(n_flip)::DOUBLE / sum(n_both) AS flip_rate,
            sum(n_top1)::DOUBLE / sum(n_both) AS top1_flip_rate, fsum(sum_overlap) / sum(n_both) AS overlap
     FROM ({layer_counts_sql(where)}) GROUP BY run, layer HAVING sum(n_both) > 0 ORDER BY run, layer"""
+
+
+# -- buckets --------------------------------------------------------------------------------------------
+
+def bucket_table_sql(dim: str, where: str, length_bucket: str) -> str:
+    """The token columns per (run, bucket) of one bucket dimension: from summary_bucket, or for "length" from
+    the sequence rows (a token's length bucket is its sequence's). Cap/clip columns from the ratio bands
+    (parameters: `threshold_params` on BAND_EDGES, and $dim). Sequence columns only for "length" (a bucket
+    of another property splits sequences: those need the token rows)."""
+    keys = ["run", "bucket"]
+    on = lambda a, b: " AND ".join(f"{a}.{k} = {b}.{k}" for k in keys)
+    if dim == "length":
+        src = f"""SELECT q.*, {length_bucket} AS bucket FROM summary_seq q
+                  JOIN (SELECT run, step, sample, max(max_pos) + 1 AS length FROM summary_seq WHERE {where}
+                        GROUP BY run, step, sample HAVING sum(n_tokens) > 0) l USING (run, step, sample)
+                  WHERE q.n_tokens > 0"""
+        rel = f"({src})"
+        seq = f"q AS ({sequence_sql(keys, where, length_bucket)})"
+        seq_cols = ", ".join(f"q.{c}" for c in SEQUENCE_COLUMNS)
+        seq_join = f"JOIN q ON {on('m', 'q')}"
+    else:
+        src = f"SELECT * FROM summary_bucket WHERE dim = $dim"
+        rel = f"({src})"
+        seq, seq_cols, seq_join = "", ", ".join(f"NULL AS {c}" for c in SEQUENCE_COLUMNS), ""
+    m = merged("summary_seq" if dim == "length" else "summary_bucket", keys, where, source=src)
+    h = threshold_sql(f"{rel} b_", keys, where, "band")
+    return f"""
+    WITH m AS ({m} HAVING sum(n_tokens) > 0), h AS ({h}){', ' + seq if seq else ''}
+    SELECT {', '.join(keys)}, {', '.join(TOKEN_COLUMNS)} FROM (
+        SELECT {token_sql(keys)}, {seq_cols} FROM m JOIN h ON {on('m', 'h')} {seq_join}) t_
+    ORDER BY {', '.join(keys)}"""

@@ -13,16 +13,40 @@ from analysis.summaries import schema as S
 
 def token_table(store: Store, runs: Sequence[str], by: str = "step", cap: float = 2.0, clip: float = 0.2,
                 steps: tuple[int, int] | None = None, flips: bool = False) -> pl.DataFrame:
-    """METRICS.md token columns per (run, step) or per run from summaries (`finalise.TOKEN_COLUMNS`, plus
-    token_any_flip_rate and flipped_layers_per_token with flips=True: null without trainer routing).
-    C and ε must be among schema.CAPS / schema.CLIPS (ValueError otherwise: see `metrics.token_metrics`
-    for other values, from token rows)."""
+    """METRICS.md token columns per (run, step) or per run (`finalise.TOKEN_COLUMNS`), plus
+    token_any_flip_rate and flipped_layers_per_token with flips=True (null without trainer routing).
+
+    From summaries when C is in schema.CAPS and ε in schema.CLIPS (what the app offers): exact, and every
+    token counts even where token rows are a sample. Other values fall back to the token rows
+    (`metrics.token_metrics`), exact only where the token rows are complete (`coverage`).
+    """
     if by not in ("step", "run"):
         raise ValueError(f"by must be 'step' or 'run', got {by!r}")
     check_cap_clip(cap, clip)
-    if not F.summarised(cap, clip):
-        raise ValueError(f"summaries answer C in {S.CAPS} and ε in {S.CLIPS}; got C={cap}, ε={clip}")
-    where, params = run_filter(check_runs(runs), steps)
+    runs = check_runs(runs)
     keys = ["run", "step"] if by == "step" else ["run"]
+    if not F.summarised(cap, clip):
+        from analysis import metrics
+        df = metrics.token_metrics(store, runs, by=by, cap=cap, clip=clip, steps=steps)
+        if not flips:
+            return df
+        where, params = run_filter(runs, steps)
+        fl = store.sql(F.token_flip_sql(keys, where), params).drop("n_tokens")
+        return df.join(fl, on=keys, how="left") if not df.is_empty() else df.with_columns(
+            pl.lit(None, pl.Float64).alias(c) for c in F.FLIP_COLUMNS)
+    where, params = run_filter(runs, steps)
     params |= F.threshold_params(cap, clip, S.D_EDGES)
     return store.sql(F.token_table_sql(keys, where, flips=flips), params)
+
+
+def coverage(store: Store, runs: Sequence[str] | None = None) -> pl.DataFrame:
+    """Per run: n_tokens the summaries cover, n_token_rows stored, and complete = whether every summarised
+    token has its row (False: token-level views show a sample). [run, n_tokens, n_token_rows, complete]."""
+    runs = store.run_names() if runs is None else check_runs(runs)
+    where, params = run_filter(runs)
+    return store.sql(f"""
+        WITH s AS (SELECT run, sum(n_tokens)::BIGINT AS n_tokens FROM summary_step WHERE {where} GROUP BY run),
+             t AS (SELECT run, count(*) AS n_token_rows FROM tokens WHERE {where} GROUP BY run)
+        SELECT s.run, s.n_tokens, coalesce(t.n_token_rows, 0) AS n_token_rows,
+               coalesce(t.n_token_rows, 0) >= s.n_tokens AS complete
+        FROM s LEFT JOIN t USING (run) ORDER BY s.run""", params)

@@ -173,6 +173,20 @@ TABLES: dict[str, tuple[Col, ...]] = {
     ) + TOKEN_SUMS + (FILE,),
     # files whose token rows are not summarised here (their summaries came in a summary file)
     "summary_skip": (FILE,),
+    # one row per (run, step, file) of a DriftLogger summary file: what the step's token rows are a sample of.
+    # The step's summaries cover n_tokens; its token rows hold n_kept of them: n_uniform drawn at rate
+    # token_sample, plus every token of the worst_sequences sequences by |Σ d| (n_worst_seq_tokens) and the
+    # top_tokens tokens by |d| (n_top_tokens); the parts overlap
+    "summary_sample": KEY + (
+        Col("token_sample", "DOUBLE", "share of tokens drawn uniformly (1: every token; 0: none)"),
+        Col("worst_sequences", "INTEGER", "sequences kept whole, by |Σ d|"),
+        Col("top_tokens", "INTEGER", "tokens kept by |d|"),
+        Col("n_tokens", "BIGINT", "tokens the step's summaries cover"),
+        Col("n_kept", "BIGINT", "of those, tokens written as token rows"),
+        Col("n_uniform", "BIGINT", "kept by the uniform draw"),
+        Col("n_worst_seq_tokens", "BIGINT", "kept as tokens of the worst sequences"),
+        Col("n_top_tokens", "BIGINT", "kept among the top |d|"),
+        FILE),
 }
 
 # Parquet schema-metadata key and value marking token rows that are already summarised elsewhere

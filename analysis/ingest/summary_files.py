@@ -1,0 +1,156 @@
+"""Summary files: DriftLogger's per-step rows of the summary tables, written by the trainer, loaded by ingest.
+
+One Parquet file per logged step (`summary-step000012.parquet`) holds that step's rows of every summary table
+(analysis/summaries/schema.py) plus `expert_load`, in the union of their columns; the column `summary` names the
+table of each row. The file is recognised by content: its schema metadata holds SUMMARY_KEY. Rows carry no
+file_id (ingest adds the summary file's). A file is checked whole before any row is stored: every row names a
+known table, has its key columns, counts are ≥ 0, bins and bands are on the global edges, values are finite.
+"""
+from __future__ import annotations
+
+from typing import BinaryIO, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from analysis.ingest.errors import BadValue, CorruptFile, MissingColumn, UnknownFormat, WrongType
+from analysis.ingest.limits import Limits
+from analysis.summaries import schema as S
+
+SUMMARY_KEY = b"driftscope.summary"
+FORMAT_VERSION = b"1"
+TABLE_COLUMN = "summary"
+ARROW = {"VARCHAR": pa.string(), "BIGINT": pa.int64(), "INTEGER": pa.int32(), "SMALLINT": pa.int16(),
+         "DOUBLE": pa.float64()}
+EXPERT_LOAD = S.KEY + (S.Col("layer", "INTEGER", "0-based MoE layer"), S.Col("expert", "INTEGER", "expert id"),
+                       S.Col("n_sampler", "BIGINT", "tokens the sampler routed to the expert at this layer"),
+                       S.Col("n_trainer", "BIGINT", "the same for the trainer (0 without its side)"))
+# the tables a summary file may hold, and their columns as written (no file_id)
+TABLES: dict[str, tuple[S.Col, ...]] = {
+    name: tuple(c for c in cols if c.name != "file_id") for name, cols in S.TABLES.items() if name != "summary_skip"
+} | {"expert_load": EXPERT_LOAD}
+FIX = "write summary files with DriftLogger (analysis/logger.py); docs/SCHEMA.md, 'Summary files', lists the rules"
+
+
+def keys(table: str) -> list[str]:
+    return [c.name for c in TABLES[table] if S.merge_kind(c.name) == "key"]
+
+
+def is_summary_file(metadata: dict | None) -> bool:
+    return bool(metadata) and SUMMARY_KEY in metadata
+
+
+def build(run: str, step: int, tables: dict[str, dict[str, list]]) -> pa.Table:
+    """The summary file's table for one step: `tables` maps a table to its columns (without run and step)."""
+    fields = {TABLE_COLUMN: pa.string()}
+    for name in tables:
+        fields |= {c.name: ARROW[c.sql_type] for c in TABLES[name]}
+    parts = []
+    for name, cols in tables.items():
+        n = len(next(iter(cols.values()), []))
+        if n == 0:
+            continue
+        data = {TABLE_COLUMN: [name] * n, "run": [run] * n, "step": [step] * n} | cols
+        parts.append(pa.table({f: pa.array(data[f], t) if f in data else pa.nulls(n, t) for f, t in fields.items()}))
+    schema = pa.schema(fields).with_metadata({SUMMARY_KEY: FORMAT_VERSION})
+    table = pa.concat_tables(parts) if parts else schema.empty_table()
+    return table.replace_schema_metadata(schema.metadata)
+
+
+def read(fp: BinaryIO, name: str, limits: Limits, run: str | None = None) -> Iterator[tuple[str, pa.Table]]:
+    """(table, rows) batches of a summary file, checked and in the stored column types; `run` overrides the
+    run name of every row (`ingest --run`)."""
+    try:
+        pf = pq.ParquetFile(fp)
+    except (pa.ArrowException, OSError) as e:
+        raise CorruptFile(name, None, f"not a readable Parquet file ({e})", "re-export the file") from None
+    version = (pf.schema_arrow.metadata or {}).get(SUMMARY_KEY)
+    if version != FORMAT_VERSION:
+        raise UnknownFormat(name, None, f"summary file format {version!r} is not known (this version reads "
+                            f"{FORMAT_VERSION!r})", "log with the DriftLogger of this version")
+    present = set(pf.schema_arrow.names)
+    for col in (TABLE_COLUMN, "run", "step"):
+        if col not in present:
+            raise MissingColumn(name, None, f"summary file has no column '{col}'", FIX)
+    offset = 0
+    try:
+        for rb in pf.iter_batches(batch_size=limits.batch_rows):
+            yield from _split(name, pa.Table.from_batches([rb]), offset, present, run)
+            offset += rb.num_rows
+    except (pa.ArrowException, OSError) as e:
+        raise CorruptFile(name, f"after row {offset}", f"Parquet data cannot be read ({e})",
+                          "the file is corrupt or truncated; re-export it") from None
+
+
+def _split(name: str, batch: pa.Table, offset: int, present: set[str], run: str | None):
+    which = batch.column(TABLE_COLUMN)
+    unknown = pc.invert(pc.fill_null(pc.is_in(which, pa.array(list(TABLES))), False))
+    if pc.any(unknown).as_py():
+        i = _first(unknown)
+        raise BadValue(name, f"row {offset + i + 1}, column '{TABLE_COLUMN}'",
+                       f"unknown summary table {which[i].as_py()!r} (known: {', '.join(TABLES)})", FIX)
+    for table in pc.unique(which).to_pylist():
+        rows = np.flatnonzero(pc.equal(which, table).to_numpy(zero_copy_only=False))
+        part = batch.take(pa.array(rows))
+        out = {}
+        for c in TABLES[table]:
+            where = f"table {table}, column '{c.name}'"
+            if c.name not in present:
+                if S.merge_kind(c.name) == "key":
+                    raise MissingColumn(name, None, f"{where} is missing", FIX)
+                continue
+            try:
+                col = pc.cast(part.column(c.name), ARROW[c.sql_type], safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                raise WrongType(name, where, f"expected {ARROW[c.sql_type]}, got {part.column(c.name).type}",
+                                FIX) from None
+            _check(name, table, c, col, lambda i: f"row {offset + int(rows[i]) + 1}")
+            out[c.name] = col
+        if run is not None:
+            out["run"] = pa.array([run] * len(rows), pa.string())
+        yield table, pa.table(out)
+
+
+def _first(mask: pa.Array | pa.ChunkedArray) -> int:
+    return int(np.flatnonzero(mask.to_numpy(zero_copy_only=False))[0])
+
+
+def _check(name: str, table: str, c: S.Col, col: pa.ChunkedArray, row) -> None:
+    """The value rules of one column of `table`; raises naming the first row that breaks one."""
+    place = lambda i: f"{row(i)} (table {table}), column '{c.name}'"  # noqa: E731
+    if S.merge_kind(c.name) == "key" and col.null_count:
+        raise BadValue(name, place(_first(pc.is_null(col))), "key value is missing (null)", FIX)
+    values = col.to_numpy(zero_copy_only=False) if col.null_count == 0 else \
+        pc.fill_null(col, 0 if c.sql_type != "VARCHAR" else "").to_numpy(zero_copy_only=False)
+    if c.sql_type == "DOUBLE":
+        bad = ~np.isfinite(values)
+        if bad.any():
+            raise BadValue(name, place(int(np.flatnonzero(bad)[0])), f"value must be finite, got {values[bad][0]!r}",
+                           FIX)
+    if c.name.startswith("n_") or c.name in ("step", "sum_common", "sum_flipped_layers"):
+        bad = values < 0
+        if bad.any():
+            raise BadValue(name, place(int(np.flatnonzero(bad)[0])), f"a count must be >= 0, got {values[bad][0]}",
+                           FIX)
+    limit = {"band": S.N_BANDS, "bin": S.N_BINS}.get(c.name)
+    if limit is not None:
+        bad = (values < 0) | (values >= limit)
+        if bad.any():
+            raise BadValue(name, place(int(np.flatnonzero(bad)[0])),
+                           f"{c.name} must be in [0, {limit}) (the global edges of summaries/schema.py), "
+                           f"got {values[bad][0]}", FIX)
+    if c.name == "dim":
+        bad = ~np.isin(values, S.BUCKET_DIMENSIONS)
+        if bad.any():
+            raise BadValue(name, place(int(np.flatnonzero(bad)[0])), f"unknown bucket dimension "
+                           f"{values[bad][0]!r} (known: {', '.join(S.BUCKET_DIMENSIONS)})", FIX)
+    if c.name == "token_sample":
+        bad = (values < 0) | (values > 1)
+        if bad.any():
+            raise BadValue(name, place(int(np.flatnonzero(bad)[0])), f"a share must be in [0, 1], got "
+                           f"{values[bad][0]}", FIX)
+
+
+__all__ = ["build", "read", "is_summary_file", "TABLES", "SUMMARY_KEY", "TABLE_COLUMN", "keys"]

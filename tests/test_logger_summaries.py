@@ -1,0 +1,149 @@
+"""DriftLogger's trainer-side summaries equal the summaries ingest computes from every token, for any token_sample.
+
+Reference: the same step logged with token_sample=1.0, its token and routing files stripped of the
+`driftscope.summarised` mark and ingested, so that ingest's SQL (analysis/summaries/compute.py) summarises
+every token. The logger's own summary file is ingested into another database; both are merged per key (SUM of
+counts and sums, MIN/MAX of extremes, as every reader merges them) and compared at rel 1e-12.
+"""
+from __future__ import annotations
+
+import math
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from analysis.ingest import ingest_paths
+from analysis.ingest import summary_files
+from analysis.logger import DriftLogger
+from analysis.store import Store
+from analysis.summaries import schema as S
+
+COMPARED = ("summary_step", "summary_seq", "summary_hist", "summary_bucket", "summary_layer", "expert_load")
+
+
+def make_step(B=12, T=30, L=3, K=2, E=6, seed=0, dtype=torch.float32, routing="both"):
+    """Seeded step with padding, Δ on both sides of every band (with exact zeros and |Δ| > 20), per-sample
+    sampler versions (staleness 0..2) and routing of both sides with set flips and rank-only swaps."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+    s = -torch.rand(B, T, generator=g, dtype=torch.float64) * 6
+    d = 0.02 + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.3
+    d[torch.rand(B, T, generator=g) < 0.1] = 0.0  # identical log-probs: Δ exactly on the edge 0
+    t = (s + d).clamp(max=0.0)
+    s[0, 0], t[0, 0] = -30.0, -1.0  # |Δ| > 20: the clamp
+    s[~mask.bool()] = float("nan")  # padding is never read
+    out = dict(sampler_logprobs=s.to(dtype), trainer_logprobs=t.to(dtype), mask=mask,
+               token_ids=torch.randint(0, 1000, (B, T), generator=g),
+               sampler_version=torch.randint(5, 8, (B,), generator=g), trainer_version=7,
+               sample_ids=torch.arange(B) * 3 + 100)
+    if routing:
+        se = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(B * T * L)]).view(B, T, L, K)
+        te = se.flip(-1).clone()  # same sets, other rank order: top-1 flips only
+        moved = torch.rand(B, T, L, generator=g) < 0.2
+        fresh = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(B * T * L)]).view(B, T, L, K)
+        te[moved] = fresh[moved]
+        out["sampler_experts"] = se
+        if routing == "both":
+            out["trainer_experts"] = te
+    return out
+
+
+def merged(store: Store, table: str) -> list[dict]:
+    cols = summary_files.TABLES[table]
+    key = [c.name for c in cols if S.merge_kind(c.name) == "key"]
+    agg = [f"{S.merge_kind(c.name)}({c.name}) AS {c.name}" for c in cols if S.merge_kind(c.name) != "key"]
+    return store.sql(f"SELECT {', '.join(key + agg)} FROM {table} GROUP BY ALL ORDER BY ALL").to_dicts()
+
+
+def assert_same_rows(got: list[dict], want: list[dict], table: str, rel: float = 1e-12) -> None:
+    assert len(got) == len(want), f"{table}: {len(got)} rows, reference {len(want)}"
+    for g, w in zip(got, want):
+        for k, v in w.items():
+            if isinstance(v, float) and g[k] is not None:
+                assert math.isclose(g[k], v, rel_tol=rel, abs_tol=1e-300), (table, k, g, w)
+            else:
+                assert g[k] == v, (table, k, g, w)
+
+
+def reference_store(tmp_path, step_data, step=4) -> Store:
+    """Ingest of every token: the logger's token rows with the summarised mark removed."""
+    DriftLogger(tmp_path / "full", "r").log_step(step, **step_data)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for kind in ("tokens", "routing"):
+        f = tmp_path / "full" / "r" / f"{kind}-step{step:06d}.parquet"
+        if f.exists():
+            table = pq.read_table(f)
+            pq.write_table(table.replace_schema_metadata({}), plain / f.name)
+    store = Store(tmp_path / "ref.duckdb")
+    outcomes = ingest_paths(store, [plain], run=None)
+    assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
+    assert store.scalar("SELECT count(*) FROM summary_skip") == 0
+    return store
+
+
+def logger_store(tmp_path, step_data, token_sample, step=4, name="logged") -> Store:
+    log = DriftLogger(tmp_path / name, "r", token_sample=token_sample, worst_sequences=2, top_tokens=5)
+    paths = log.log_step(step, **step_data)
+    assert pq.read_schema(paths["summary"]).metadata[summary_files.SUMMARY_KEY] == b"1"
+    store = Store(tmp_path / f"{name}.duckdb")
+    outcomes = ingest_paths(store, [tmp_path / name])
+    assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
+    return store
+
+
+@pytest.mark.parametrize("token_sample", [1.0, 0.1, 0.0])
+def test_summaries_equal_ingest_of_every_token(tmp_path, token_sample):
+    data = make_step()
+    ref = reference_store(tmp_path, data)
+    got = logger_store(tmp_path, data, token_sample)
+    for table in COMPARED:
+        want = merged(ref, table)
+        assert want, f"{table}: the reference has rows"  # the data exercises every table
+        assert_same_rows(merged(got, table), want, table)
+    # the token rows written are the sample, and no summary is computed from them again
+    n = int(data["mask"].sum())
+    kept = got.scalar("SELECT count(*) FROM tokens")
+    assert got.scalar("SELECT sum(n_tokens) FROM summary_sample") == n
+    assert got.scalar("SELECT sum(n_kept) FROM summary_sample") == kept
+    assert got.scalar("SELECT count(*) FROM summary_skip") == (2 if token_sample > 0 else 0)
+    if token_sample == 1.0:
+        assert kept == n
+    elif token_sample == 0.0:
+        assert kept == 0 and got.scalar("SELECT count(*) FROM routing") == 0
+    else:
+        assert 0 < kept < n
+        assert got.scalar("SELECT count(*) FROM routing") == kept * 3  # a kept token keeps all its layers
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("routing", [None, "sampler", "both"])
+def test_widths_and_routing_sides(tmp_path, dtype, routing):
+    data = make_step(B=6, T=17, seed=3, dtype=dtype, routing=routing)
+    ref = reference_store(tmp_path, data)
+    got = logger_store(tmp_path, data, 0.0)
+    for table in COMPARED:
+        assert_same_rows(merged(got, table), merged(ref, table), table)
+
+
+def test_lag_buckets_from_per_token_versions(tmp_path):
+    data = make_step(B=5, T=9, seed=5, routing=None)
+    g = torch.Generator().manual_seed(9)
+    data["sampler_version"] = torch.randint(0, 4, (5, 9), generator=g)  # per token, and lags of both signs
+    data["trainer_version"] = torch.full((5,), 2)
+    ref = reference_store(tmp_path, data)
+    got = logger_store(tmp_path, data, 0.0)
+    lags = merged(got, "summary_bucket")
+    assert {r["bucket"] for r in lags if r["dim"] == "lag"} == {-1, 0, 1, 2}
+    assert_same_rows(lags, merged(ref, "summary_bucket"), "summary_bucket")
+
+
+def test_empty_step_writes_no_summary_rows(tmp_path):
+    data = make_step(B=3, T=4)
+    data["mask"] = torch.zeros(3, 4)
+    store = logger_store(tmp_path, data, 0.5)
+    for table in COMPARED:
+        assert merged(store, table) == [] or table in ("summary_layer", "expert_load")
+    assert store.scalar("SELECT n_tokens FROM summary_sample") == 0
