@@ -70,3 +70,40 @@ def assert_same_summaries(got: dict, want: dict, rel: float = 1e-12) -> None:
                 np.testing.assert_allclose(gv[ok], wv[ok], rtol=rel, atol=rel * scale, err_msg=f"{name}.{col}")
             else:
                 assert gc.to_pylist() == wc.to_pylist(), (name, col)
+
+
+def assert_same_frames(got, want, rel: float = 1e-12) -> None:
+    """Two polars tables of metrics: same columns and rows, text and integers exact, floats within `rel`
+    (relative, or of the column's largest magnitude for values near 0), nulls in the same places."""
+    import numpy as np
+    import polars as pl
+
+    assert got.columns == want.columns and got.height == want.height > 0
+    for col in want.columns:
+        g, w = got[col], want[col]
+        assert g.is_null().to_list() == w.is_null().to_list(), col
+        if w.dtype.is_float():
+            gv, wv = g.drop_nulls().to_numpy(), w.drop_nulls().to_numpy()
+            scale = np.abs(wv[np.isfinite(wv)]).max(initial=0.0)
+            np.testing.assert_allclose(gv, wv, rtol=rel, atol=rel * scale, err_msg=col)
+        else:
+            assert g.cast(pl.String).to_list() == w.cast(pl.String).to_list(), col
+
+
+def read_summary_file(path) -> dict:
+    """table -> merged rows of a summary file, read with ingest's own summary-file reader."""
+    from analysis.ingest import summary_files as sf
+    from analysis.ingest.limits import Limits
+    from analysis.lake import partial
+
+    parts: dict = {}
+    with open(path, "rb") as fp:
+        for table, rows in sf.read(fp, str(path), Limits()):
+            parts.setdefault(table, []).append(rows)
+    return {t: partial.merge(t, rows) for t, rows in parts.items()}
+
+
+def of_run(tables: dict, run: str, only=None) -> dict:
+    """The rows of `run` in each table (of the tables named in `only`, when given)."""
+    import pyarrow.compute as pc
+    return {t: d.filter(pc.equal(d.column("run"), run)) for t, d in tables.items() if only is None or t in only}

@@ -3,17 +3,24 @@
 the token sample keeps what DriftLogger keeps, and the files carry DriftLogger's names."""
 from __future__ import annotations
 
+import io
+from contextlib import redirect_stdout
+
+import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
 import lake_util as lu
+from analysis import metrics, report
+from analysis.__main__ import main
 from analysis.ingest import ingest_paths
-from analysis.lake import output, partial
+from analysis.lake import partial
 from analysis.lake.engines import run_local
 from analysis.lake.layout import list_partitions, write_file
 from analysis.lake.summarize import summarize
 from analysis.store import Store
+from analysis.summaries import schema as S
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +50,7 @@ def test_duckdb_engine_equals_direct_ingest(seeded):
     lake, _, _, direct = seeded
     results = list(run_local(str(lake), list_partitions(str(lake)).partitions))
     assert [r.refused for r in results if r.refused] == []
-    merged = {t: partial.merge(t, [r.tables[t] for r in results]) for t in partial.MERGED_TABLES}
+    merged = {t: partial.merge(t, [r.tables[t] for r in results]) for t in direct}  # what ingest computes
     lu.assert_same_summaries(merged, direct)
 
 
@@ -74,7 +81,7 @@ def test_bad_partition_is_reported_and_the_others_complete(seeded, tmp_path):
                               "log-probability must be <= 0, got 0.5 (log-probs are natural-log probabilities of "
                               "the sampled token; drop untrained/padded tokens rather than writing placeholders)"]
     assert report.failed == [] and not report.ok
-    steps = pq.read_table(tmp_path / "out" / "run=b" / "summary-summary_step.parquet").column("step").to_pylist()
+    steps = [r["step"] for r in _summary_rows(tmp_path / "out" / "run=b", "summary_step")]
     assert steps == [0]  # step 5 left out, step 0 summarised
     assert report.tokens == tokens.filter((pl.col("run") == "b") & (pl.col("step") == 0)).height
 
@@ -85,8 +92,8 @@ def test_token_sample_keeps_uniform_share_worst_sequences_and_top_tokens(seeded,
     assert report.ok and report.partitions == 2
     folder = tmp_path / "out" / "run=a"
     kept = pq.read_table(folder / "tokens-sample.parquet")
-    assert kept.schema.metadata[output.SUMMARISED_KEY.encode()] == b"1"
-    record = pq.read_table(folder / "summary-token_samples.parquet").to_pylist()
+    assert kept.schema.metadata[S.SUMMARISED_KEY] == S.SUMMARISED_VALUE
+    record = _summary_rows(folder, "summary_sample")
     a = tokens.filter(pl.col("run") == "a").with_columns(d=pl.col("trainer_logprob") - pl.col("sampler_logprob"))
     for rec in record:
         mine = a.filter(pl.col("step") == rec["step"])
@@ -95,7 +102,7 @@ def test_token_sample_keeps_uniform_share_worst_sequences_and_top_tokens(seeded,
         assert 0 < rec["n_uniform"] < mine.height  # a share, neither none nor all
         # every token of the 16 worst sequences by |Σ Δ| (here: every sequence of the step) is kept
         worst = mine.group_by("sample").agg(pl.col("d").sum().abs()).sort("d", descending=True).head(16)
-        assert rec["n_worst_sequence_tokens"] == mine.filter(pl.col("sample").is_in(worst["sample"].to_list())).height
+        assert rec["n_worst_seq_tokens"] == mine.filter(pl.col("sample").is_in(worst["sample"].to_list())).height
         assert rec["n_top_tokens"] == min(256, mine.height)
         # kept rows are the logged rows, unchanged
         joined = got.join(mine, on=["sample", "pos"], suffix="_lake")
@@ -105,27 +112,53 @@ def test_token_sample_keeps_uniform_share_worst_sequences_and_top_tokens(seeded,
     assert routing.num_rows == kept.num_rows * 4  # every layer of each kept token
 
 
+def _summary_rows(folder, table: str) -> list[dict]:
+    return lu.read_summary_file(folder / "summary.parquet")[table].to_pylist()
+
+
 def test_summaries_only_by_default(seeded, tmp_path):
     lake, tokens, _, _ = seeded
     report = summarize(str(lake), tmp_path / "out", run="c", progress=False)
     names = sorted(p.name for p in (tmp_path / "out" / "run=c").iterdir())
-    assert "tokens-sample.parquet" not in names and "summary-summary_step.parquet" in names
-    record = pq.read_table(tmp_path / "out" / "run=c" / "summary-token_samples.parquet").to_pylist()
+    assert names == ["run.json", "summary.parquet"]
+    record = _summary_rows(tmp_path / "out" / "run=c", "summary_sample")
     assert [r["n_kept"] for r in record] == [0, 0]
     assert sum(r["n_tokens"] for r in record) == tokens.filter(pl.col("run") == "c").height == report.tokens
-    meta = pq.read_schema(tmp_path / "out" / "run=c" / "summary-summary_layer.parquet").metadata
-    assert meta[output.SUMMARY_KEY.encode()] == b"summary_layer"
 
 
-def test_file_names_agree_with_driftlogger():
-    pytest.importorskip("torch")
-    from analysis import logger_summaries as ls
-    from analysis.token_sample import Kept, SamplePlan
-    assert (output.SUMMARY_KEY, output.SUMMARISED_KEY, output.SAMPLE_TABLE) == \
-        (ls.SUMMARY_KEY, ls.SUMMARISED_KEY, ls.SAMPLE_TABLE)
-    counts = dict(zip(output.SAMPLE_COUNTS, (10, 4, 2, 3, 1)))
-    theirs = ls.sample_record("r", 7, Kept(**counts), SamplePlan(0.25))
-    assert output.sample_records("r", [(7, counts)], 0.25).equals(theirs)
+def test_summary_file_reads_back_as_written(seeded, tmp_path):
+    lake, _, _, direct = seeded
+    summarize(str(lake), tmp_path / "out", run="a", progress=False)
+    back = lu.read_summary_file(tmp_path / "out" / "run=a" / "summary.parquet")
+    lu.assert_same_summaries(lu.of_run(back, "a", only=direct), lu.of_run(direct, "a"))
+
+
+def test_ingested_summaries_give_the_token_level_metrics(seeded, tmp_path):
+    """summarize -> ingest: the database holds no token rows, and metrics --by step|run equal the token-level
+    computation on the database that ingested every token (and numpy), --by layer its routing columns."""
+    lake, tokens, _, _ = seeded
+    assert main(["summarize", str(lake), "--out", str(tmp_path / "out")]) == 0
+    assert main(["ingest", str(tmp_path / "out"), "--db", str(tmp_path / "s.duckdb")]) == 0
+    summaries_only = Store(tmp_path / "s.duckdb", read_only=True)
+    direct = Store(lake.parent / "direct.duckdb", read_only=True)
+    try:
+        assert summaries_only.scalar("SELECT count(*) FROM tokens") == 0
+        runs = ["a", "b", "c"]
+        for by in ("step", "run"):
+            got = report.metrics_table(summaries_only, runs, by=by)
+            want = metrics.token_metrics(direct, runs, by=by)
+            keys = ["run", "step"] if by == "step" else ["run"]
+            lu.assert_same_frames(got.select(want.columns).sort(keys), want.sort(keys))
+        lu.assert_same_frames(report.metrics_table(summaries_only, runs, by="layer"),
+                              report.metrics_table(direct, runs, by="layer"))
+    finally:
+        summaries_only.close()
+        direct.close()
+    d = tokens.with_columns(d=pl.col("trainer_logprob") - pl.col("sampler_logprob"))
+    ref = d.group_by("run").agg(n=pl.len(), k1=(-pl.col("d")).mean()).sort("run")
+    got = pl.read_csv(_cli_csv(["metrics", "--db", str(tmp_path / "s.duckdb"), "--by", "run"]))
+    assert got["n_tokens"].to_list() == ref["n"].to_list()
+    np.testing.assert_allclose(got["kl_k1"].to_numpy(), ref["k1"].to_numpy(), rtol=1e-12)
 
 
 def test_unknown_engine_and_empty_lake_are_clear_errors(tmp_path):
@@ -134,3 +167,11 @@ def test_unknown_engine_and_empty_lake_are_clear_errors(tmp_path):
     write_file(str(tmp_path), "r", 0, "tokens", 0, lu.make_rows()[0].head(3).to_arrow())
     with pytest.raises(ValueError, match="engine"):
         summarize(str(tmp_path), tmp_path / "out", engine="spark", progress=False)
+
+
+def _cli_csv(argv: list[str]) -> io.StringIO:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(argv) == 0
+    out.seek(0)
+    return out

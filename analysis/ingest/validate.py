@@ -157,8 +157,7 @@ def _check_routing(file: str, batch: Batch, out: dict) -> "RoutingMatrices":
     common = np.zeros(n, dtype=np.int16)
     has_t = np.zeros(n, dtype=bool)
     T, rows = None, np.zeros(0, dtype=np.int64)
-    # an all-null trainer column (DriftLogger without trainer_experts) is the sampler's side only
-    if "trainer_experts" in out and out["trainer_experts"].null_count < n:
+    if "trainer_experts" in out:
         t_valid, T = _experts_matrix(file, batch, "trainer_experts", out["trainer_experts"])
         rows = np.flatnonzero(t_valid)
         if len(rows) and T.shape[1] != k:

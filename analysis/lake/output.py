@@ -1,64 +1,56 @@
-"""Write one run's merged summaries as the summary files DriftLogger writes, so `ingest` loads them alike.
+"""Write one run's merged summaries as a summary file (analysis/ingest/summary_files.py), so `ingest` loads it
+as it loads DriftLogger's.
 
-    OUT/run=<run>/run.json                  the run's config from the lake's run=<run>/run.json
-    OUT/run=<run>/summary-<table>.parquet       every step's rows of one summary table (schema metadata
-                                            driftscope.summary = <table>)
-    OUT/run=<run>/summary-token_samples.parquet per step: how many tokens the summaries cover, how many rows kept
-    OUT/run=<run>/tokens-sample.parquet         with --token-sample: the kept token rows, and routing-sample.parquet
-                                            their routing rows (driftscope.summarised = 1: not summarised again)
+    OUT/run=<run>/run.json                 the run's config, from the lake's run=<run>/run.json
+    OUT/run=<run>/summary.parquet          every step's rows of every summary table (and expert_load), one file
+                                           per run: ingest loads it in one transaction
+    OUT/run=<run>/tokens-sample.parquet    with --token-sample: the kept token rows; routing-sample.parquet their
+                                           routing rows (marked driftscope.summarised: not summarised again)
 """
 from __future__ import annotations
 
 import json
-from urllib.parse import quote
 from pathlib import Path
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from analysis.ingest import summary_files as sf
 from analysis.lake.layout import write_parquet
+from analysis.summaries import schema as S
 
 
-# The names DriftLogger's files use (analysis/logger_summaries.py; repeated here so that summarize does not import
-# torch, which that module needs for its reductions; tests/test_lake_summarize.py checks that they agree).
-SUMMARY_KEY = "driftscope.summary"
-SUMMARISED_KEY = "driftscope.summarised"
-SAMPLE_TABLE = "token_samples"
-SAMPLE_COUNTS = ("n_tokens", "n_kept", "n_uniform", "n_worst_sequence_tokens", "n_top_tokens")
-
-
-def sample_records(run: str, kept: list[tuple[int, dict[str, int]]], rate: float) -> pa.Table:
-    """DriftLogger's per-step sample record (logger_summaries.sample_record), one row per step."""
-    from analysis.lake.partial import TOP_TOKENS, WORST_SEQUENCES
-
-    kept = sorted(kept)
-    n = len(kept)
-    columns = {"run": pa.array([run] * n, pa.string()), "step": pa.array([s for s, _ in kept], pa.int64()),
-               "token_sample": pa.array([float(rate)] * n, pa.float64()),
-               "worst_sequences": pa.array([WORST_SEQUENCES] * n, pa.int64()),
-               "top_tokens": pa.array([TOP_TOKENS] * n, pa.int64())}
-    for c in SAMPLE_COUNTS:
-        columns[c] = pa.array([k[c] for _, k in kept], pa.int64())
-    return pa.table(columns)
+def summary_file(tables: dict[str, pa.Table]) -> pa.Table:
+    """The rows of several summary tables as one summary-file table: the union of their columns (nulls where a
+    table has no such column) and the `summary` column naming each row's table."""
+    fields = {sf.TABLE_COLUMN: pa.string()}
+    for name in tables:
+        fields |= {c.name: sf.ARROW[c.sql_type] for c in sf.TABLES[name]}
+    parts = []
+    for name, rows in tables.items():
+        n = rows.num_rows
+        if n:
+            cols = {sf.TABLE_COLUMN: pa.repeat(pa.scalar(name), n)}
+            parts.append(pa.table({f: cols[f] if f in cols else rows.column(f).cast(t) if f in rows.column_names
+                                   else pa.nulls(n, t) for f, t in fields.items()}))
+    schema = pa.schema(fields).with_metadata({sf.SUMMARY_KEY: sf.FORMAT_VERSION})
+    return (pa.concat_tables(parts) if parts else schema.empty_table()).replace_schema_metadata(schema.metadata)
 
 
 def write_run_summaries(out: Path, run: str, config: dict | None, tables: dict[str, pa.Table],
-                        kept: list[tuple[int, dict[str, int]]], rate: float,
                         sample: dict[str, pa.Table | None] | None = None) -> list[Path]:
-    """Write the files of one run under `out`/run=<run>/ (percent-encoded, as hive writers do); returns their paths."""
+    """Write the files of one run under `out`/run=<run>/ (percent-encoded, as hive writers do); returns their
+    paths."""
     folder = Path(out) / f"run={quote(run, safe='')}"  # one folder level whatever the name holds
     folder.mkdir(parents=True, exist_ok=True)
     fs = pafs.LocalFileSystem()
-    written = []
     (folder / "run.json").write_text(json.dumps({"run": run, "config": config}, indent=2, sort_keys=True) + "\n",
                                      encoding="utf-8")
-    files = {f"summary-{name}": (table, {SUMMARY_KEY: name}) for name, table in tables.items()}
-    files[f"summary-{SAMPLE_TABLE}"] = (sample_records(run, kept, rate), {SUMMARY_KEY: SAMPLE_TABLE})
+    written = [folder / "summary.parquet"]
+    write_parquet(fs, str(written[0]), summary_file(tables))
     for kind, rows in (sample or {}).items():
         if rows is not None and rows.num_rows:
-            files[f"{kind}-sample"] = (rows, {SUMMARISED_KEY: "1"})
-    for name, (table, metadata) in files.items():
-        path = folder / f"{name}.parquet"
-        write_parquet(fs, str(path), table, metadata)
-        written.append(path)
+            written.append(folder / f"{kind}-sample.parquet")
+            write_parquet(fs, str(written[-1]), rows, {S.SUMMARISED_KEY.decode(): S.SUMMARISED_VALUE.decode()})
     return written

@@ -11,23 +11,22 @@ from typing import Iterable
 import pyarrow as pa
 
 from analysis import schema
+from analysis.ingest import summary_files as sf
 from analysis.store import Store
 from analysis.summaries import schema as summary_schema
 
-# ingest's per-(step, layer, expert) load counts; they merge like the summary tables (n_* columns add up)
-EXPERT_LOAD = ("run", "step", "layer", "expert", "n_sampler", "n_trainer")
-# summary_skip lists files of the private database: nothing to carry over
-MERGED_TABLES = tuple(t for t in summary_schema.TABLES if t != "summary_skip") + ("expert_load",)
+# what a summary file holds: every summary table (summary_sample included) and expert_load, without file_id
+MERGED_TABLES = tuple(sf.TABLES)
+SAMPLE_TABLE = "summary_sample"
 
 # --token-sample: whole sequences kept by |Σ Δ| and single tokens by |Δ| per step, as DriftLogger keeps them
 WORST_SEQUENCES = 16
 TOP_TOKENS = 256
+SAMPLE_COUNTS = ("n_tokens", "n_kept", "n_uniform", "n_worst_seq_tokens", "n_top_tokens")
 
 
 def table_columns(table: str) -> list[str]:
-    if table == "expert_load":
-        return list(EXPERT_LOAD)
-    return [c for c in summary_schema.columns(table) if c != "file_id"]
+    return [c.name for c in sf.TABLES[table]]
 
 
 def merge_plan(table: str) -> tuple[list[str], list[tuple[str, str]]]:
@@ -57,19 +56,15 @@ def merge(table: str, parts: Iterable[pa.Table]) -> pa.Table:
 
 
 def empty_types(table: str) -> list[pa.DataType]:
-    from analysis.ingest.validate import ARROW_TYPES
-    extra = {"BIGINT": pa.int64(), "SMALLINT": pa.int16(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(),
-             "VARCHAR": pa.string()}
-    if table == "expert_load":
-        return [pa.string(), pa.int64(), pa.int32(), pa.int32(), pa.int64(), pa.int64()]
-    types = {c.name: c.sql_type for c in summary_schema.TABLES[table]}
-    return [extra.get(types[c]) or ARROW_TYPES[types[c]] for c in table_columns(table)]
+    return [sf.ARROW[c.sql_type] for c in sf.TABLES[table]]
 
 
 def summary_tables(store: Store) -> dict[str, pa.Table]:
-    """Every summary table (and expert_load) of the partition's database, merged over its files."""
+    """Every summary table ingest writes (and expert_load) of the partition's database, merged over its files."""
     out = {}
     for table in MERGED_TABLES:
+        if table == SAMPLE_TABLE:  # written by DriftLogger only; the lake job adds its own (sample_row)
+            continue
         cols = ", ".join(table_columns(table))
         rows = store.arrow(f"SELECT {cols} FROM {table}")
         out[table] = merge(table, [rows])
@@ -98,8 +93,7 @@ def token_sample(store: Store, rate: float) -> tuple[dict[str, pa.Table], dict[s
     n = token_count(store)
     if rate <= 0.0 or rate >= 1.0:
         every = rate >= 1.0
-        counts = {"n_tokens": n, "n_kept": n * every, "n_uniform": n * every, "n_worst_sequence_tokens": 0,
-                  "n_top_tokens": 0}
+        counts = dict(zip(SAMPLE_COUNTS, (n, n * every, n * every, 0, 0)))
         where = "TRUE" if every else "FALSE"
         flagged, params = f"SELECT *, {where} AS kept FROM tokens", []
     else:
@@ -116,7 +110,7 @@ def token_sample(store: Store, rate: float) -> tuple[dict[str, pa.Table], dict[s
         params = [min(int(rate * (1 << 32)), 1 << 32)]
         row = store.rows(f"SELECT count(*), count_if(kept), count_if(u), count_if(w), count_if(tp) FROM ({flagged})",
                          params)[0]
-        counts = dict(zip(("n_tokens", "n_kept", "n_uniform", "n_worst_sequence_tokens", "n_top_tokens"), row))
+        counts = dict(zip(SAMPLE_COUNTS, row))
     if rate <= 0.0:
         return {}, counts
     token_cols = ", ".join(c.name for c in schema.TOKENS)
@@ -132,3 +126,11 @@ def concat(tables: list[pa.Table]) -> pa.Table | None:
     """Token-sample rows of several partitions as one table (None when there are none)."""
     tables = [t for t in tables if t is not None and t.num_rows]
     return pa.concat_tables(tables, promote_options="permissive") if tables else None
+
+
+def sample_row(run: str, step: int, rate: float, counts: dict[str, int]) -> pa.Table:
+    """The step's summary_sample row (what DriftLogger records): the summaries cover n_tokens, rows hold n_kept."""
+    values = {"run": run, "step": step, "token_sample": float(rate), "worst_sequences": WORST_SEQUENCES,
+              "top_tokens": TOP_TOKENS} | counts
+    return pa.table({c: pa.array([values[c]], t) for c, t in zip(table_columns(SAMPLE_TABLE),
+                                                                  empty_types(SAMPLE_TABLE))})

@@ -77,8 +77,6 @@ def summarize(lake: str, out: str | Path, engine: str = "duckdb", address: str |
 
     for name, results_of_run in sorted(parts.items()):
         tables = {t: partial.merge(t, (r.tables.get(t) for r in results_of_run)) for t in partial.MERGED_TABLES}
-        kept = [(r.step, r.kept) for r in results_of_run]
         sample = {k: partial.concat([r.sample.get(k) for r in results_of_run]) for k in ("tokens", "routing")}
-        report.written.extend(write_run_summaries(Path(out), name, listing.configs.get(name), tables, kept,
-                                                  token_sample, sample))
+        report.written.extend(write_run_summaries(Path(out), name, listing.configs.get(name), tables, sample))
     return report

@@ -28,7 +28,6 @@ class PartitionResult:
     step: int
     tables: dict[str, pa.Table] = field(default_factory=dict)
     sample: dict[str, pa.Table] = field(default_factory=dict)  # token rows kept for drill-down (--token-sample)
-    kept: dict[str, int] = field(default_factory=dict)  # n_tokens, n_kept and the sample's parts
     refused: str | None = None
     n_tokens: int = 0
 
@@ -106,8 +105,9 @@ def summarize_partition(lake: str, partition: Partition, token_sample: float = 0
                               "write the rows under run=<their run>/step=<their step>)")
             return result
         result.tables = partial.summary_tables(store)
-        result.sample, result.kept = partial.token_sample(store, token_sample)
-        result.n_tokens = result.kept["n_tokens"]
+        result.sample, kept = partial.token_sample(store, token_sample)
+        result.tables[partial.SAMPLE_TABLE] = partial.sample_row(partition.run, partition.step, token_sample, kept)
+        result.n_tokens = kept["n_tokens"]
         return result
     finally:
         store.close()
