@@ -8,8 +8,8 @@ steps (one partition per step, each written as 2 rank files), routing of both si
   (a) python -m analysis summarize LAKE --out OUT --engine duckdb
   (b) python -m analysis summarize LAKE --out OUT --engine ray        (a local Ray, num_cpus=2, started inside)
   (c) python -m analysis ingest LAKE --db DB                          (every token into a database: the baseline)
-and the per-partition overhead: (d) summarize of a lake of P tiny partitions (10 tokens each) on both engines,
-(e) a Ray no-op task round trip. Results are appended to benchmarks/RESULTS-lake.md.
+and the per-partition overhead: (d) summarize of lakes of tiny partitions (10 tokens each) at both partition
+counts, on both engines (slope: cost per partition; intercept: fixed cost), (e) a Ray no-op task round trip. Results are appended to benchmarks/RESULTS-lake.md.
 """
 from __future__ import annotations
 
@@ -159,19 +159,23 @@ def main() -> None:
                 f"{w['ray'] / w['duckdb']:.2f}x")
         print(line, flush=True)
         lines.append(line)
-    n_tiny = max(args.partitions)
-    tiny = lake_for(10 * n_tiny, n_tiny, 0, args.rebuild)
+    # per-partition overhead: the same job on lakes of tiny partitions (10 tokens each); the slope between the two
+    # partition counts is the cost of one more partition, the intercept the fixed cost (process, Ray start-up)
+    lo, hi = min(args.partitions), max(args.partitions)
     out = WORK / "out"
-    tw = {}
     for engine in ("duckdb", "ray"):
-        shutil.rmtree(out, ignore_errors=True)
-        tw[engine] = timed([sys.executable, "-m", "analysis", "summarize", str(tiny), "--out", str(out),
-                            "--engine", engine])
+        walls = {}
+        for n in (lo, hi):
+            shutil.rmtree(out, ignore_errors=True)
+            walls[n] = timed([sys.executable, "-m", "analysis", "summarize", str(lake_for(10 * n, n, 0, args.rebuild)),
+                              "--out", str(out), "--engine", engine])
+        slope = (walls[hi] - walls[lo]) / (hi - lo)
+        line = (f"- overhead, {engine}: {lo} vs {hi} partitions of 10 tokens: {walls[lo]:.1f}s vs {walls[hi]:.1f}s "
+                f"-> {1000 * slope:.0f} ms per partition, fixed {walls[lo] - slope * lo:.1f}s")
+        print(line, flush=True)
+        lines.append(line)
     init, per = ray_noop_overhead()
-    line = (f"- overhead: {n_tiny} partitions of 10 tokens: summarize duckdb {tw['duckdb']:.1f}s "
-            f"({1000 * tw['duckdb'] / n_tiny:.0f} ms per partition), ray {tw['ray']:.1f}s "
-            f"({1000 * tw['ray'] / n_tiny:.0f} ms per partition, Ray start-up included); ray.init {init:.1f}s, "
-            f"a no-op Ray task {1000 * per:.1f} ms")
+    line = f"- Ray itself: ray.init(num_cpus=2) {init:.1f}s, a no-op Ray task {1000 * per:.1f} ms (400 in a batch)"
     print(line, flush=True)
     lines.append(line)
     if args.no_write:
