@@ -14,10 +14,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 from analysis.ingest import summary_files as sf
-from analysis.lake.layout import write_parquet
+from analysis.lake.layout import open_lake, write_parquet
 from analysis.summaries import schema as S
 
 
@@ -38,19 +37,20 @@ def summary_file(tables: dict[str, pa.Table]) -> pa.Table:
     return (pa.concat_tables(parts) if parts else schema.empty_table()).replace_schema_metadata(schema.metadata)
 
 
-def write_run_summaries(out: Path, run: str, config: dict | None, tables: dict[str, pa.Table],
-                        sample: dict[str, pa.Table | None] | None = None) -> list[Path]:
+def write_run_summaries(out: str | Path, run: str, config: dict | None, tables: dict[str, pa.Table],
+                        sample: dict[str, pa.Table | None] | None = None) -> list[str]:
     """Write the files of one run under `out`/run=<run>/ (percent-encoded, as hive writers do); returns their
-    paths."""
-    folder = Path(out) / f"run={quote(run, safe='')}"  # one folder level whatever the name holds
-    folder.mkdir(parents=True, exist_ok=True)
-    fs = pafs.LocalFileSystem()
-    (folder / "run.json").write_text(json.dumps({"run": run, "config": config}, indent=2, sort_keys=True) + "\n",
-                                     encoding="utf-8")
-    written = [folder / "summary.parquet"]
-    write_parquet(fs, str(written[0]), summary_file(tables))
+    paths. `out` is a local folder or a URI pyarrow writes to (s3://, gs://), like the lake."""
+    fs, root = open_lake(str(out))
+    folder = f"{root}/run={quote(run, safe='')}"  # one folder level whatever the name holds
+    fs.create_dir(folder, recursive=True)
+    text = json.dumps({"run": run, "config": config}, indent=2, sort_keys=True) + "\n"
+    with fs.open_output_stream(f"{folder}/run.json") as f:
+        f.write(text.encode("utf-8"))
+    written = [f"{folder}/summary.parquet"]
+    write_parquet(fs, written[0], summary_file(tables))
     for kind, rows in (sample or {}).items():
         if rows is not None and rows.num_rows:
-            written.append(folder / f"{kind}-sample.parquet")
-            write_parquet(fs, str(written[-1]), rows, {S.SUMMARISED_KEY.decode(): S.SUMMARISED_VALUE.decode()})
+            written.append(f"{folder}/{kind}-sample.parquet")
+            write_parquet(fs, written[-1], rows, {S.SUMMARISED_KEY.decode(): S.SUMMARISED_VALUE.decode()})
     return written

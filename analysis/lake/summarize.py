@@ -24,7 +24,7 @@ class Report:
     refused: list[str] = field(default_factory=list)  # "run=a/step=3: <file>: <place>: <rule>"
     failed: list[str] = field(default_factory=list)  # "run=a/step=3: <error after retries>"
     notes: list[str] = field(default_factory=list)  # folders that are not the layout
-    written: list[Path] = field(default_factory=list)
+    written: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -78,5 +78,5 @@ def summarize(lake: str, out: str | Path, engine: str = "duckdb", address: str |
     for name, results_of_run in sorted(parts.items()):
         tables = {t: partial.merge(t, (r.tables.get(t) for r in results_of_run)) for t in partial.MERGED_TABLES}
         sample = {k: partial.concat([r.sample.get(k) for r in results_of_run]) for k in ("tokens", "routing")}
-        report.written.extend(write_run_summaries(Path(out), name, listing.configs.get(name), tables, sample))
+        report.written.extend(write_run_summaries(out, name, listing.configs.get(name), tables, sample))
     return report
