@@ -17,6 +17,7 @@ import argparse
 import datetime as dt
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -96,17 +97,21 @@ def lake_for(tokens: int, partitions: int, routed: int, rebuild: bool) -> Path:
     return lake
 
 
-def timed(cmd: list[str]) -> float:
-    """Wall seconds of a whole process (imports, Ray start-up and shutdown included); it must succeed."""
+def timed(cmd: list[str]) -> tuple[float, float]:
+    """(wall, CPU) seconds of a whole process (imports, Ray start-up and shutdown included); it must succeed.
+    CPU is user + system time of the process and the descendants it waited for (Ray's raylet and workers),
+    which other processes on shared cores inflate far less than wall time."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode:
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-    return wall
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def run_three(lake: Path) -> dict[str, float]:
+def run_three(lake: Path) -> dict[str, tuple[float, float]]:
     out = WORK / "out"
     walls = {}
     for engine in ("duckdb", "ray"):
@@ -153,10 +158,13 @@ def main() -> None:
     for p in args.partitions:
         lake = lake_for(args.tokens, p, args.routed, args.rebuild)
         w = run_three(lake)
-        line = (f"- {p} partitions ({args.tokens // p:,} tokens each, {RANKS} files each): summarize duckdb "
-                f"{w['duckdb']:.1f}s, summarize ray {w['ray']:.1f}s, ingest {w['ingest']:.1f}s -> duckdb "
-                f"{w['duckdb'] / w['ingest']:.2f}x, ray {w['ray'] / w['ingest']:.2f}x of ingest; ray/duckdb "
-                f"{w['ray'] / w['duckdb']:.2f}x")
+        wall = {k: v[0] for k, v in w.items()}
+        cpu = {k: v[1] for k, v in w.items()}
+        line = (f"- {p} partitions ({args.tokens // p:,} tokens each, {RANKS} files each): wall (CPU) seconds: "
+                f"summarize duckdb {wall['duckdb']:.1f} ({cpu['duckdb']:.1f}), summarize ray {wall['ray']:.1f} "
+                f"({cpu['ray']:.1f}), ingest {wall['ingest']:.1f} ({cpu['ingest']:.1f}) -> against ingest: "
+                f"duckdb {wall['duckdb'] / wall['ingest']:.2f}x ({cpu['duckdb'] / cpu['ingest']:.2f}x CPU), "
+                f"ray {wall['ray'] / wall['ingest']:.2f}x ({cpu['ray'] / cpu['ingest']:.2f}x CPU)")
         print(line, flush=True)
         lines.append(line)
     # per-partition overhead: the same job on lakes of tiny partitions (10 tokens each); the slope between the two
@@ -164,14 +172,16 @@ def main() -> None:
     lo, hi = min(args.partitions), max(args.partitions)
     out = WORK / "out"
     for engine in ("duckdb", "ray"):
-        walls = {}
+        walls, cpus = {}, {}
         for n in (lo, hi):
             shutil.rmtree(out, ignore_errors=True)
-            walls[n] = timed([sys.executable, "-m", "analysis", "summarize", str(lake_for(10 * n, n, 0, args.rebuild)),
-                              "--out", str(out), "--engine", engine])
+            walls[n], cpus[n] = timed([sys.executable, "-m", "analysis", "summarize",
+                                       str(lake_for(10 * n, n, 0, args.rebuild)), "--out", str(out), "--engine", engine])
         slope = (walls[hi] - walls[lo]) / (hi - lo)
+        cpu_slope = (cpus[hi] - cpus[lo]) / (hi - lo)
         line = (f"- overhead, {engine}: {lo} vs {hi} partitions of 10 tokens: {walls[lo]:.1f}s vs {walls[hi]:.1f}s "
-                f"-> {1000 * slope:.0f} ms per partition, fixed {walls[lo] - slope * lo:.1f}s")
+                f"wall -> {1000 * slope:.0f} ms per partition ({1000 * cpu_slope:.0f} ms CPU), fixed "
+                f"{walls[lo] - slope * lo:.1f}s ({cpus[lo] - cpu_slope * lo:.1f}s CPU)")
         print(line, flush=True)
         lines.append(line)
     init, per = ray_noop_overhead()

@@ -34,7 +34,11 @@ def test_listing_passes_over_hidden_and_reports_foreign_folders(tmp_path):
     (step / ".tokens-r00001.parquet.tmp").write_bytes(b"half a file")
     (step / "_SUCCESS").write_bytes(b"")
     (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.txt").write_text("not a partition")
     (tmp_path / "run=r" / "step=x").mkdir()
+    pq.write_table(TOKENS, tmp_path / "run=r" / "step=x" / "part-0.parquet")
+    (tmp_path / "run=r" / "step=2" / "kind=tokens").mkdir(parents=True)  # one level too deep
+    pq.write_table(TOKENS, tmp_path / "run=r" / "step=2" / "kind=tokens" / "part-0.parquet")
     (tmp_path / "run=my%20run" / "step=0").mkdir(parents=True)
     pq.write_table(TOKENS, tmp_path / "run=my%20run" / "step=0" / "part-0.parquet")
     (tmp_path / "run=r" / "run.json").write_text('{"run": "r", "config": {"dtype": "bf16"}}')
@@ -42,8 +46,9 @@ def test_listing_passes_over_hidden_and_reports_foreign_folders(tmp_path):
     assert [(p.run, p.step, [f.rsplit("/", 1)[1] for f in p.files]) for p in listing.partitions] == [
         ("my run", 0, ["part-0.parquet"]), ("r", 1, ["tokens-r00000.parquet"])]
     assert listing.configs == {"r": {"dtype": "bf16"}}
-    assert len(listing.problems) == 2 and any("notes" in p for p in listing.problems) \
-        and any("step=x" in p for p in listing.problems)
+    assert [p.split(": ")[0][len(str(tmp_path)) + 1:] for p in listing.problems] == [
+        "notes", "run=r/step=2/kind=tokens", "run=r/step=x"]
+    assert all("not in the lake layout" in p for p in listing.problems)
     assert [p.run for p in list_partitions(str(tmp_path), run="r").partitions] == ["r"]
 
 

@@ -87,7 +87,7 @@ def test_task_that_keeps_failing_is_reported_by_partition(local_ray, seeded):
     results = list(run_ray(str(lake), parts, task=crash_always, max_retries=1))
     failed = [r for r in results if isinstance(r, Failed)]
     assert [f.partition.name for f in failed] == ["run=b/step=0"]
-    assert "retried it up to 1 times" in failed[0].error
+    assert "task failed after Ray retried it 1 times" in failed[0].error
     assert sorted((r.run, r.step) for r in results if not isinstance(r, Failed)) == \
         sorted((p.run, p.step) for p in parts if p.name != "run=b/step=0")
 

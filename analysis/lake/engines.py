@@ -70,7 +70,13 @@ def run_ray(lake: str, partitions: Sequence[Partition], token_sample: float = 0.
             p = pending.pop(ref)
             try:
                 yield ray.get(ref)
-            except Exception as e:  # RayTaskError, WorkerCrashedError, ...: the retries are spent
-                first = str(e).strip().splitlines()
-                yield Failed(p, f"task failed (Ray retried it up to {max_retries} times): "
-                                f"{type(e).__name__}: {first[-1][:300] if first else ''}")
+            except ray.exceptions.RayTaskError as e:  # the task raised: a bug, not retried
+                yield Failed(p, f"task raised {_last_line(e)}")
+            except ray.exceptions.RayError as e:  # worker or node died on every attempt
+                yield Failed(p, f"task failed after Ray retried it {max_retries} times: {type(e).__name__}: "
+                                f"{_last_line(e)}")
+
+
+def _last_line(e: Exception) -> str:
+    lines = [line for line in str(e).strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else type(e).__name__

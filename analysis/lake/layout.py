@@ -68,47 +68,42 @@ def _hidden(name: str) -> bool:
 
 
 def list_partitions(lake: str, run: str | None = None) -> Listing:
-    """Walk `run=*/step=*/` under `lake` (only `run=<run>` when given) and group the Parquet files."""
+    """Group the Parquet files of `run=*/step=*/` under `lake` (only `run=<run>` when given) by partition.
+
+    One recursive listing (on an object store: one paginated LIST, not one request per folder)."""
     import json
 
     fs, root = open_lake(lake)
     listing = Listing(lake)
-    info = fs.get_file_info(root)
-    if info.type != pafs.FileType.Directory:
+    if fs.get_file_info(root).type != pafs.FileType.Directory:
         raise ValueError(f"the lake {lake!r} is not a folder")
     by_key: dict[tuple[str, int], list[str]] = {}
-    for run_dir in fs.get_file_info(pafs.FileSelector(root)):
-        if _hidden(run_dir.base_name):
+    foreign: set[str] = set()
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+        parts = info.path[len(root) + 1:].split("/")
+        if info.type != pafs.FileType.File or any(_hidden(p) for p in parts):
             continue
-        name = _hive(run_dir.base_name, "run")
-        if run_dir.type != pafs.FileType.Directory or not name:
-            listing.problems.append(f"{run_dir.path}: not a run=<name> folder (lake layout: "
-                                    f"run=<name>/step=<n>/*.parquet); passed over")
+        name = _hive(parts[0], "run") if len(parts) > 1 else None
+        if name is not None and run is not None and name != run:
             continue
-        if run is not None and name != run:
+        if name and len(parts) == 2 and parts[1] == RUN_JSON:
+            try:
+                with fs.open_input_stream(info.path) as f:
+                    meta = json.loads(f.read(1 << 20))
+                listing.configs[name] = meta["config"] if isinstance(meta, dict) and \
+                    isinstance(meta.get("config"), dict) else {}
+            except (ValueError, OSError):
+                listing.problems.append(f"{info.path}: not a JSON object; the run's config is left empty")
             continue
-        for entry in fs.get_file_info(pafs.FileSelector(run_dir.path)):
-            if _hidden(entry.base_name):
-                continue
-            if entry.base_name == RUN_JSON and entry.type == pafs.FileType.File:
-                try:
-                    with fs.open_input_stream(entry.path) as f:
-                        meta = json.loads(f.read(1 << 20))
-                    if isinstance(meta, dict) and isinstance(meta.get("config"), dict):
-                        listing.configs[name] = meta["config"]
-                except (ValueError, OSError):
-                    listing.problems.append(f"{entry.path}: not a JSON object; the run's config is left empty")
-                continue
-            step = _hive(entry.base_name, "step")
-            if entry.type != pafs.FileType.Directory or step is None or not _STEP.fullmatch(step):
-                listing.problems.append(f"{entry.path}: not a step=<n> folder (n an integer >= 0); passed over")
-                continue
-            files = [f.path for f in fs.get_file_info(pafs.FileSelector(entry.path))
-                     if f.type == pafs.FileType.File and not _hidden(f.base_name)
-                     and f.base_name.endswith(".parquet")]
-            if files:
-                by_key.setdefault((name, int(step)), []).extend(files)
-    listing.partitions = [Partition(r, s, tuple(sorted(f)), f"{root}/run={r}/step={s}")
+        step = _hive(parts[1], "step") if name and len(parts) == 3 else None
+        if step is None or not _STEP.fullmatch(step):
+            foreign.add("/".join(parts[:-1]) or parts[0])
+            continue
+        if parts[2].endswith(".parquet"):
+            by_key.setdefault((name, int(step)), []).append(info.path)
+    listing.problems += [f"{root}/{f}: not in the lake layout (run=<name>/step=<n>/*.parquet, n an integer >= 0); "
+                         "passed over" for f in sorted(foreign)]
+    listing.partitions = [Partition(r, s, tuple(sorted(f)), partition_dir(root, r, s))
                           for (r, s), f in sorted(by_key.items())]
     return listing
 
