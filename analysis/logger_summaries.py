@@ -6,26 +6,22 @@ every view above token level stays exact. The per-token terms follow compute.py'
 float64 (inputs are widened first), with no Python loop per token or sequence; only reduced rows leave the device.
 
 Grouping: one pass groups tokens by (sequence, ratio band), the summary_seq rows; the step row is reduced from
-those rows. Δ bins and the (bucket, band) rows of each bucket dimension are one pass each. A group's sums are
-`torch.bincount` with weights (one pass per column), its minima and maxima one `scatter_reduce` over the
-stacked columns (minima as maxima of the negated value, which is exact).
+those rows. Δ bins and the (bucket, band) rows of each bucket dimension are one pass each (`_Groups`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-import pyarrow as pa
 import torch
 
 from analysis.summaries import schema as S
 from analysis.token_sample import Kept, SamplePlan
 
-SUMMARY_KEY = "driftscope.summary"  # schema metadata of a summary file: the tables its rows belong to
-SUMMARY_COLUMN = "summary"  # in a summary file, the table each row belongs to
 SUMMARISED_KEY = S.SUMMARISED_KEY.decode()  # "1" on token/routing files whose summaries come in a summary file
 SAMPLE_TABLE = "summary_sample"  # per (run, step): what the step's token rows are a sample of
 EXPERT_LOAD = "expert_load"  # per (run, step, layer, expert) routed-token counts, as ingest aggregates them
+CHUNK_TOKENS = 1 << 20  # positions per chunk of the token reductions: bounds their [n, columns] temporaries
 ROUTING_CHUNK = 1 << 16  # tokens per chunk of the routing comparisons: bounds the [n, L, K, K] temporaries
 
 _SUMS = [c.name for c in S.TOKEN_SUMS if c.name.startswith("sum_")]
@@ -56,29 +52,53 @@ def _series_k3(x: torch.Tensor) -> torch.Tensor:
     coefs = [2, 6, 24, 120, 720, 5040, 40320]
     inner = torch.full_like(x, 1.0 / coefs[-1])
     for c in reversed(coefs[:-1]):
-        inner = 1.0 / c + x * inner
-    return x * x * inner
+        inner.mul_(x).add_(1.0 / c)
+    return inner.mul_(x).mul_(x)
 
 
-def token_terms(s: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-token terms of summaries/schema.py for 1-D float64 s, t: name -> value per token."""
-    d = t - s
+@dataclass
+class Terms:
+    """The per-token terms of a chunk, each a row of one of two matrices, so that a grouping adds every
+    token's row of sums (and takes its row of maxima) in one call, without stacking copies."""
+    sums: torch.Tensor  # [len(_SUMS) + 1, n]: the _SUMS terms, then 1 (the count)
+    maxes: torch.Tensor  # [len(_MAXES) + 1, n]: the _MAXES terms (minima negated), then pos (for max_pos)
+    row: dict[str, torch.Tensor]  # name -> its row (a view)
+
+
+def token_terms(s: torch.Tensor, t: torch.Tensor) -> Terms:
+    """Per-token terms of summaries/schema.py for 1-D float64 s, t."""
+    n = len(s)
+    V = torch.empty(len(_SUMS) + 1, n, dtype=torch.float64, device=s.device)
+    M = torch.empty(len(_MAXES) + 1, n, dtype=torch.float64, device=s.device)
+    r = {c: V[j] for j, c in enumerate(_SUMS)} | {c: M[j] for j, c in enumerate(_MAXES)}
+    r["ones"], r["pos"] = V[-1], M[-1]
+    r["ones"].fill_(1.0)
+    d = torch.sub(t, s, out=r["sum_d"])
     cd = d.clamp(-S.CLAMP, S.CLAMP)
-    rm1 = torch.expm1(cd)
-    small = d.abs() < S.SERIES_BELOW
-    k3 = torch.where(small, _series_k3(d), (rm1 - d).clamp(min=0.0))
-    k3r = torch.where(small, _series_k3(-d), (torch.expm1(-cd) + d).clamp(min=0.0))
-    qs, qt = -torch.expm1(s), -torch.expm1(t)
-    abs_d = d.abs()
-    adp = (qs - qt).abs()
-    return {
-        "sum_d": d, "sum_d2": d * d, "sum_abs_d": abs_d, "sum_k3": k3, "sum_k3r": k3r, "sum_rm1": rm1,
-        "sum_rm1_sq": rm1 * rm1, "sum_mpe": torch.expm1(cd.abs()), "sum_adp": adp, "sum_qs": qs, "sum_qt": qt,
-        "sum_qs2": qs * qs, "sum_qt2": qt * qt, "sum_qsqt": qs * qt,
-        # extremes, each as a value whose maximum is wanted (minima negated)
-        "max_abs_d": abs_d, "min_d": -d, "max_d": d, "max_adp": adp, "min_s": -s, "max_s": s, "min_t": -t,
-        "max_t": t,
-    }
+    rm1 = torch.expm1(cd, out=r["sum_rm1"])
+    torch.mul(d, d, out=r["sum_d2"])
+    abs_d = torch.abs(d, out=r["sum_abs_d"])
+    small = abs_d < S.SERIES_BELOW
+    torch.where(small, _series_k3(d), (rm1 - d).clamp_(min=0.0), out=r["sum_k3"])
+    torch.where(small, _series_k3(-d), torch.expm1(-cd).add_(d).clamp_(min=0.0), out=r["sum_k3r"])
+    torch.mul(rm1, rm1, out=r["sum_rm1_sq"])
+    torch.expm1(cd.abs_(), out=r["sum_mpe"])
+    qs = torch.expm1(s, out=r["sum_qs"]).neg_()
+    qt = torch.expm1(t, out=r["sum_qt"]).neg_()
+    adp = torch.sub(qs, qt, out=r["sum_adp"]).abs_()
+    torch.mul(qs, qs, out=r["sum_qs2"])
+    torch.mul(qt, qt, out=r["sum_qt2"])
+    torch.mul(qs, qt, out=r["sum_qsqt"])
+    ps, pt = torch.exp(s, out=r["sum_ps"]), torch.exp(t, out=r["sum_pt"])
+    torch.mul(ps, ps, out=r["sum_ps2"])
+    torch.mul(pt, pt, out=r["sum_pt2"])
+    torch.mul(ps, pt, out=r["sum_pspt"])
+    # extremes, each as a value whose maximum is wanted (minima negated, which is exact)
+    for name, value in (("max_abs_d", abs_d), ("max_d", d), ("max_adp", adp), ("max_s", s), ("max_t", t)):
+        r[name].copy_(value)
+    for name, value in (("min_d", d), ("min_s", s), ("min_t", t)):
+        torch.neg(value, out=r[name])
+    return Terms(V, M, r)
 
 
 def bin_of(x: torch.Tensor, edges: tuple[float, ...]) -> torch.Tensor:
@@ -89,23 +109,39 @@ def bin_of(x: torch.Tensor, edges: tuple[float, ...]) -> torch.Tensor:
     return 2 * below + on_edge
 
 
-def _grouped(index: torch.Tensor, n_groups: int, terms: dict[str, torch.Tensor], sums, maxes,
-             extra_max: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """(ids of the non-empty groups, name -> per-group value) for the token terms reduced by `index`."""
-    n = torch.bincount(index, minlength=n_groups)
-    ids = n.nonzero().squeeze(1)
-    out = {"n_tokens": n[ids]}
-    for name in sums:
-        out[name] = torch.bincount(index, weights=terms[name], minlength=n_groups)[ids]
-    cols = list(maxes) + list(extra_max or {})
-    if cols:
-        values = torch.stack([terms[c] for c in maxes] + list((extra_max or {}).values()), 1)
-        top = torch.full((n_groups, len(cols)), -math.inf, dtype=torch.float64, device=index.device)
-        top.scatter_reduce_(0, index[:, None].expand(-1, len(cols)), values, "amax")
-        top = top[ids]
-        for j, name in enumerate(cols):
-            out[name] = -top[:, j] if name.startswith("min_") else top[:, j]
-    return ids, out
+class _Groups:
+    """Sums, counts and extremes of the token terms per group id in [0, n_groups), accumulated chunk by chunk
+    (merging is addition, min and max). Sums go through one accumulating `index_put_` of each token's row of
+    terms (about 10x faster on CPU than one bincount per column), extremes through one `scatter_reduce_`."""
+
+    def __init__(self, n_groups: int, device: torch.device, sums: list[str] = _SUMS, maxes: list[str] = _MAXES,
+                 with_pos: bool = False):
+        self.sums, self.maxes, self.with_pos = sums, maxes, with_pos
+        self.total = torch.zeros(n_groups, len(sums) + 1, dtype=torch.float64, device=device)  # + the count
+        n_max = len(maxes) + with_pos
+        self.top = torch.full((n_groups, n_max), -math.inf, dtype=torch.float64, device=device)
+
+    def add(self, index: torch.Tensor, terms: Terms) -> None:
+        if self.sums is _SUMS:
+            values = terms.sums.T  # a view: index_put_ reads the strided rows without a copy
+        else:
+            values = torch.stack([terms.row[c] for c in self.sums] + [terms.row["ones"]], 1)
+        self.total.index_put_((index,), values, accumulate=True)
+        if self.maxes:
+            top = terms.maxes.T if self.with_pos else terms.maxes[:-1].T
+            self.top.scatter_reduce_(0, index[:, None].expand(-1, top.shape[1]), top, "amax")
+
+    def rows(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(ids of the non-empty groups, column -> value per such group)."""
+        count = self.total[:, -1]
+        ids = count.nonzero().squeeze(1)
+        out = {"n_tokens": count[ids].to(torch.int64)}  # exact: a float64 count of < 2^53 tokens
+        out |= {c: self.total[ids, j] for j, c in enumerate(self.sums)}
+        top = self.top[ids]
+        out |= {c: -top[:, j] if c.startswith("min_") else top[:, j] for j, c in enumerate(self.maxes)}
+        if self.with_pos:
+            out["max_pos"] = top[:, -1].to(torch.int64)
+        return ids, out
 
 
 @dataclass
@@ -168,55 +204,83 @@ def _host(values: dict[str, torch.Tensor | list]) -> dict[str, list]:
     return {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
 
 
-def summarise(run: str, step: int, x: StepTensors, kept: Kept, plan: SamplePlan) -> dict[str, dict[str, list]]:
-    """Summary table name -> the step's rows of that table, as columns (no run/step/file_id)."""
+def summarise(x: StepTensors, kept: Kept, plan: SamplePlan) -> dict[str, dict[str, list]]:
+    """Summary table name -> the step's rows of that table, as columns (no run/step/file_id).
+
+    Tokens are reduced in chunks of whole sequences (about CHUNK_TOKENS positions), which bounds the
+    temporaries whatever the step's size; a sequence's rows are complete within its chunk."""
     B, T = x.mask.shape
+    dev = x.device
     flat = x.mask.reshape(-1).nonzero().squeeze(1)  # the trained tokens, row-major
-    b, pos = flat // T, flat % T
-    s, t = x.s.reshape(-1)[flat], x.t.reshape(-1)[flat]
-    terms = token_terms(s, t)
-    d = terms["max_d"]
-    band = bin_of(d, S.BAND_EDGES)
     tables: dict[str, dict] = {SAMPLE_TABLE: sample_record(kept, plan)}
     routing = _routing(x, flat) if x.sampler_experts is not None else None
     flipped = routing.n_flipped_layers if routing is not None else None
+    lag = None
+    if x.sampler_version is not None and x.trainer_version is not None:
+        lag = (x.trainer_version - x.sampler_version).reshape(-1)[flat]
+    lag_lo = int(lag.min()) if lag is not None and len(lag) else 0
+    lag_n = int(lag.max()) - lag_lo + 1 if lag is not None and len(lag) else 1
+    dims = {"prob": _Groups(S.PROB_BINS * S.N_BANDS, dev), "position": _Groups(32 * S.N_BANDS, dev)}
+    if lag is not None:
+        dims["lag"] = _Groups(lag_n * S.N_BANDS, dev)
+    hist = _Groups(S.N_BINS, dev, ["sum_rm1", "sum_rm1_sq"], [])
+    powers = 2 ** torch.arange(31, device=dev)
+    seq_parts, flip_parts = [], []
+    rows_per_chunk = max(1, CHUNK_TOKENS // max(T, 1))
+    lo = 0  # index in flat of the chunk's first token
+    for r0 in range(0, B, rows_per_chunk):
+        hi = lo + int(x.mask[r0:r0 + rows_per_chunk].sum())
+        if hi == lo:
+            continue
+        idx = flat[lo:hi]
+        b, pos = idx // T, idx % T
+        s, t = x.s.reshape(-1)[idx], x.t.reshape(-1)[idx]
+        terms = token_terms(s, t)
+        d = terms.row["max_d"]
+        band = bin_of(d, S.BAND_EDGES)
+        terms.row["pos"].copy_(pos)
+        n_rows = min(rows_per_chunk, B - r0)
+        seq = _Groups(n_rows * S.N_BANDS, dev, with_pos=True)
+        seq_index = (b - r0) * S.N_BANDS + band
+        seq.add(seq_index, terms)
+        ids, rows = seq.rows()
+        part = {"sample": x.samples[r0 + ids // S.N_BANDS], "band": ids % S.N_BANDS} | rows
+        if flipped is not None:
+            fl = flipped[lo:hi] > 0
+            part["n_flip_tokens"] = torch.bincount(seq_index[fl], minlength=n_rows * S.N_BANDS)[ids]
+            flip_parts.append({"n_any_flip": fl.sum(), "sum_flipped_layers": flipped[lo:hi].sum(),
+                               "sum_abs_d_flip": terms.row["sum_abs_d"][fl].sum(),
+                               "sum_k3_flip": terms.row["sum_k3"][fl].sum(),
+                               "sum_abs_d_noflip": terms.row["sum_abs_d"][~fl].sum(),
+                               "sum_k3_noflip": terms.row["sum_k3"][~fl].sum()})
+        seq_parts.append(part)
+        hist.add(bin_of(d, S.D_EDGES), terms)
+        prob = torch.floor((s / math.log(10) - S.PROB_LO) / S.PROB_WIDTH).clamp(0, S.PROB_BINS - 1).to(torch.int64)
+        dims["prob"].add(prob * S.N_BANDS + band, terms)
+        dims["position"].add(torch.searchsorted(powers, pos, right=True) * S.N_BANDS + band, terms)
+        if lag is not None:
+            dims["lag"].add((lag[lo:hi] - lag_lo) * S.N_BANDS + band, terms)
+        lo = hi
 
-    # sequences × band; the step row is reduced from them
-    ids, seq = _grouped(b * S.N_BANDS + band, B * S.N_BANDS, terms, _SUMS, _MAXES,
-                        {"max_pos": pos.to(torch.float64)})
-    if flipped is not None:
-        seq["n_flip_tokens"] = torch.bincount((b * S.N_BANDS + band)[flipped > 0], minlength=B * S.N_BANDS)[ids]
-    seq["max_pos"] = seq["max_pos"].to(torch.int64)
+    seq = {k: torch.cat([p[k] for p in seq_parts]) for k in seq_parts[0]} if seq_parts else {}
+    tables["summary_seq"] = _host(seq)
     step_row = {}
-    if len(ids):
+    if seq_parts:
         step_row = {"n_tokens": [int(seq["n_tokens"].sum())]}
         step_row |= {c: [float(seq[c].sum())] for c in _SUMS}
         step_row |= {c: [float(seq[c].min() if c.startswith("min_") else seq[c].max())] for c in _MAXES}
         if flipped is not None:
-            flip_tok = flipped > 0
-            step_row |= {"n_routed": [len(flipped)], "n_any_flip": [int(flip_tok.sum())],
-                         "sum_flipped_layers": [int(flipped.sum())],
-                         "sum_abs_d_flip": [float(terms["sum_abs_d"][flip_tok].sum())],
-                         "sum_k3_flip": [float(terms["sum_k3"][flip_tok].sum())],
-                         "sum_abs_d_noflip": [float(terms["sum_abs_d"][~flip_tok].sum())],
-                         "sum_k3_noflip": [float(terms["sum_k3"][~flip_tok].sum())]}
+            step_row |= {"n_routed": [len(flipped)]}
+            step_row |= {k: [sum(p[k] for p in flip_parts).item()] for k in flip_parts[0]}
     tables["summary_step"] = step_row
-    tables["summary_seq"] = _host({"sample": x.samples[ids // S.N_BANDS], "band": ids % S.N_BANDS} | seq)
-
-    bins, hist = _grouped(bin_of(d, S.D_EDGES), S.N_BINS, terms, ("sum_rm1", "sum_rm1_sq"), ())
-    tables["summary_hist"] = _host({"bin": bins} | hist)
-
-    buckets = {"prob": (torch.floor((s / math.log(10) - S.PROB_LO) / S.PROB_WIDTH)
-                        .clamp(0, S.PROB_BINS - 1).to(torch.int64)),
-               "position": torch.searchsorted(2 ** torch.arange(31, device=pos.device), pos, right=True)}
-    if x.sampler_version is not None and x.trainer_version is not None:
-        buckets["lag"] = (x.trainer_version - x.sampler_version).reshape(-1)[flat]
+    bins, rows = hist.rows()
+    tables["summary_hist"] = _host({"bin": bins} | rows)
     parts = []
-    for dim, bucket in buckets.items():
-        values, inverse = torch.unique(bucket, return_inverse=True)  # lags may be negative or large
-        ids, rows = _grouped(inverse * S.N_BANDS + band, len(values) * S.N_BANDS, terms, _SUMS, _MAXES)
-        parts.append({"dim": [dim] * len(ids), "bucket": values[ids // S.N_BANDS], "band": ids % S.N_BANDS} | rows)
-    tables["summary_bucket"] = {k: sum((_host(p)[k] for p in parts), []) for k in parts[0]}
+    for dim, groups in dims.items():
+        ids, rows = groups.rows()
+        bucket = ids // S.N_BANDS + (lag_lo if dim == "lag" else 0)
+        parts.append(_host({"dim": [dim] * len(ids), "bucket": bucket, "band": ids % S.N_BANDS} | rows))
+    tables["summary_bucket"] = {k: sum((p[k] for p in parts), []) for k in parts[0]}
     if routing is not None:
         tables["summary_layer"] = routing.layer_rows
         tables[EXPERT_LOAD] = routing.expert_load
@@ -231,5 +295,4 @@ def sample_record(kept: Kept, plan: SamplePlan) -> dict[str, list]:
             "n_top_tokens": [kept.n_top_tokens]}
 
 
-__all__ = ["StepTensors", "summarise", "token_terms", "bin_of", "SUMMARY_KEY", "SUMMARY_COLUMN", "SUMMARISED_KEY",
-           "SAMPLE_TABLE", "EXPERT_LOAD"]
+__all__ = ["StepTensors", "summarise", "token_terms", "bin_of", "SUMMARISED_KEY", "SAMPLE_TABLE", "EXPERT_LOAD"]

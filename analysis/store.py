@@ -145,12 +145,17 @@ class Store:
 
     # -- runs and files ----------------------------------------------------------------------------
     def runs(self) -> pl.DataFrame:
-        """One row per run: size, steps, whether it has routing, and its config JSON."""
+        """One row per run: size, steps, whether it has routing, and its config JSON.
+
+        Sizes come from the summaries (a few rows per step and sequence), not from the token rows: n_tokens
+        counts every token the summaries cover, also where the token rows are a sample."""
         return self.sql(f"""
-            WITH t AS (SELECT run, count(*) AS n_tokens, count(DISTINCT step) AS n_steps,
-                              count(DISTINCT (step, sample)) AS n_sequences,
+            WITH s AS (SELECT run, sum(n_tokens)::BIGINT AS n_tokens, count(DISTINCT step) AS n_steps,
                               min(step) AS first_step, max(step) AS last_step
-                       FROM tokens GROUP BY run),
+                       FROM summary_step WHERE n_tokens > 0 GROUP BY run),
+                 q AS (SELECT run, count(DISTINCT (step, sample)) AS n_sequences FROM summary_seq
+                       WHERE n_tokens > 0 GROUP BY run),
+                 t AS (SELECT * FROM s LEFT JOIN q USING (run)),
                  r AS ({_ROUTING_SIDES})
             SELECT runs.run, coalesce(t.n_tokens, 0) AS n_tokens, coalesce(t.n_steps, 0) AS n_steps,
                    coalesce(t.n_sequences, 0) AS n_sequences, r.run IS NOT NULL AS has_routing,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-WORST_SEQUENCES = 16  # default: whole sequences kept per step, by |Σ Δ|
+WORST_SEQUENCES = 4  # default: whole sequences kept per step, by |Σ Δ| (a long response is thousands of tokens)
 TOP_TOKENS = 256  # default: single tokens kept per step, by |Δ|
 
 

@@ -1,7 +1,7 @@
 """Sequences: the worst sequences of a step, one sequence token by token, and its routing flips."""
 import streamlit as st
 
-from analysis import inspect, views
+from analysis import inspect, sampled, views
 from ui import charts, routing_charts, sequence_view
 from ui import state as S
 
@@ -37,6 +37,9 @@ if worst is None or worst.is_empty():
     st.stop()
 
 st.subheader(f"Worst sequences at step {step}")
+sample_note = S.cached(sampled.sample_label, [run])  # this page reads token rows
+if sample_note:
+    st.caption(f"Sequences and their tokens: {sample_note}.")
 st.dataframe(worst, hide_index=True, key="seq_table", column_config=S.number_columns(worst))
 st.caption("seq_log_ratio = ΣΔ over the response (the sequence-level log importance ratio); "
            "max_log_ratio_abs = the largest single-token |Δ|; n_flips = token-layer pairs whose experts flipped.")

@@ -2,7 +2,7 @@
 where the mismatch lives (probability, position, length, entropy, staleness) and the extreme-token curve."""
 import streamlit as st
 
-from analysis import buckets, distributions
+from analysis import buckets, distributions, sampled
 from ui import charts, glossary
 from ui import state as S
 
@@ -16,19 +16,18 @@ colors = S.run_colors()
 
 # Four tabs; only the open one runs (a large database takes a query or two per tab). The Δ and r histograms and
 # the extreme-token curve come from one shared pass over the tokens.
-S.remember("tokens_logy", "tokens_bins", "tokens_run", "tokens_density_log", "tokens_top_show", "tokens_dim",
+S.remember("tokens_logy", "tokens_run", "tokens_density_log", "tokens_top_show", "tokens_dim",
            "tokens_bucket_metric")
 dist_tab, run_tab, where_tab, extreme_tab = S.tabs(
     ["Distribution", "One run in detail", "Where the mismatch lives", "Extreme tokens"], key="tokens_tab")
 
 if dist_tab.open:
     with dist_tab:
-        c1, c2 = st.columns([1, 3])
-        log_y = c1.toggle("Log y (show the tails)", value=True, key="tokens_logy")
-        n_bins = c2.slider("Bins", 20, 200, 80, step=10, key="tokens_bins")
+        # bins are fixed and global (ten per decade of |Δ|, from the summaries): nothing to choose
+        log_y = st.toggle("Log y (show the tails)", value=True, key="tokens_logy")
         left, right = st.columns(2)
         with S.guard("bin Δ and r"):
-            hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=n_bins, steps=sel.steps)
+            hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=80, steps=sel.steps)
             with left:
                 st.plotly_chart(charts.histogram(hists["log_ratio"], colors, "Δ = t − s", log_y=log_y),
                                 key="tokens_hist_delta")
@@ -45,6 +44,9 @@ if run_tab.open:
         S.keep_choice("tokens_run", sel.runs)
         run = st.columns([2, 3])[0].selectbox("Run", sel.runs, key="tokens_run",
                                               help="The heat map and the density show one run at a time.")
+        sample_note = S.cached(sampled.sample_label, [run])  # the density and the token ids read token rows
+        if sample_note:
+            st.caption(f"Density and token ids: {sample_note}.")
         left, right = st.columns(2)
         with left, S.guard("bin Δ per step"):
             df = S.cached(distributions.step_histogram, run, n_bins=60, steps=sel.steps)
@@ -106,8 +108,7 @@ if where_tab.open:
 
 if extreme_tab.open:
     with extreme_tab, S.guard("compute the extreme-token curve"):
-        n_bins = st.session_state.get("tokens_bins", 80)  # the histograms' cached pass (remembered bins)
-        hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=n_bins, steps=sel.steps)
+        hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=80, steps=sel.steps)  # the histograms' pass
         st.plotly_chart(charts.extreme_curve(hists["extreme"], colors), key="tokens_extreme")
         st.caption("F(τ): the share of tokens whose ratio is off by more than a factor τ in either direction "
                    "(max(r, 1/r) > τ). A heavy tail here is what breaks importance-sampling corrections.")

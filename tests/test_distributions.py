@@ -14,58 +14,61 @@ def _delta(tokens: pl.DataFrame) -> np.ndarray:
     return tokens["trainer_logprob"].to_numpy() - tokens["sampler_logprob"].to_numpy()
 
 
-def _ref_counts(x: np.ndarray, lo: float, hi: float, n_bins: int) -> dict[int, int]:
-    width = (hi - lo) / n_bins
-    inside = x[(x >= lo) & (x <= hi)]
-    b = np.minimum(np.floor((inside - lo) / width), n_bins - 1).astype(int)
-    return {int(k): int(v) for k, v in zip(*np.unique(b, return_counts=True))}
+def _ref_counts(x: np.ndarray) -> dict[float, int]:
+    """Tokens per display bin, keyed by the bin's lower edge: the bins [e_i, e_(i+1)) of the fixed global edges
+    0, ±10^(j/10) for j = −80..30, binned by numpy (independent of the summaries' fine bins)."""
+    mags = [10.0 ** (j / 10) for j in range(-80, 31)]
+    edges = np.array(sorted({0.0} | set(mags) | {-m for m in mags}))
+    b = np.searchsorted(edges, x, side="right")
+    lower = np.concatenate([[edges[0] * 10 ** 0.1], edges])[b]
+    return {float(k): int(v) for k, v in zip(*np.unique(lower, return_counts=True))}
 
 
 def test_log_ratio_histogram_matches_numpy(metrics_data):
     store, data = metrics_data
-    df = distributions.log_ratio_histogram(store, ["a", "b"], n_bins=25)
+    df = distributions.log_ratio_histogram(store, ["a", "b"])
     assert df.columns == ["run", "bin_lo", "bin_hi", "count", "frac"]
-    d_all = _delta(data.tokens)
-    lo, hi = d_all.min(), d_all.max()
     for run in ("a", "b"):
         got = df.filter(pl.col("run") == run)
         d = _delta(data.tokens.filter(pl.col("run") == run))
-        ref = _ref_counts(d, lo, hi, 25)
-        idx = np.round((got["bin_lo"].to_numpy() - lo) / ((hi - lo) / 25)).astype(int)
-        assert dict(zip(idx.tolist(), got["count"].to_list())) == ref
+        assert dict(zip(got["bin_lo"].to_list(), got["count"].to_list())) == _ref_counts(d)
         assert got["frac"].sum() == pytest.approx(1.0, rel=1e-12)
-        assert got.height <= 25
+        assert (got["bin_lo"] < got["bin_hi"]).all()
 
 
-def test_log_ratio_histogram_with_range_drops_outside(metrics_data):
-    store, data = metrics_data
-    df = distributions.log_ratio_histogram(store, ["a"], n_bins=10, lo=-0.5, hi=0.5)
-    d = _delta(data.tokens.filter(pl.col("run") == "a"))
-    assert df["count"].sum() == int(((d >= -0.5) & (d <= 0.5)).sum())
-    assert df["frac"].sum() == pytest.approx(((d >= -0.5) & (d <= 0.5)).mean(), rel=1e-12)
-    assert df["bin_lo"].min() >= -0.5 and df["bin_hi"].max() <= 0.5 + 1e-12
+def test_histogram_edges_are_global(metrics_data):
+    # the same edges whatever the selection: a step range's bins are a subset of the whole run's
+    store, _ = metrics_data
+    whole = distributions.log_ratio_histogram(store, ["a"])
+    part = distributions.log_ratio_histogram(store, ["a"], steps=(1, 1))
+    assert set(part["bin_lo"]) <= set(whole["bin_lo"]) and part["count"].sum() < whole["count"].sum()
 
 
 def test_ratio_histogram_is_log_binned(metrics_data):
     store, data = metrics_data
-    df = distributions.ratio_histogram(store, ["a"], n_bins=16)
+    df = distributions.ratio_histogram(store, ["a"])
     d = np.clip(_delta(data.tokens.filter(pl.col("run") == "a")), -20, 20)
     assert df["count"].sum() == len(d)
-    widths = np.log10(df["bin_hi"].to_numpy()) - np.log10(df["bin_lo"].to_numpy())
-    assert np.allclose(widths, widths[0])
-    assert df["bin_lo"].min() == pytest.approx(math.exp(d.min()), rel=1e-9)
+    want = {math.exp(k): v for k, v in _ref_counts(d).items()}  # bins of log r = clamp(Δ), edges in r units
+    assert dict(zip(df["bin_lo"].to_list(), df["count"].to_list())) == want
+    assert (df["bin_lo"] <= math.exp(d.max())).all() and df["bin_hi"].max() > math.exp(d.max())
 
 
 def test_step_histogram_per_step_and_stride(metrics_data, monkeypatch):
     store, data = metrics_data
-    df = distributions.step_histogram(store, "a", n_bins=12)
+    df = distributions.step_histogram(store, "a")
     assert df.columns == ["step", "bin_lo", "bin_hi", "count", "frac"]
     counts = df.group_by("step").agg(pl.col("count").sum(), pl.col("frac").sum()).sort("step")
     want = data.tokens.filter(pl.col("run") == "a").group_by("step").len().sort("step")
     assert counts["count"].to_list() == want["len"].to_list()
     assert np.allclose(counts["frac"].to_numpy(), 1.0)
-    monkeypatch.setattr(distributions, "MAX_CELLS", 24)  # 3 steps × 12 bins > 24: merge steps in pairs
-    merged = distributions.step_histogram(store, "a", n_bins=12)
+    for step in want["step"].to_list():  # each step's cells are numpy's binning of its tokens
+        got = df.filter(pl.col("step") == step)
+        d = _delta(data.tokens.filter((pl.col("run") == "a") & (pl.col("step") == step)))
+        assert dict(zip(got["bin_lo"].to_list(), got["count"].to_list())) == _ref_counts(d)
+    # 3 steps × N_DISPLAY_BINS cells > MAX_CELLS: merge steps in pairs
+    monkeypatch.setattr(distributions, "MAX_CELLS", 3 * distributions.N_DISPLAY_BINS // 2)
+    merged = distributions.step_histogram(store, "a")
     assert sorted(set(merged["step"])) == [0, 2]
     assert merged["count"].sum() == want["len"].sum()
 
@@ -99,7 +102,7 @@ def test_identical_logprobs_fall_in_one_bin(metrics_store_from):
                            "sampler_logprob": s, "trainer_logprob": s})
     store = metrics_store_from(tokens)
     df = distributions.log_ratio_histogram(store, ["e"])
-    assert df["count"].to_list() == [3] and df["bin_lo"][0] <= 0.0 <= df["bin_hi"][0]
+    assert df["count"].to_list() == [3] and df["bin_lo"][0] == 0.0 < df["bin_hi"][0] == 1e-8
 
 
 def _bundle_matches(store, runs, n_bins, steps=None):

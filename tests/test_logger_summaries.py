@@ -147,3 +147,37 @@ def test_empty_step_writes_no_summary_rows(tmp_path):
     for table in COMPARED:
         assert merged(store, table) == [] or table in ("summary_layer", "expert_load")
     assert store.scalar("SELECT n_tokens FROM summary_sample") == 0
+
+
+def test_chunked_reduction_equals_reference(tmp_path, monkeypatch):
+    """Steps larger than one chunk (here: 2 sequences per chunk) reduce to the same rows."""
+    from analysis import logger_summaries
+    data = make_step(B=7, T=30, seed=11)
+    ref = reference_store(tmp_path, data)
+    monkeypatch.setattr(logger_summaries, "CHUNK_TOKENS", 60)
+    monkeypatch.setattr(logger_summaries, "ROUTING_CHUNK", 5)
+    got = logger_store(tmp_path, data, 0.0)
+    for table in COMPARED:
+        assert_same_rows(merged(got, table), merged(ref, table), table)
+
+
+def test_every_summary_column_is_written():
+    """A column added to the summary format (analysis/summaries/schema.py) must be computed here too."""
+    from analysis.logger_summaries import token_terms
+    terms = token_terms(torch.tensor([-1.0], dtype=torch.float64), torch.tensor([-0.5], dtype=torch.float64))
+    assert set(terms.row) | {"n_tokens"} >= {c.name for c in S.TOKEN_SUMS}
+
+
+def test_a_step_logged_by_two_ranks_merges_to_the_whole(tmp_path):
+    """Two trainer ranks each log half of a step's sequences (own folders, distinct sample ids): the merged
+    summaries equal those of one logger given the whole batch."""
+    data = make_step(B=10, T=20, seed=21)
+    whole = logger_store(tmp_path, data, 0.0, name="whole")
+    for rank, rows in enumerate((slice(0, 4), slice(4, 10))):
+        half = {k: (v[rows] if isinstance(v, torch.Tensor) and v.ndim >= 1 else v) for k, v in data.items()}
+        DriftLogger(tmp_path / "ranks" / str(rank), "r", token_sample=0.05).log_step(4, **half)
+    both = Store(tmp_path / "ranks.duckdb")
+    outcomes = ingest_paths(both, [tmp_path / "ranks"])
+    assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
+    for table in COMPARED:
+        assert_same_rows(merged(both, table), merged(whole, table), table)

@@ -124,7 +124,7 @@ def test_sidebar_cap_and_step_range_change_the_numbers(monkeypatch, shared_db):
     at = open_app(monkeypatch, shared_db)
     at.multiselect(key="sidebar_runs").set_value([bu.RUN_BOTH]).run()
     before = dict(_card_values(at))
-    at.number_input(key="sidebar_cap").set_value(1.05).run()
+    at.select_slider(key="sidebar_cap").set_value(1.2).run()
     after = dict(_card_values(at))
     assert float(after["r > C"].rstrip("%")) > float(before["r > C"].rstrip("%"))
     assert after["KL k3"] == before["KL k3"]  # the cap does not enter kl_k3
@@ -167,7 +167,7 @@ def test_token_drift_groupings_and_run_choice(monkeypatch, shared_db):
     assert [t.label for t in at.tabs] == ["Distribution", "One run in detail", "Where the mismatch lives",
                                           "Extreme tokens"]
     assert charts(at) == 2  # the first tab's two histograms; the other tabs did not run
-    at.slider(key="tokens_bins").set_value(40).run()
+    at.toggle(key="tokens_logy").set_value(False).run()
 
     open_tab(at, "tokens_tab", "Where the mismatch lives")
     assert at.radio(key="tokens_dim").options == [
@@ -197,7 +197,7 @@ def test_token_drift_groupings_and_run_choice(monkeypatch, shared_db):
     assert at.radio(key="tokens_dim").value == "lag"
     assert at.selectbox(key="tokens_bucket_metric").value == "ratio_frac_high"
     open_tab(at, "tokens_tab", "Distribution")
-    assert at.slider(key="tokens_bins").value == 40
+    assert at.toggle(key="tokens_logy").value is False
     open_tab(at, "tokens_tab", "One run in detail")
     assert at.selectbox(key="tokens_run").value == bu.RUN_BOTH and at.toggle(key="tokens_density_log").value
 

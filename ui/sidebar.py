@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from analysis.summaries.schema import CAPS, CLIPS
+
 from ui import access, nav
 from ui import state as S
 
@@ -85,11 +87,14 @@ def render() -> None:
         st.multiselect("Runs", names, key=S.RUNS_KEY, placeholder="Choose one or more runs",
                        help="Runs shown on every page; each run keeps its colour everywhere.")
         _step_range(runs_df, ss[S.RUNS_KEY])
-        ss.setdefault(S.CAP_KEY, S.DEFAULT_CAP)
-        ss.setdefault(S.CLIP_KEY, S.DEFAULT_CLIP)
+        # the values the summaries answer exactly (analysis/summaries/schema.py); others only through the API
+        if ss.get(S.CAP_KEY) not in CAPS:
+            ss[S.CAP_KEY] = S.DEFAULT_CAP
+        if ss.get(S.CLIP_KEY) not in CLIPS:
+            ss[S.CLIP_KEY] = S.DEFAULT_CLIP
         c1, c2 = st.columns(2)
-        c1.number_input("Cap C", min_value=1.01, max_value=1000.0, step=0.5, key=S.CAP_KEY,
-                        help="Importance-ratio cap C: ratio_frac_high counts r > C, ratio_frac_low r < 1/C, "
-                             "and the ESS uses weights clamped to [1/C, C].")
-        c2.number_input("Clip ε", min_value=0.001, max_value=10.0, step=0.05, format="%.3f", key=S.CLIP_KEY,
-                        help="PPO clip range ε: clip_frac counts tokens with |r − 1| > ε.")
+        c1.select_slider("Cap C", options=list(CAPS), key=S.CAP_KEY,
+                         help="Importance-ratio cap C: ratio_frac_high counts r > C, ratio_frac_low r < 1/C, "
+                              "and the ESS uses weights clamped to [1/C, C].")
+        c2.select_slider("Clip ε", options=list(CLIPS), key=S.CLIP_KEY,
+                         help="PPO clip range ε: clip_frac counts tokens with |r − 1| > ε.")

@@ -65,6 +65,8 @@ BAND_EDGES: tuple[float, ...] = tuple(_threshold_edges())
 D_EDGES: tuple[float, ...] = tuple(sorted(set(_display_edges()) | set(BAND_EDGES)
                                           | {math.log(t) for t in TAUS} | {-math.log(t) for t in TAUS}))
 N_BINS = 2 * len(D_EDGES) + 1  # bin ids 0 .. 2·len(D_EDGES)
+# The display grid of histograms and heat maps (0 and ±10^(j/10)): a subset of D_EDGES, so fine bins nest in it.
+DISPLAY_EDGES: tuple[float, ...] = tuple(sorted({0.0} | set(_display_edges())))
 N_BANDS = 2 * len(BAND_EDGES) + 1
 
 # -- bucket dimensions -------------------------------------------------------------------------------

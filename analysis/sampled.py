@@ -1,0 +1,54 @@
+"""Say when a token-level view reads a sample: the label pages put over Sequences, the top token ids and the
+2-D density when a run's token rows are fewer than the tokens its summaries cover (DriftLogger token_sample < 1).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from analysis.metrics import check_runs, run_filter
+from analysis.store import Store
+from analysis.summaries import read
+
+
+def count_text(n: int) -> str:
+    """1234 -> '1.2k', 1_000_000_000 -> '1.0B' (three significant figures at most)."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+def share_text(share: float) -> str:
+    """0.00105 -> '0.1%', 0.25 -> '25%': two significant figures, no trailing zeros."""
+    return f"{float(f'{share * 100:.2g}'):g}%"
+
+
+def sample_label(store: Store, runs: Sequence[str]) -> str | None:
+    """'tokens: 0.1% sample (1.0M of 1.0B); curves are exact' when the selected runs' token rows are a sample of
+    the tokens their summaries cover; None when every token has its row (nothing to say)."""
+    runs = check_runs(runs)
+    cov = read.coverage(store, runs)
+    if cov.is_empty() or cov["complete"].all():
+        return None
+    n, kept = int(cov["n_tokens"].sum()), int(cov["n_token_rows"].sum())
+    label = f"tokens: {share_text(kept / n)} sample ({count_text(kept)} of {count_text(n)}); curves are exact"
+    parts = sample_parts(store, runs)
+    return label + (f" — {parts}" if parts else "")
+
+
+def sample_parts(store: Store, runs: Sequence[str]) -> str:
+    """What DriftLogger kept per step (summary_sample), e.g. 'a uniform 0.1% draw, plus per step the 4 worst
+    sequences by |ΣΔ| and the 256 tokens of largest |Δ|'; '' when no run logged a sample record."""
+    where, params = run_filter(check_runs(runs))
+    rows = store.rows(f"SELECT DISTINCT token_sample, worst_sequences, top_tokens FROM summary_sample "
+                      f"WHERE {where} AND token_sample < 1 ORDER BY ALL", params)
+    if len(rows) != 1:  # none, or runs logged with different settings: the counts above say enough
+        return ""
+    rate, worst, top = rows[0]
+    if rate == 0:
+        return "these runs logged summaries only"
+    return (f"a uniform {share_text(rate)} draw, plus per step the {worst} worst sequences by |ΣΔ| "
+            f"and the {top} tokens of largest |Δ|")
+
+
+__all__ = ["sample_label", "sample_parts", "count_text", "share_text"]

@@ -1,0 +1,98 @@
+"""Runs logged with a token sample: the finalised METRICS.md columns still equal the token-level computation over
+every token, and the pages that read token rows say they show a sample (analysis/sampled.py)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest, app_test
+
+from analysis import metrics
+from analysis.ingest import ingest_paths
+from analysis.logger import DriftLogger
+from analysis.sampled import count_text, sample_label, share_text
+from analysis.store import Store
+from analysis.summaries import read
+from test_logger_summaries import make_step, reference_store
+from test_pages import APP, TIMEOUT, _NavigationOnly, open_tab
+
+
+def logged(tmp_path, token_sample: float, steps=(0, 1, 2), run="sampled") -> Store:
+    log = DriftLogger(tmp_path / "logs", run, {"x": 1}, token_sample=token_sample, worst_sequences=1, top_tokens=3)
+    for step in steps:
+        log.log_step(step, **make_step(B=10, T=25, seed=step))
+    store = Store(tmp_path / f"{run}.duckdb")
+    outcomes = ingest_paths(store, [tmp_path / "logs"])
+    assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
+    return store
+
+
+@pytest.mark.parametrize("token_sample", [0.1, 0.0])
+@pytest.mark.parametrize("by", ["step", "run"])
+def test_finalised_columns_equal_token_level_sql_over_every_token(tmp_path, token_sample, by):
+    """METRICS.md columns finalised from the logger's summaries (a sample of token rows stored) against
+    metrics.token_metrics over every token of the same steps (the reference database holds them all)."""
+    got = read.token_table(logged(tmp_path, token_sample, steps=(4,), run="r"), ["r"], by=by)
+    want = metrics.token_metrics(reference_store(tmp_path, make_step(B=10, T=25, seed=4)), ["r"], by=by)
+    assert len(got) == len(want) == 1
+    g, w = got.row(0, named=True), want.row(0, named=True)
+    compared = [c for c in w if c not in ("run", "step")]
+    assert len(compared) >= 20
+    for c in compared:
+        if w[c] is None or isinstance(w[c], str):
+            assert g[c] == w[c], c
+        else:
+            assert math.isclose(g[c], w[c], rel_tol=1e-12, abs_tol=1e-300), (c, g[c], w[c])
+
+
+def test_label_counts_the_sample(tmp_path):
+    store = logged(tmp_path, 0.1)
+    n = sum(int(make_step(B=10, T=25, seed=s)["mask"].sum()) for s in range(3))
+    kept = store.scalar("SELECT count(*) FROM tokens")
+    label = sample_label(store, ["sampled"])
+    assert label.startswith(f"tokens: {share_text(kept / n)} sample ({kept} of {n}); curves are exact")
+    assert "uniform 10% draw, plus per step the 1 worst sequences by |ΣΔ| and the 3 tokens of largest |Δ|" in label
+
+
+def test_no_label_when_every_token_is_stored(tmp_path):
+    assert sample_label(logged(tmp_path, 1.0), ["sampled"]) is None
+
+
+def test_summaries_only_label(tmp_path):
+    label = sample_label(logged(tmp_path, 0.0), ["sampled"])
+    assert label.startswith("tokens: 0% sample (0 of ") and "summaries only" in label
+
+
+@pytest.mark.parametrize("n, text", [(0, "0"), (999, "999"), (1234, "1.2k"), (1_000_000, "1.0M"),
+                                     (1_049_000_000, "1.0B")])
+def test_count_text(n, text):
+    assert count_text(n) == text
+
+
+@pytest.mark.parametrize("share, text", [(0.001, "0.1%"), (0.00105, "0.1%"), (0.25, "25%"), (1 / 3, "33%"),
+                                         (0.0, "0%")])
+def test_share_text(share, text):
+    assert share_text(share) == text
+
+
+@pytest.mark.parametrize("page, tab, prefix", [
+    ("pages/sequences.py", None, "Sequences and their tokens: "),
+    ("pages/token_drift.py", "One run in detail", "Density and token ids: "),
+])
+def test_pages_reading_token_rows_say_they_show_a_sample(tmp_path, monkeypatch, page, tab, prefix):
+    store = logged(tmp_path, 0.1)
+    label = sample_label(store, ["sampled"])
+    store.close()
+    monkeypatch.setattr(app_test, "PagesManager", _NavigationOnly)
+    monkeypatch.setenv("DRIFT_NO_DEMO", "1")
+    monkeypatch.setenv("DRIFT_PREFETCH", "0")
+    monkeypatch.setenv("DRIFT_DB", str(tmp_path / "sampled.duckdb"))
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    at.switch_page(page).run()
+    if tab:
+        open_tab(at, "tokens_tab", tab)
+    assert not at.exception, at.exception
+    captions = [c.value for c in at.caption]
+    assert f"{prefix}{label}." in captions, captions
