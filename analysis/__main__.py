@@ -25,8 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", action="append", default=None, help="run name (repeatable; default: all runs)")
     p.add_argument("--by", choices=("step", "layer", "run"), default="step")
     p.add_argument("--format", choices=("csv", "json"), default="csv")
-    p.add_argument("--cap", type=float, default=2.0, help="importance-ratio cap C (default 2.0)")
-    p.add_argument("--clip", type=float, default=0.2, help="PPO clip range epsilon (default 0.2)")
+    p.add_argument("--cap", type=float, default=2.0, help="importance-ratio cap C (default 2.0; summaries answer "
+                   "1.2, 1.5, 2, 3, 5, 10 exactly, other values are computed from the token rows)")
+    p.add_argument("--clip", type=float, default=0.2, help="PPO clip range epsilon (default 0.2; summaries answer "
+                   "0.1, 0.2, 0.28, 0.3, 0.5, other values use the token rows)")
     from analysis.lake.cli import add_parser as add_summarize
     add_summarize(sub)
     sub.add_parser("lab", help="run the torch drift lab (options: python -m analysis lab --help)", add_help=False)

@@ -265,10 +265,6 @@ def token_metrics_by_run_and_step(store: Store, runs: list[str], cap: float = 2.
     return {"run": by_run, "step": by_step}
 
 
-# max(r, 1/r) for r > 0: how far off the ratio is in either direction (a CASE: faster than greatest())
-MISMATCH_FACTOR_SQL = "CASE WHEN r >= 1.0 THEN r ELSE 1.0 / r END"
-
-
 def default_taus() -> list[float]:
     """Log grid from 1.01 to 1000 (49 points): the thresholds of the extreme-token curve."""
     return list(TAUS)

@@ -80,6 +80,9 @@ class Store:
             with self.write_lock:
                 for stmt in _ddl():
                     self._con.execute(stmt)
+            # a database loaded before summaries existed gets them once, here (later loads add their own)
+            from analysis.summaries.compute import backfill
+            backfill(self)
 
     def close(self) -> None:
         self._con.close()

@@ -62,8 +62,8 @@ if tabs[1].open:
             # Token drift's default binning: one cached pass gives the histogram and the extreme-token curve
             hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=80, steps=sel.steps)
             with left:
-                st.plotly_chart(charts.histogram(hists["log_ratio"], colors, "Δ = t − s", log_y=True),
-                                key="compare_hist")
+                st.plotly_chart(charts.histogram(hists["log_ratio"], colors, "Δ = t − s (signed log axis)",
+                                                 log_y=True, signed_log_x=True), key="compare_hist")
             with right:
                 st.plotly_chart(charts.extreme_curve(hists["extreme"], colors), key="compare_extreme")
         with S.guard("compute the per-step kl_k3"):

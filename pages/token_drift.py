@@ -29,10 +29,10 @@ if dist_tab.open:
         with S.guard("bin Δ and r"):
             hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=80, steps=sel.steps)
             with left:
-                st.plotly_chart(charts.histogram(hists["log_ratio"], colors, "Δ = t − s", log_y=log_y),
-                                key="tokens_hist_delta")
-                st.caption("Histogram of Δ: a narrow spike at 0 means the trainer reproduces the sampler; "
-                           "wide or skewed shoulders are numerical drift.")
+                st.plotly_chart(charts.histogram(hists["log_ratio"], colors, "Δ = t − s (signed log axis)",
+                                                 log_y=log_y, signed_log_x=True), key="tokens_hist_delta")
+                st.caption("Histogram of Δ on a signed log axis (each decade of |Δ| equally wide, 0 in the "
+                           "middle): mass near 0 means the trainer reproduces the sampler; mass far out is drift.")
             with right:
                 st.plotly_chart(charts.histogram(hists["ratio"], colors, "r = π_trainer / π_sampler (log axis)",
                                                  log_y=log_y, log_x=True), key="tokens_hist_ratio")
@@ -53,7 +53,7 @@ if run_tab.open:
             if df.is_empty():
                 st.info("No tokens in this step range.")
             else:
-                st.plotly_chart(charts.step_heatmap(df), key="tokens_step_heatmap")
+                st.plotly_chart(charts.step_heatmap(df, "Δ = t − s (signed log axis)", signed_log_x=True), key="tokens_step_heatmap")
                 st.caption("Step × Δ bin, colour = share of the step's tokens (log scale): watch the distribution "
                            "widen or shift as training moves.")
         with right, S.guard("bin the probability pairs"):

@@ -33,3 +33,13 @@ def test_sequence_delta_bars_carry_colour_strings():
     assert all(isinstance(c, str) and c.startswith("rgb") for c in colors)
     assert colors == charts.diverging_colors([-0.1, 0.0, 0.3])
     assert [d[0] for d in bar.customdata] == ["a", "id 6", "c"]  # a token without text shows its id
+
+
+def test_signed_log_axis_is_monotone_and_keeps_each_decade_equally_wide():
+    import pytest
+
+    from analysis.summaries.schema import DISPLAY_EDGES
+    from ui.charts import signed_log
+    xs = [signed_log(v) for v in DISPLAY_EDGES]
+    assert xs == sorted(xs) and len(set(xs)) == len(xs) and signed_log(0.0) == 0.0
+    assert signed_log(1e-3) - signed_log(1e-4) == pytest.approx(1.0) == signed_log(-1e-4) - signed_log(-1e-3)

@@ -100,6 +100,17 @@ def assert_table(df: pl.DataFrame, ref: dict[tuple, dict], keys: list[str], scal
             close(row[col], want, f"{key} {col}", scale[key] if col in ("kl_k1",) else 0.0)
 
 
+def assert_frames_close(x: pl.DataFrame, y: pl.DataFrame) -> None:
+    """Same columns, keys and counts; floats equal at rel 1e-12 (summation order may differ)."""
+    assert x.columns == y.columns and x.height == y.height
+    for col in x.columns:
+        if x[col].dtype == pl.Float64:
+            for u, v in zip(x[col].to_list(), y[col].to_list()):
+                assert (u is None and v is None) or math.isclose(u, v, rel_tol=RTOL, abs_tol=1e-16), col
+        else:
+            assert x[col].to_list() == y[col].to_list(), col
+
+
 def _abs_scale(tokens: pl.DataFrame, keys: list[str]) -> dict[tuple, float]:
     g = tokens.group_by(keys).agg((pl.col("trainer_logprob") - pl.col("sampler_logprob")).abs().mean().alias("m"))
     return {tuple(r[k] for k in keys): r["m"] for r in g.iter_rows(named=True)}
@@ -254,14 +265,7 @@ def test_a_step_split_across_files_equals_one_file(tmp_path, data):
             assert np.allclose(a[col].to_numpy(), b[col].to_numpy(), rtol=1e-13, atol=0, equal_nan=True), (table, col)
     assert many.scalar("SELECT count(DISTINCT file_id) FROM summary_step") == 5
     for by in ("step", "run", "layer"):
-        x, y = report.metrics_table(one, ["a", "b"], by=by), report.metrics_table(many, ["a", "b"], by=by)
-        assert x.columns == y.columns and x.height == y.height
-        for col in x.columns:
-            if x[col].dtype == pl.Float64:
-                for u, v in zip(x[col].to_list(), y[col].to_list()):
-                    assert (u is None and v is None) or math.isclose(u, v, rel_tol=RTOL, abs_tol=1e-16), (by, col)
-            else:
-                assert x[col].to_list() == y[col].to_list(), (by, col)
+        assert_frames_close(report.metrics_table(one, ["a", "b"], by=by), report.metrics_table(many, ["a", "b"], by=by))
     one.close()
     many.close()
 
@@ -393,4 +397,19 @@ def test_pearson_keeps_its_digits_whether_probabilities_sit_near_0_or_1(tmp_path
     want = ref_v2(s, t, list(toks["sample"]), 2.0, 0.2)["prob_pearson"]
     assert 0.9 < want < 1.0
     close(got, want, "prob_pearson")
+    store.close()
+
+
+def test_a_database_loaded_before_summaries_is_summarised_when_opened(tmp_path, data):
+    _, tokens, both, _ = data
+    tok, rt = tokens.filter(pl.col("run") == "a"), both.filter(pl.col("run") == "a")
+    store = _load(tmp_path, "legacy", [("t.parquet", tok), ("r.parquet", rt)])
+    want = {by: report.metrics_table(store, ["a"], by=by) for by in ("step", "run", "layer")}
+    for table in S.TABLES:  # as a database written before summaries existed
+        store.cursor().execute(f"DELETE FROM {table}")
+    assert report.metrics_table(store, ["a"], by="run").height == 0
+    store.close()
+    store = Store(tmp_path / "legacy.duckdb")
+    for by, df in want.items():
+        assert_frames_close(report.metrics_table(store, ["a"], by=by), df)
     store.close()

@@ -103,24 +103,45 @@ def _segments(lo: list[float], hi: list[float]) -> list[tuple[int, int]]:
     return out
 
 
+# Signed log axis for Δ: the fixed bins are ten per decade of |Δ| from 1e-8 to 1000 on each side of 0, so the
+# axis shows sign(Δ)·(log10|Δ| + 9): every decade equally wide, 0 in the middle (|Δ| < 1e-8 would fall inside).
+_SLOG_SHIFT = 9.0
+
+
+def signed_log(v: float) -> float:
+    return 0.0 if v == 0 else math.copysign(math.log10(abs(v)) + _SLOG_SHIFT, v)
+
+
+def _signed_log_axis(fig: go.Figure, axis: str = "x") -> None:
+    vals = [10.0 ** k for k in (-8, -6, -4, -2, 0, 2)]
+    ticks = [-v for v in reversed(vals)] + [0.0] + vals
+    getattr(fig, f"update_{axis}axes")(tickvals=[signed_log(v) for v in ticks],
+                                        ticktext=[f"{v:g}" for v in ticks])
+
+
 def histogram(df: pl.DataFrame, colors: dict[str, str], x_title: str, log_y: bool = False,
-              log_x: bool = False, y: str = "frac") -> go.Figure:
+              log_x: bool = False, y: str = "frac", signed_log_x: bool = False) -> go.Figure:
     """Binned counts ([run, bin_lo, bin_hi, count, frac]) as filled step outlines, one colour per run;
-    a gap in the bins (no tokens) is a gap in the outline."""
+    a gap in the bins (no tokens) is a gap in the outline. signed_log_x: Δ on the signed log axis."""
     fig = go.Figure()
     for run in ordered_runs(df, colors):
         part = df.filter(pl.col("run") == run).sort("bin_lo")
         lo, hi, val, cnt = (part[c].to_list() for c in ("bin_lo", "bin_hi", y, "count"))
+        shown_lo = lo
+        if signed_log_x:
+            lo, hi = [signed_log(v) for v in lo], [signed_log(v) for v in hi]
         color = colors.get(run)
         for k, (a, b) in enumerate(_segments(lo, hi)):
             xs = np.array(lo[a:b] + [hi[b - 1]], dtype=np.float64)  # arrays: plotly skips its per-value checks
             ys = np.array(val[a:b] + [val[b - 1]], dtype=np.float64)
-            custom = np.column_stack([hi[a:b] + [hi[b - 1]], cnt[a:b] + [cnt[b - 1]]]).astype(np.float64)
+            true_hi = part["bin_hi"].to_list()
+            custom = np.column_stack([true_hi[a:b] + [true_hi[b - 1]], cnt[a:b] + [cnt[b - 1]],
+                                      shown_lo[a:b] + [shown_lo[b - 1]]]).astype(np.float64)
             fig.add_trace(go.Scatter(
                 x=xs, y=ys, mode="lines", line_shape="hv", name=run, legendgroup=run, showlegend=k == 0,
                 line=dict(color=color, width=1.6), fill="tozeroy", fillcolor=_rgba(color, 0.18),
                 customdata=custom,
-                hovertemplate=(f"{run}<br>[%{{x:.4g}}, %{{customdata[0]:.4g}})<br>share %{{y:.3%}}"
+                hovertemplate=(f"{run}<br>[%{{customdata[2]:.4g}}, %{{customdata[0]:.4g}})<br>share %{{y:.3%}}"
                                "<br>tokens %{customdata[1]:,}<extra></extra>")))
     if log_y:
         _log_axis(fig, "y")
@@ -128,6 +149,8 @@ def histogram(df: pl.DataFrame, colors: dict[str, str], x_title: str, log_y: boo
         fig.update_yaxes(tickformat=".1%")
     if log_x:
         _log_axis(fig, "x", decades=False)
+    if signed_log_x:
+        _signed_log_axis(fig)
     return layout(fig, x=x_title, y="share of tokens")
 
 
@@ -191,8 +214,12 @@ def _log_grid(grid: list[list]) -> tuple[list[list], list[float], list[str]]:
     return out, ticks, [f"1e{t}" if abs(t) > 2 else f"{10.0 ** t:g}" for t in ticks]
 
 
-def step_heatmap(df: pl.DataFrame, x_title: str = "Δ = t − s") -> go.Figure:
-    """[step, bin_lo, bin_hi, count, frac] → step × bin heat map, colour = share of the step's tokens (log)."""
+def step_heatmap(df: pl.DataFrame, x_title: str = "Δ = t − s", signed_log_x: bool = False) -> go.Figure:
+    """[step, bin_lo, bin_hi, count, frac] → step × bin heat map, colour = share of the step's tokens (log).
+    signed_log_x: Δ on the signed log axis (the fixed bins are then equally wide)."""
+    if signed_log_x:
+        df = df.with_columns(bin_lo=pl.col("bin_lo").map_elements(signed_log, return_dtype=pl.Float64),
+                             bin_hi=pl.col("bin_hi").map_elements(signed_log, return_dtype=pl.Float64))
     mid = df.with_columns(((pl.col("bin_lo") + pl.col("bin_hi")) / 2).alias("_x"))
     xs, ys, grid = to_grid(mid, "_x", "step", "frac")
     bins = mid.unique("bin_lo").sort("bin_lo")
@@ -202,6 +229,9 @@ def step_heatmap(df: pl.DataFrame, x_title: str = "Δ = t − s") -> go.Figure:
         x=xs, y=ys, z=grid_array(z), colorscale=SEQUENTIAL, customdata=grid_array(grid),
         colorbar=dict(title="share", tickvals=ticks, ticktext=labels),
         hovertemplate="step %{y}<br>Δ ≈ %{x:.3g}<br>share %{customdata:.3%}<extra></extra>"))
+    if signed_log_x:
+        _signed_log_axis(fig)
+        fig.update_traces(hovertemplate="step %{y}<br>share %{customdata:.3%}<extra></extra>")
     return layout(fig, x=x_title, y="step", legend=False, height=380)
 
 

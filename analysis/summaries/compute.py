@@ -38,7 +38,12 @@ def clamp_sql(x: str, lo: str, hi: str) -> str:
 
 def token_terms_sql(src: str) -> str:
     """SELECT * of `src` (columns s, t, among others) plus the per-token terms of schema.py:
-    d, cd, r, rm1, k3, k3r, mpe, qs, qt, adp (and the helpers us, ut, ua, un)."""
+    d, cd, r, rm1, k3, k3r, mpe, qs, qt, adp (and the helpers us = exp s, ut = exp t, em, dp).
+
+    Two expm1 evaluations per token (r − 1 and 1 − p_s); the others follow without cancellation:
+    expm1(−cd) = −(r − 1)/r, expm1(|cd|) is one of the two, exp t − exp s = exp s · (r − 1) while Δ is not
+    clamped (no cancellation), and 1 − exp t = (1 − exp s) − (exp t − exp s).
+    """
     c = float(S.CLAMP)
     cd = clamp_sql("(t - s)", f"-{c}::DOUBLE", f"{c}::DOUBLE")
     small = f"abs(d) < {S.SERIES_BELOW}::DOUBLE"
@@ -47,12 +52,13 @@ def token_terms_sql(src: str) -> str:
                     WHEN rm1 - d > 0 THEN rm1 - d ELSE 0.0 END) AS k3,
               (CASE WHEN {small} THEN {series_k3_sql('(-d)')}
                     WHEN em + d > 0 THEN em + d ELSE 0.0 END) AS k3r,
-              abs(qs - qt) AS adp
-    FROM (SELECT *, {expm1_sql('r', 'cd')} AS rm1, {expm1_sql('ua', 'abs(cd)')} AS mpe,
-                 {expm1_sql('un', '(-cd)')} AS em,
-                 -{expm1_sql('us', 's')} AS qs, -{expm1_sql('ut', 't')} AS qt
-          FROM (SELECT *, exp(cd) AS r, exp(abs(cd)) AS ua, exp(-cd) AS un, exp(s) AS us, exp(t) AS ut
-                FROM (SELECT *, t - s AS d, {cd} AS cd FROM ({src}) src_) a_) b_) c_"""
+              (CASE WHEN cd >= 0 THEN rm1 ELSE em END) AS mpe,
+              qs - dp AS qt, abs(dp) AS adp
+    FROM (SELECT *, -rm1 / r AS em, -{expm1_sql('us', 's')} AS qs,
+                 (CASE WHEN d = cd THEN us * rm1 ELSE ut - us END) AS dp
+          FROM (SELECT *, {expm1_sql('r', 'cd')} AS rm1
+                FROM (SELECT *, exp(cd) AS r, exp(s) AS us, exp(t) AS ut
+                      FROM (SELECT *, t - s AS d, {cd} AS cd FROM ({src}) src_) a_) b_) c_) d_"""
 
 
 def token_sums_sql() -> str:
@@ -89,14 +95,17 @@ def count_below_sql(x: str, names: Sequence[str], op: str = ">") -> str:
 
 
 def edge_params(prefix: str, edges: Sequence[float]) -> dict:
-    """Named parameters {prefix0: e0, ...} plus {prefix_list: [e0, ...]} for bin_sql."""
+    """Named parameters {prefix0: e0, ...} plus {prefix_list: [e0, ...]} for with_bin_sql."""
     return {f"{prefix}{i}": float(e) for i, e in enumerate(edges)} | {f"{prefix}_list": [float(e) for e in edges]}
 
 
-def bin_sql(x: str, prefix: str, n_edges: int) -> str:
-    """The schema's bin id of x on the edges held by `edge_params(prefix, ...)`: 2·#{E < x} + 𝟙[x on an edge]."""
+def with_bin_sql(src: str, x: str, prefix: str, n_edges: int, name: str) -> str:
+    """SELECT * of `src` plus column `name`: the schema's bin id of x on the edges held by
+    `edge_params(prefix, ...)`, 2·#{E < x} + 𝟙[x on an edge] (the binary search runs once per row)."""
     k = count_below_sql(x, [f"{prefix}{i}" for i in range(n_edges)])
-    return f"(2 * ({k}) + (CASE WHEN {x} = list_extract(${prefix}_list, ({k}) + 1) THEN 1 ELSE 0 END))"
+    return f"""SELECT * EXCLUDE (k_{name}), 2 * k_{name} + (CASE WHEN {x} = list_extract(${prefix}_list, k_{name} + 1)
+                                                   THEN 1 ELSE 0 END) AS {name}
+               FROM (SELECT *, {k} AS k_{name} FROM ({src}) wb_{name}_) wk_{name}_"""
 
 
 def bucket_sql(dim: str) -> str:
@@ -118,10 +127,6 @@ def bucket_sql(dim: str) -> str:
 
 def bucket_params() -> dict:
     return {f"ee{i}": float(e) for i, e in enumerate(S.ENTROPY_EDGES) if i > 0}
-
-
-def bin_params() -> dict:
-    return edge_params("de", S.D_EDGES) | edge_params("be", S.BAND_EDGES)
 
 
 # -- the ingest hook -----------------------------------------------------------------------------------
@@ -157,43 +162,39 @@ def add_file(writer, file_id: int, tokens_summarised: bool = False, name: str = 
         _add_routing(writer, file_id)
 
 
-# GROUPING SETS of the token pass, and what GROUPING(sample, band, bin, dim keys...) holds for each
 _DIM_COLS = {"prob": "b_prob", "position": "b_position", "entropy": "b_entropy", "lag": "b_lag"}
 
 
 def _add_tokens(writer, file_id: int) -> None:
+    """One aggregation per summary table, each over the file's tokens (DuckDB prunes the terms and bins a
+    query does not use; one GROUP BY GROUPING SETS over all of them measured 2.5× slower)."""
     src = ("SELECT run, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t, sampler_entropy, "
-           f"trainer_version, sampler_version FROM tokens WHERE file_id = $fid")
-    base = f"""SELECT *, {bin_sql('d', 'de', len(S.D_EDGES))} AS bin, {bin_sql('d', 'be', len(S.BAND_EDGES))} AS band,
-                      {', '.join(f'{bucket_sql(d)} AS {c}' for d, c in _DIM_COLS.items())}
-               FROM ({token_terms_sql(src)}) tt_"""
-    params = {"fid": file_id} | bin_params() | bucket_params()
-    dims = list(_DIM_COLS.values())
-    cols = ["sample", "band", "bin", *dims]
-    sets = ["(run, step)", "(run, step, sample, band)", "(run, step, bin)"] + [f"(run, step, band, {c})" for c in dims]
-    writer.execute(f"""CREATE TEMP TABLE _summary_part AS
-        SELECT run, step, {', '.join(cols)}, GROUPING({', '.join(cols)}) AS g, max(pos) AS max_pos,
-               {token_sums_sql()}
-        FROM ({base}) GROUP BY GROUPING SETS ({', '.join(sets)})""", params)
-    try:
-        def g(keys):  # GROUPING() bit i (from the last column) is set when cols[-1 - i] is not grouped
-            return sum(1 << (len(cols) - 1 - i) for i, c in enumerate(cols) if c not in keys)
-        sums = [c.name for c in S.TOKEN_SUMS]
-        writer.execute(f"INSERT INTO summary_step (run, step, {', '.join(sums)}, file_id) "
-                       f"SELECT run, step, {', '.join(sums)}, $fid FROM _summary_part WHERE g = $g",
-                       {"fid": file_id, "g": g(())})
-        writer.execute(f"INSERT INTO summary_seq (run, step, sample, band, max_pos, {', '.join(sums)}, file_id) "
-                       f"SELECT run, step, sample, band, max_pos, {', '.join(sums)}, $fid FROM _summary_part "
-                       f"WHERE g = $g", {"fid": file_id, "g": g(("sample", "band"))})
-        writer.execute("INSERT INTO summary_hist (run, step, bin, n_tokens, sum_rm1, sum_rm1_sq, file_id) "
-                       "SELECT run, step, bin, n_tokens, sum_rm1, sum_rm1_sq, $fid FROM _summary_part WHERE g = $g",
-                       {"fid": file_id, "g": g(("bin",))})
-        for dim, c in _DIM_COLS.items():  # a NULL bucket: tokens without entropy / versions, not counted
-            writer.execute(f"INSERT INTO summary_bucket (run, step, dim, bucket, band, {', '.join(sums)}, file_id) "
-                           f"SELECT run, step, $dim, {c}, band, {', '.join(sums)}, $fid FROM _summary_part "
-                           f"WHERE g = $g AND {c} IS NOT NULL", {"fid": file_id, "g": g(("band", c)), "dim": dim})
-    finally:
-        writer.execute("DROP TABLE _summary_part")
+           "trainer_version, sampler_version FROM tokens WHERE file_id = $fid")
+    terms = token_terms_sql(src)
+    fine = with_bin_sql(terms, "d", "de", len(S.D_EDGES), "bin")
+    banded = with_bin_sql(f"SELECT *, {', '.join(f'{bucket_sql(d)} AS {c}' for d, c in _DIM_COLS.items())} "
+                          f"FROM ({terms}) bt_", "d", "be", len(S.BAND_EDGES), "band")
+    sums = [c.name for c in S.TOKEN_SUMS]
+    s_cols = ", ".join(sums)
+    agg = token_sums_sql()
+
+    def insert(sql: str) -> None:
+        params = {"fid": file_id} | edge_params("de", S.D_EDGES) | edge_params("be", S.BAND_EDGES) | bucket_params()
+        writer.execute(sql, {k: v for k, v in params.items() if f"${k}" in sql})
+    insert(f"INSERT INTO summary_step (run, step, {s_cols}, file_id) "
+           f"SELECT run, step, {agg}, $fid FROM ({terms}) GROUP BY run, step")
+    insert(f"INSERT INTO summary_seq (run, step, sample, band, max_pos, {s_cols}, file_id) "
+           f"SELECT run, step, sample, band, max(pos), {agg}, $fid FROM ({banded}) GROUP BY run, step, sample, band")
+    insert("INSERT INTO summary_hist (run, step, bin, n_tokens, sum_rm1, sum_rm1_sq, file_id) "
+           f"SELECT run, step, bin, count(*), fsum(rm1), fsum(rm1 * rm1), $fid FROM ({fine}) GROUP BY run, step, bin")
+    # the four dimensions in one aggregation (each token counted once per dimension): the terms are computed
+    # once, not four times (measured ~25% faster than four queries)
+    which = " ".join(f"WHEN '{d}' THEN {c}" for d, c in _DIM_COLS.items())
+    dims = ", ".join(f"('{d}')" for d in _DIM_COLS)
+    insert(f"INSERT INTO summary_bucket (run, step, dim, bucket, band, {s_cols}, file_id) "
+           f"SELECT run, step, dim, bucket, band, {agg}, $fid FROM ("
+           f"  SELECT *, CASE dim {which} END AS bucket FROM ({banded}) b_ CROSS JOIN (VALUES {dims}) v_(dim)) u_ "
+           f"WHERE bucket IS NOT NULL GROUP BY run, step, dim, bucket, band")  # NULL: no entropy / versions
 
 
 def _check_routing_whole(writer, file_id: int, name: str) -> None:
@@ -225,8 +226,8 @@ def _add_routing(writer, file_id: int) -> None:
                      WHERE step BETWEEN (SELECT min(step) FROM f) AND (SELECT max(step) FROM f))
         SELECT f.*, tok.s, tok.t FROM f JOIN tok USING (run, step, sample, pos)"""
     writer.execute(f"""CREATE TEMP TABLE _summary_flip AS
-        SELECT run, step, sample, pos, n_fl, first_flip, abs(d) AS abs_d, k3, {bin_sql('d', 'be', len(S.BAND_EDGES))} AS band
-        FROM ({token_terms_sql(tokflip)}) tt_""", params)
+        SELECT run, step, sample, pos, n_fl, first_flip, abs(d) AS abs_d, k3, band
+        FROM ({with_bin_sql(token_terms_sql(tokflip), 'd', 'be', len(S.BAND_EDGES), 'band')}) tt_""", params)
     try:
         writer.execute("""INSERT INTO summary_step (run, step, n_tokens, n_routed, n_any_flip, sum_flipped_layers,
                               sum_abs_d_flip, sum_k3_flip, sum_abs_d_noflip, sum_k3_noflip, file_id)
@@ -249,3 +250,28 @@ def _add_routing(writer, file_id: int) -> None:
             FROM c LEFT JOIN ff USING (run, step, layer)""", {"fid": file_id})
     finally:
         writer.execute("DROP TABLE _summary_flip")
+
+
+def unsummarised_files(cur) -> list[int]:
+    """Files with token or routing rows but no summary rows (loaded before summaries existed), token files first."""
+    return [r[0] for r in cur.execute("""
+        SELECT file_id FROM (SELECT DISTINCT file_id, 0 AS o FROM tokens
+                             UNION SELECT DISTINCT file_id, 1 FROM routing)
+        WHERE file_id NOT IN (SELECT file_id FROM summary_step UNION SELECT file_id FROM summary_layer
+                              UNION SELECT file_id FROM summary_skip)
+        GROUP BY file_id ORDER BY min(o), file_id""").fetchall()]
+
+
+def backfill(store) -> int:
+    """Summarise the files a database holds without summaries (one transaction each); returns how many.
+    Legacy routing whose layers of a token span files is accepted here (its per-token flip counts are then per
+    file), since refusing would leave the rows unsummarised for good."""
+    done = 0
+    for fid in unsummarised_files(store.cursor()):
+        with store.transaction() as w:
+            if w.execute("SELECT count(*) FROM tokens WHERE file_id = ?", [fid]).fetchall()[0][0]:
+                _add_tokens(w, fid)
+            if w.execute("SELECT count(*) FROM routing WHERE file_id = ?", [fid]).fetchall()[0][0]:
+                _add_routing(w, fid)
+        done += 1
+    return done

@@ -1,0 +1,170 @@
+"""Benchmark the summaries: `python -m analysis metrics --by step|run` as whole processes on a database with
+40M summarised tokens (400 steps) and 16M routing rows (32 layers, top-8 of 64), against the token-level SQL.
+
+    python benchmarks/bench_summaries.py [--repeat 5] [--rebuild] [--no-write]
+
+Builds (once, cached in benchmarks/work/, git-ignored) a database straight from DuckDB SQL: 40M token rows
+and, for the routed tokens, routing rows with their derived columns and expert_load (as bench_metrics does);
+then summarises them with the ingest hook (summaries.compute.add_file, one "file" per 10 steps, timed).
+Times, best of N, in the same run: the CLI as a whole process (`metrics --by step`, `--by run`), the same
+tables in process from summaries (report.metrics_table) and from token rows (metrics.token_metrics, the
+pre-summaries path), plus the process start-up alone (`python -c "import analysis.report"`).
+Results are appended to benchmarks/RESULTS-summaries.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from analysis import metrics, report  # noqa: E402
+from analysis.store import Store  # noqa: E402
+from analysis.summaries import compute  # noqa: E402
+
+WORK = ROOT / "benchmarks" / "work"
+DB = WORK / "bench_summaries.duckdb"
+RESULTS = ROOT / "benchmarks" / "RESULTS-summaries.md"
+RUN = "bench"
+STEPS, SEQS, LEN = 400, 200, 500              # 400 × 200 × 500 = 40,000,000 tokens
+ROUTED_LEN, LAYERS, K, EXPERTS = 1250, 32, 8, 64  # per step 1,250 tokens × 32 layers: 400 × 40,000 = 16M rows
+FILE_STEPS = 10                               # steps per summarised "file"
+BUILD_VERSION = "1"
+
+
+def build(path: Path) -> dict:
+    if path.exists():
+        path.unlink()
+    WORK.mkdir(parents=True, exist_ok=True)
+    store = Store(path)
+    con = store.cursor()
+    con.execute("SELECT setseed(0.42)")
+    t0 = time.perf_counter()
+    n_files = STEPS // FILE_STEPS
+    # s ~ −Exp(1.5); Δ ~ N(0, 0.05), 0.5% ×20; staleness 0–1; entropy ~ Exp(1); file_id = 1 + step // FILE_STEPS
+    con.execute(f"""
+        INSERT INTO tokens (run, step, sample, pos, token_id, sampler_logprob, trainer_logprob, sampler_version,
+                            trainer_version, sampler_entropy, file_id)
+        SELECT '{RUN}', st, (i // {LEN}) % {SEQS}, (i % {LEN})::INTEGER, (hash(i) % 50000)::INTEGER, s,
+               least(s + d, 0.0), st - (hash(i // {LEN}) % 2)::BIGINT, st, -ln(1.0 - random()),
+               (1 + st // {FILE_STEPS})::INTEGER
+        FROM (SELECT i, i // {SEQS * LEN} AS st, 1.5 * ln(1.0 - random()) AS s,
+                     0.05 * sqrt(-2.0 * ln(1.0 - random())) * cos(2.0 * pi() * random())
+                     * CASE WHEN random() < 0.005 THEN 20.0 ELSE 1.0 END AS d
+              FROM range({STEPS * SEQS * LEN}) r(i))""")
+    t1 = time.perf_counter()
+    # routing of the first ROUTED_LEN tokens of each step (samples 0..2, positions in order), file_id 1000 + ...
+    con.execute(f"""
+        INSERT INTO routing (run, step, sample, pos, layer, sampler_experts, trainer_experts, k, flip, top1_flip,
+                             n_common, file_id)
+        SELECT '{RUN}', step, sample, pos, layer, se, te, {K}, flip, top1, nc, (1000 + step // {FILE_STEPS})::INTEGER
+        FROM (SELECT step, sample, pos, layer, se,
+                     CASE WHEN sw THEN list_transform(se, lambda x, j: CASE WHEN j = 1 THEN (x + 1) % {EXPERTS} ELSE x END)
+                          ELSE se END AS te, sw AS flip, sw AS top1, CASE WHEN sw THEN {K - 1} ELSE {K} END AS nc
+              FROM (SELECT i // ({ROUTED_LEN} * {LAYERS}) AS step, (i // {LAYERS}) % {ROUTED_LEN} // {LEN} AS sample,
+                           ((i // {LAYERS}) % {ROUTED_LEN} % {LEN})::INTEGER AS pos, (i % {LAYERS})::INTEGER AS layer,
+                           list_transform(range({K}), lambda j: ((hash(i) % {EXPERTS}) + j * 8 + 1)::INTEGER % {EXPERTS}) AS se,
+                           random() < 0.03 AS sw
+                    FROM range({STEPS * ROUTED_LEN * LAYERS}) r(i)))""")
+    con.execute(f"""INSERT INTO expert_load (run, step, layer, expert, n_sampler, n_trainer, file_id)
+        SELECT '{RUN}', step, layer, e, count(*), count(*), 1000 + step // {FILE_STEPS}
+        FROM (SELECT step, layer, unnest(sampler_experts) AS e FROM routing) GROUP BY ALL""")
+    con.execute("INSERT INTO runs (run, config) VALUES (?, '{}')", [RUN])
+    t2 = time.perf_counter()
+    with store.transaction() as w:  # the ingest hook, once per "file", as ingest calls it
+        for f in range(n_files):
+            compute.add_file(w, 1 + f)
+    t3 = time.perf_counter()
+    with store.transaction() as w:
+        for f in range(n_files):
+            compute.add_file(w, 1000 + f)
+    t4 = time.perf_counter()
+    con.execute(f"CREATE OR REPLACE TABLE build_info AS SELECT '{BUILD_VERSION}' AS version")
+    store.close()
+    return {"tokens_s": t1 - t0, "routing_s": t2 - t1, "summaries_tokens_s": t3 - t2, "summaries_routing_s": t4 - t3}
+
+
+def best(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def cli(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "analysis", *args], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--rebuild", action="store_true")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    built = {}
+    fresh = DB.exists() and not args.rebuild
+    if fresh:
+        with Store(DB, read_only=True) as s:
+            fresh = bool(s.scalar("SELECT count(*) FROM information_schema.tables WHERE table_name = 'build_info'")) \
+                and s.scalar("SELECT version FROM build_info") == BUILD_VERSION
+    if not fresh:
+        built = build(DB)
+        print("built", built, flush=True)
+    with Store(DB, read_only=True) as s:
+        n_tok = s.scalar("SELECT sum(n_tokens)::BIGINT FROM summary_step")
+        n_rout = s.scalar("SELECT count(*) FROM routing")
+        rows = {t: s.scalar(f"SELECT count(*) FROM {t}") for t in
+                ("summary_step", "summary_seq", "summary_hist", "summary_bucket", "summary_layer")}
+    res = {}
+    res["startup"] = best(lambda: subprocess.run([sys.executable, "-c", "import analysis.report"], check=True),
+                          args.repeat)
+    for by in ("step", "run"):
+        res[f"cli_{by}"] = best(lambda: cli("metrics", "--db", str(DB), "--by", by), args.repeat)
+    with Store(DB, read_only=True) as s:
+        for by in ("step", "run"):
+            res[f"summ_{by}"] = best(lambda: report.metrics_table(s, [RUN], by=by), args.repeat)
+        for by in ("step", "run"):  # the token-row path the CLI took before: one scan of 40M rows
+            res[f"tok_{by}"] = best(lambda: metrics.token_metrics(s, [RUN], by=by), max(1, args.repeat // 2))
+    load = os.getloadavg()[0]
+    lines = [
+        f"\n## {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC · {platform.machine()} · {os.cpu_count()} cores · "
+        f"load {load:.1f} · best of {args.repeat}",
+        f"{n_tok:,} summarised tokens, {n_rout:,} routing rows; summary rows: "
+        + ", ".join(f"{t} {n:,}" for t, n in rows.items()),
+        "",
+        "| | summaries | token rows (before) | ratio |",
+        "|---|---:|---:|---:|",
+        f"| `metrics --by step` in process | {res['summ_step']:.3f} s | {res['tok_step']:.3f} s | "
+        f"{res['tok_step'] / res['summ_step']:.0f}× |",
+        f"| `metrics --by run` in process | {res['summ_run']:.3f} s | {res['tok_run']:.3f} s | "
+        f"{res['tok_run'] / res['summ_run']:.0f}× |",
+        f"| `python -m analysis metrics --by step` (whole process) | {res['cli_step']:.3f} s | | |",
+        f"| `python -m analysis metrics --by run` (whole process) | {res['cli_run']:.3f} s | | |",
+        f"| start-up alone (`python -c 'import analysis.report'`) | {res['startup']:.3f} s | | |",
+    ]
+    if built:
+        lines.append(f"\nBuild: token rows {built['tokens_s']:.1f} s, routing rows {built['routing_s']:.1f} s; "
+                     f"summaries via the ingest hook: tokens {built['summaries_tokens_s']:.1f} s "
+                     f"({n_tok / built['summaries_tokens_s'] / 1e6:.2f} M tokens/s), routing "
+                     f"{built['summaries_routing_s']:.1f} s.")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if not args.no_write:
+        if not RESULTS.exists():
+            RESULTS.write_text("# Summaries: metrics tables from summaries vs token rows\n\n"
+                               "Command: `python benchmarks/bench_summaries.py` (see its docstring).\n")
+        with open(RESULTS, "a") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
