@@ -32,10 +32,8 @@ class Report:
 
 
 def _progress(total: int, enabled: bool):
-    try:
-        from tqdm import tqdm
-    except ImportError:  # progress is a nicety; the job runs without it
-        return None
+    """A progress bar on stderr when it is a terminal (tqdm's disable=None), none otherwise."""
+    from tqdm import tqdm
     return tqdm(total=total, unit="partition", desc="summarize", disable=None if enabled else True,
                 file=sys.stderr)
 
@@ -70,10 +68,8 @@ def summarize(lake: str, out: str | Path, engine: str = "duckdb", address: str |
         else:
             parts.setdefault(res.run, []).append(res)
             report.tokens += res.n_tokens
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+        bar.update(1)
+    bar.close()
 
     for name, results_of_run in sorted(parts.items()):
         tables = {t: partial.merge(t, (r.tables.get(t) for r in results_of_run)) for t in partial.MERGED_TABLES}
