@@ -175,3 +175,32 @@ def _cli_csv(argv: list[str]) -> io.StringIO:
         assert main(argv) == 0
     out.seek(0)
     return out
+
+
+def test_the_app_shows_a_summarized_lake(tmp_path, monkeypatch):
+    """The app opens on a database that holds only summarize's files: the overview draws its curves, and the
+    token-level views say they read a sample and what it holds (40 sequences: more than the 16 kept whole)."""
+    from streamlit.testing.v1 import AppTest
+
+    from analysis import sampled
+
+    tokens = lu.metrics_make_tokens(seed=5, runs=("s",), steps=(3,), n_seq=40, max_len=30)
+    write_file(str(tmp_path / "lake"), "s", 3, "tokens", 0, tokens.to_arrow())
+    assert main(["summarize", str(tmp_path / "lake"), "--out", str(tmp_path / "out"), "--token-sample", "0.1"]) == 0
+    assert main(["ingest", str(tmp_path / "out"), "--db", str(tmp_path / "s.duckdb")]) == 0
+    store = Store(tmp_path / "s.duckdb", read_only=True)
+    kept = store.scalar("SELECT count(*) FROM tokens")
+    assert 0 < kept < tokens.height
+    assert sampled.sample_label(store, ["s"]) == (
+        f"tokens: {sampled.share_text(kept / tokens.height)} sample ({kept} of {tokens.height}); curves are exact"
+        " — a uniform 10% draw, plus per step the 16 worst sequences by |ΣΔ| and the 256 tokens of largest |Δ|")
+    store.close()
+    monkeypatch.setenv("DRIFT_DB", str(tmp_path / "s.duckdb"))
+    monkeypatch.setenv("DRIFT_NO_DEMO", "1")
+    monkeypatch.setenv("DRIFT_PREFETCH", "0")
+    at = AppTest.from_file(str(lu.ROOT / "app.py"), default_timeout=120)
+    at.run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    assert at.multiselect(key="sidebar_runs").value == ["s"]
+    assert sum(1 for _ in at.get("plotly_chart")) > 0
