@@ -112,17 +112,18 @@ def timed(cmd: list[str]) -> tuple[float, float]:
 
 
 def run_three(lake: Path) -> dict[str, tuple[float, float]]:
-    out = WORK / "out"
+    out = WORK / f"out-{os.getpid()}"
     walls = {}
     for engine in ("duckdb", "ray"):
         shutil.rmtree(out, ignore_errors=True)
         walls[engine] = timed([sys.executable, "-m", "analysis", "summarize", str(lake), "--out", str(out),
                                "--engine", engine])
-    db = WORK / "ingest.duckdb"
+    db = WORK / f"ingest-{os.getpid()}.duckdb"
     for p in (db, Path(f"{db}.wal")):
         p.unlink(missing_ok=True)
     walls["ingest"] = timed([sys.executable, "-m", "analysis", "ingest", str(lake), "--db", str(db)])
     db.unlink(missing_ok=True)
+    shutil.rmtree(out, ignore_errors=True)
     return walls
 
 
@@ -148,7 +149,10 @@ def ray_noop_overhead(n: int = 400) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=40_000_000)
-    ap.add_argument("--partitions", type=int, nargs="+", default=[50, 400])
+    ap.add_argument("--partitions", type=int, nargs="*", default=[50, 400],
+                    help="partition counts of the --tokens lake (none: only the overhead runs)")
+    ap.add_argument("--overhead", type=int, nargs=2, default=[50, 400], metavar=("LO", "HI"),
+                    help="partition counts of the tiny lakes that measure the per-partition overhead")
     ap.add_argument("--routed", type=int, default=ROUTED_TOKENS, help="tokens that also get routing rows")
     ap.add_argument("--rebuild", action="store_true")
     ap.add_argument("--no-write", action="store_true", help="print, do not append to RESULTS-lake.md")
@@ -167,10 +171,11 @@ def main() -> None:
                 f"ray {wall['ray'] / wall['ingest']:.2f}x ({cpu['ray'] / cpu['ingest']:.2f}x CPU)")
         print(line, flush=True)
         lines.append(line)
+        record(args, lines[-1:])
     # per-partition overhead: the same job on lakes of tiny partitions (10 tokens each); the slope between the two
     # partition counts is the cost of one more partition, the intercept the fixed cost (process, Ray start-up)
-    lo, hi = min(args.partitions), max(args.partitions)
-    out = WORK / "out"
+    lo, hi = sorted(args.overhead)
+    out = WORK / f"out-{os.getpid()}"
     for engine in ("duckdb", "ray"):
         walls, cpus = {}, {}
         for n in (lo, hi):
@@ -184,28 +189,42 @@ def main() -> None:
                 f"{walls[lo] - slope * lo:.1f}s ({cpus[lo] - cpu_slope * lo:.1f}s CPU)")
         print(line, flush=True)
         lines.append(line)
+        record(args, lines[-1:])
     init, per = ray_noop_overhead()
     line = f"- Ray itself: ray.init(num_cpus=2) {init:.1f}s, a no-op Ray task {1000 * per:.1f} ms (400 in a batch)"
     print(line, flush=True)
-    lines.append(line)
+    record(args, [line], last=True)
+
+
+_started: set[int] = set()
+
+
+def record(args, lines: list[str], last: bool = False) -> None:
+    """Append result lines to RESULTS-lake.md as they come (a long run on shared cores may be cut short): the
+    entry's header first, then the lines, and the load average when the run ends."""
     if args.no_write:
         return
-    load = os.getloadavg()[0]
     import duckdb
     import ray
-    head = [f"## {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S')}", "",
-            f"Command: `python benchmarks/bench_lake.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
-            f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-            f"duckdb {duckdb.__version__}, ray {ray.__version__}, load average at the end {load:.1f} "
-            "(other processes share the CPUs)  ",
-            f"Data: {args.tokens:,} tokens (sequences of {LEN}), routing for {args.routed:,} of them "
-            f"({args.routed * LAYERS:,} rows: {LAYERS} layers, top-{K} of {EXPERTS}, 3% flips), "
-            "each step one partition of 2 rank files; wall seconds of whole processes, one run each", ""]
+    out = []
+    if not _started:
+        _started.add(1)
+        out += [f"## {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S')}", "",
+                f"Command: `python benchmarks/bench_lake.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
+                f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+                f"duckdb {duckdb.__version__}, ray {ray.__version__}, load average at the start "
+                f"{os.getloadavg()[0]:.1f} (other processes share the CPUs)  ",
+                f"Data: {args.tokens:,} tokens (sequences of {LEN}), routing for {args.routed:,} of them "
+                f"({args.routed * LAYERS:,} rows: {LAYERS} layers, top-{K} of {EXPERTS}, 3% flips), each step one "
+                "partition of 2 rank files; wall and CPU seconds of whole processes, one run each", ""]
+    out += lines
+    if last:
+        out += ["", f"Load average at the end: {os.getloadavg()[0]:.1f}", ""]
     new = not RESULTS.exists()
     with open(RESULTS, "a") as f:
         if new:
             f.write("# Lake summarize benchmarks (benchmarks/bench_lake.py)\n\n")
-        f.write("\n".join(head + lines) + "\n\n")
+        f.write("\n".join(out) + "\n")
 
 
 if __name__ == "__main__":
