@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from analysis.summaries import schema as S
@@ -73,23 +74,26 @@ def token_terms(s: torch.Tensor, t: torch.Tensor) -> Terms:
     r = {c: V[j] for j, c in enumerate(_SUMS)} | {c: M[j] for j, c in enumerate(_MAXES)}
     r["ones"], r["pos"] = V[-1], M[-1]
     r["ones"].fill_(1.0)
+    # compute.token_terms_sql's forms: two expm1 per token, the other terms from them without cancellation
     d = torch.sub(t, s, out=r["sum_d"])
     cd = d.clamp(-S.CLAMP, S.CLAMP)
     rm1 = torch.expm1(cd, out=r["sum_rm1"])
+    em = torch.exp(cd).reciprocal_().mul_(rm1).neg_()  # expm1(−cd) = −(r − 1)/r
     torch.mul(d, d, out=r["sum_d2"])
     abs_d = torch.abs(d, out=r["sum_abs_d"])
     small = abs_d < S.SERIES_BELOW
     torch.where(small, _series_k3(d), (rm1 - d).clamp_(min=0.0), out=r["sum_k3"])
-    torch.where(small, _series_k3(-d), torch.expm1(-cd).add_(d).clamp_(min=0.0), out=r["sum_k3r"])
+    torch.where(small, _series_k3(-d), (em + d).clamp_(min=0.0), out=r["sum_k3r"])
     torch.mul(rm1, rm1, out=r["sum_rm1_sq"])
-    torch.expm1(cd.abs_(), out=r["sum_mpe"])
+    torch.where(cd >= 0, rm1, em, out=r["sum_mpe"])  # expm1(|cd|)
+    ps, pt = torch.exp(s, out=r["sum_ps"]), torch.exp(t, out=r["sum_pt"])
+    dp = torch.where(d == cd, ps * rm1, pt - ps)  # exp t − exp s: exp s · (r − 1) unless Δ is clamped
     qs = torch.expm1(s, out=r["sum_qs"]).neg_()
-    qt = torch.expm1(t, out=r["sum_qt"]).neg_()
-    adp = torch.sub(qs, qt, out=r["sum_adp"]).abs_()
+    qt = torch.sub(qs, dp, out=r["sum_qt"])
+    adp = torch.abs(dp, out=r["sum_adp"])
     torch.mul(qs, qs, out=r["sum_qs2"])
     torch.mul(qt, qt, out=r["sum_qt2"])
     torch.mul(qs, qt, out=r["sum_qsqt"])
-    ps, pt = torch.exp(s, out=r["sum_ps"]), torch.exp(t, out=r["sum_pt"])
     torch.mul(ps, ps, out=r["sum_ps2"])
     torch.mul(pt, pt, out=r["sum_pt2"])
     torch.mul(ps, pt, out=r["sum_pspt"])
@@ -136,7 +140,8 @@ class _Groups:
         count = self.total[:, -1]
         ids = count.nonzero().squeeze(1)
         out = {"n_tokens": count[ids].to(torch.int64)}  # exact: a float64 count of < 2^53 tokens
-        out |= {c: self.total[ids, j] for j, c in enumerate(self.sums)}
+        total = self.total[ids]  # one gather of the non-empty rows, then column views
+        out |= {c: total[:, j] for j, c in enumerate(self.sums)}
         top = self.top[ids]
         out |= {c: -top[:, j] if c.startswith("min_") else top[:, j] for j, c in enumerate(self.maxes)}
         if self.with_pos:
@@ -200,8 +205,9 @@ def _routing(x: StepTensors, flat: torch.Tensor) -> _Routing:
     return _Routing(flipped_layers if both else None, layer_rows, expert_load)
 
 
-def _host(values: dict[str, torch.Tensor | list]) -> dict[str, list]:
-    return {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+def _host(values: dict[str, torch.Tensor | list]) -> dict[str, np.ndarray | list]:
+    """Columns to the host as numpy arrays (Arrow takes them without a copy; lists of Python floats are slow)."""
+    return {k: v.cpu().numpy() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
 
 
 def summarise(x: StepTensors, kept: Kept, plan: SamplePlan) -> dict[str, dict[str, list]]:
@@ -279,8 +285,9 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan) -> dict[str, dict[st
     for dim, groups in dims.items():
         ids, rows = groups.rows()
         bucket = ids // S.N_BANDS + (lag_lo if dim == "lag" else 0)
-        parts.append(_host({"dim": [dim] * len(ids), "bucket": bucket, "band": ids % S.N_BANDS} | rows))
-    tables["summary_bucket"] = {k: sum((p[k] for p in parts), []) for k in parts[0]}
+        parts.append(_host({"dim": np.full(len(ids), dim, dtype=object), "bucket": bucket,
+                            "band": ids % S.N_BANDS} | rows))
+    tables["summary_bucket"] = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     if routing is not None:
         tables["summary_layer"] = routing.layer_rows
         tables[EXPERT_LOAD] = routing.expert_load

@@ -52,8 +52,10 @@ def build(run: str, step: int, tables: dict[str, dict[str, list]]) -> pa.Table:
         n = len(next(iter(cols.values()), []))
         if n == 0:
             continue
-        data = {TABLE_COLUMN: [name] * n, "run": [run] * n, "step": [step] * n} | cols
-        parts.append(pa.table({f: pa.array(data[f], t) if f in data else pa.nulls(n, t) for f, t in fields.items()}))
+        data = {TABLE_COLUMN: pa.repeat(pa.scalar(name), n), "run": pa.repeat(pa.scalar(run), n),
+                "step": pa.repeat(pa.scalar(step, pa.int64()), n)}
+        data |= {k: pa.array(v, fields[k]) for k, v in cols.items()}  # numpy columns convert without a copy
+        parts.append(pa.table({f: data[f] if f in data else pa.nulls(n, t) for f, t in fields.items()}))
     schema = pa.schema(fields).with_metadata({SUMMARY_KEY: FORMAT_VERSION})
     table = pa.concat_tables(parts) if parts else schema.empty_table()
     return table.replace_schema_metadata(schema.metadata)
@@ -117,40 +119,35 @@ def _first(mask: pa.Array | pa.ChunkedArray) -> int:
     return int(np.flatnonzero(mask.to_numpy(zero_copy_only=False))[0])
 
 
+def _scalar(v):
+    return v.item() if hasattr(v, "item") else v  # a numpy scalar as the Python value, for messages
+
+
 def _check(name: str, table: str, c: S.Col, col: pa.ChunkedArray, row) -> None:
     """The value rules of one column of `table`; raises naming the first row that breaks one."""
-    place = lambda i: f"{row(i)} (table {table}), column '{c.name}'"  # noqa: E731
-    if S.merge_kind(c.name) == "key" and col.null_count:
-        raise BadValue(name, place(_first(pc.is_null(col))), "key value is missing (null)", FIX)
+    def refuse(bad: np.ndarray, rule: str):
+        i = int(np.flatnonzero(bad)[0])
+        raise BadValue(name, f"{row(i)} (table {table}), column '{c.name}'",
+                       rule.format(v=_scalar(values[i])), FIX)
+
+    values = col.is_null().to_numpy(zero_copy_only=False)
+    if S.merge_kind(c.name) == "key" and values.any():
+        refuse(values, "key value is missing (null)")
     values = col.to_numpy(zero_copy_only=False) if col.null_count == 0 else \
         pc.fill_null(col, 0 if c.sql_type != "VARCHAR" else "").to_numpy(zero_copy_only=False)
-    if c.sql_type == "DOUBLE":
-        bad = ~np.isfinite(values)
-        if bad.any():
-            raise BadValue(name, place(int(np.flatnonzero(bad)[0])), f"value must be finite, got {values[bad][0]!r}",
-                           FIX)
-    if c.name.startswith("n_") or c.name in ("step", "sum_common", "sum_flipped_layers"):
-        bad = values < 0
-        if bad.any():
-            raise BadValue(name, place(int(np.flatnonzero(bad)[0])), f"a count must be >= 0, got {values[bad][0]}",
-                           FIX)
+    if c.sql_type == "DOUBLE" and not np.isfinite(values).all():
+        refuse(~np.isfinite(values), "value must be finite, got {v!r}")
+    if (c.name.startswith("n_") or c.name in ("step", "sum_common", "sum_flipped_layers")) and (values < 0).any():
+        refuse(values < 0, "a count must be >= 0, got {v}")
     limit = {"band": S.N_BANDS, "bin": S.N_BINS}.get(c.name)
-    if limit is not None:
-        bad = (values < 0) | (values >= limit)
-        if bad.any():
-            raise BadValue(name, place(int(np.flatnonzero(bad)[0])),
-                           f"{c.name} must be in [0, {limit}) (the global edges of summaries/schema.py), "
-                           f"got {values[bad][0]}", FIX)
-    if c.name == "dim":
-        bad = ~np.isin(values, S.BUCKET_DIMENSIONS)
-        if bad.any():
-            raise BadValue(name, place(int(np.flatnonzero(bad)[0])), f"unknown bucket dimension "
-                           f"{values[bad][0]!r} (known: {', '.join(S.BUCKET_DIMENSIONS)})", FIX)
-    if c.name == "token_sample":
-        bad = (values < 0) | (values > 1)
-        if bad.any():
-            raise BadValue(name, place(int(np.flatnonzero(bad)[0])), f"a share must be in [0, 1], got "
-                           f"{values[bad][0]}", FIX)
+    if limit is not None and ((values < 0) | (values >= limit)).any():
+        refuse((values < 0) | (values >= limit),
+               f"{c.name} must be in [0, {limit}) (the global edges of summaries/schema.py), got {{v}}")
+    if c.name == "dim" and not np.isin(values, S.BUCKET_DIMENSIONS).all():
+        refuse(~np.isin(values, S.BUCKET_DIMENSIONS),
+               f"unknown bucket dimension {{v!r}} (known: {', '.join(S.BUCKET_DIMENSIONS)})")
+    if c.name == "token_sample" and ((values < 0) | (values > 1)).any():
+        refuse((values < 0) | (values > 1), "a share must be in [0, 1], got {v}")
 
 
 __all__ = ["build", "read", "is_summary_file", "TABLES", "SUMMARY_KEY", "TABLE_COLUMN", "keys"]
