@@ -34,14 +34,13 @@ def _edge_bin(x: float, edges: Sequence[float]) -> int:
     return 2 * list(edges).index(x) + 1
 
 
-def merged(table: str, keys: Sequence[str], where: str, only: Sequence[str] | None = None,
-           source: str | None = None) -> str:
+def merged(table: str, keys: Sequence[str], where: str, source: str | None = None) -> str:
     """SELECT keys, merged columns FROM table WHERE where GROUP BY keys (sums add, minima and maxima merge).
     `source`: a subquery with the table's columns (and the keys) to read instead of the table itself."""
     outs = []
     for c in S.columns(table):
         kind = S.merge_kind(c)
-        if kind == "key" or (only is not None and c not in only):
+        if kind == "key":
             continue
         if kind == "sum":
             outs.append(f"fsum({c}) AS {c}" if _is_double(table, c) else f"sum({c})::BIGINT AS {c}")
