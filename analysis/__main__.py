@@ -1,4 +1,4 @@
-"""Command line: `python -m analysis {ingest,runs,metrics,lab} ...` (see README, DESIGN.md)."""
+"""Command line: `python -m analysis {ingest,watch,runs,metrics,corrections,findings,lab} ...` (see README, DESIGN.md)."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ingest", help="validate and load log files/folders into the database")
     p.add_argument("paths", nargs="+")
     p.add_argument("--run", default=None, help="run name for files that carry none (overrides the file's)")
+    p.add_argument("--map", action="append", default=[], metavar="COLUMN=FIELD",
+                   help="JSON Lines / Parquet whose keys match no format: the field holding a SCHEMA column "
+                        "(repeatable), e.g. --map sampler_logprob=rollout_logprobs (docs/frameworks.md)")
     _db_arg(p)
     p = sub.add_parser("runs", help="list runs (CSV)")
     _db_arg(p)
@@ -29,6 +32,26 @@ def build_parser() -> argparse.ArgumentParser:
                    "1.2, 1.5, 2, 3, 5, 10 exactly, other values are computed from the token rows)")
     p.add_argument("--clip", type=float, default=0.2, help="PPO clip range epsilon (default 0.2; summaries answer "
                    "0.1, 0.2, 0.28, 0.3, 0.5, other values use the token rows)")
+    p = sub.add_parser("watch", help="load what is in the folders, then each new complete file, until Ctrl-C")
+    p.add_argument("paths", nargs="+", metavar="DIR")
+    p.add_argument("--run", default=None, help="run name for files that carry none (overrides the file's)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between polls of the folders (default 1)")
+    p.add_argument("--settle", type=float, default=None,
+                   help="seconds a file must keep its size and time before it is read (default: the interval)")
+    _db_arg(p)
+    p = sub.add_parser("corrections", help="what an off-policy correction would mask (METRICS.md Corrections)")
+    _db_arg(p)
+    p.add_argument("--run", action="append", default=None, help="run name (repeatable; default: all runs)")
+    p.add_argument("--method", required=True, choices=("tis", "icepop", "geo_rs", "seq_rs", "veto"))
+    p.add_argument("--param", action="append", default=[], metavar="K=V",
+                   help="method parameter, e.g. --param alpha=0.5 (repeatable; defaults in METRICS.md)")
+    p.add_argument("--by", choices=("step", "run"), default="step")
+    p.add_argument("--format", choices=("csv", "json"), default="csv")
+    p = sub.add_parser("findings", help="ranked findings: what carries a run's mismatch, evidence, what to try")
+    _db_arg(p)
+    p.add_argument("--run", action="append", default=None, help="run name (repeatable; default: all runs)")
+    p.add_argument("--steps", default=None, metavar="A:B", help="inclusive step range, e.g. 0:99")
+    p.add_argument("--format", choices=("text", "json"), default="text")
     from analysis.lake.cli import add_parser as add_summarize
     add_summarize(sub)
     sub.add_parser("lab", help="run the torch drift lab (options: python -m analysis lab --help)", add_help=False)
@@ -48,11 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "ingest":
             return _ingest(db, args)
+        if args.command == "watch":
+            from analysis.watch import follow
+            return follow(db, args.paths, run=args.run, interval=args.interval, settle=args.settle)
         store = Store(db, read_only=True)
         if args.command == "runs":
             out = store.runs().drop("config", "has_trainer_routing")
             sys.stdout.write(out.write_csv())
             return 0
+        if args.command in ("corrections", "findings"):
+            from analysis import commands
+            return commands.run(store, args)
         return _metrics(store, args)
     except StoreError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -61,9 +90,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def _ingest(db, args) -> int:
     from analysis.ingest import ingest_paths
+    from analysis.ingest.mapping import ingest_mapped, parse_map_args
+    try:
+        mapping = parse_map_args(args.map)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     store = Store(db)
     failed = 0
-    for outcome in ingest_paths(store, args.paths, run=args.run):
+    outcomes = (ingest_mapped(store, args.paths, mapping, run=args.run) if mapping
+                else ingest_paths(store, args.paths, run=args.run))
+    for outcome in outcomes:
         print(outcome.line(), file=sys.stdout if outcome.status != "refused" else sys.stderr)
         failed += outcome.status == "refused"
     store.close()

@@ -9,19 +9,27 @@ from analysis.store import Store
 ORDERS = ("seq_log_ratio_abs", "max_log_ratio_abs")
 
 
-def worst_sequences(store: Store, run: str, step: int, order: str = "seq_log_ratio_abs", n: int = 20) -> pl.DataFrame:
+def worst_sequences(store: Store, run: str, step: int, order: str = "seq_log_ratio_abs", n: int = 20,
+                    reward_min: float | None = None, reward_max: float | None = None) -> pl.DataFrame:
     """The `n` sequences of (run, step) with the largest mismatch, worst first.
 
     Per sequence, with Δ = t − s over its tokens: seq_log_ratio = ΣΔ = log(π_trainer(y)/π_sampler(y)) of the
     whole response, seq_log_ratio_abs = |ΣΔ|, max_log_ratio_abs = max |Δ|, kl_k3 = mean(r − 1 − Δ)
     (estimates KL(π_sampler ‖ π_trainer), r = exp(clamp(Δ, −20, 20))), n_flips = number of (token, layer)
-    routing rows whose expert sets differ (null when the sequence has no trainer routing).
-    order: "seq_log_ratio_abs" or "max_log_ratio_abs".
-    Returns [sample, n_tokens, seq_log_ratio, seq_log_ratio_abs, max_log_ratio_abs, kl_k3, n_flips].
+    routing rows whose expert sets differ (null when the sequence has no trainer routing); reward and advantage
+    from the sequences table (null when the file carried none), response_length = the recorded length, else the
+    number of tokens.
+    order: "seq_log_ratio_abs" or "max_log_ratio_abs". reward_min / reward_max keep only sequences whose
+    reward lies in [reward_min, reward_max] (either bound may be None; with a bound, sequences without a
+    reward are left out), e.g. reward_min=1 for the correct responses of a 0/1 reward.
+    Returns [sample, n_tokens, seq_log_ratio, seq_log_ratio_abs, max_log_ratio_abs, kl_k3, n_flips, reward,
+    advantage, response_length].
     """
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
-    params = {"run": run, "step": int(step), "n": int(n)}
+    params = {"run": run, "step": int(step), "n": int(n),
+              "lo": None if reward_min is None else float(reward_min),
+              "hi": None if reward_max is None else float(reward_max)}
     return store.sql(f"""
         WITH s AS (SELECT sample, count(*) AS n_tokens, sum(d) AS seq_log_ratio, abs(sum(d)) AS seq_log_ratio_abs,
                           max(abs(d)) AS max_log_ratio_abs, avg({kl3_sql(ratio_sql('d'))}) AS kl_k3
@@ -29,9 +37,48 @@ def worst_sequences(store: Store, run: str, step: int, order: str = "seq_log_rat
                          WHERE run = $run AND step = $step)
                    GROUP BY sample),
              f AS (SELECT sample, count_if(flip)::BIGINT AS n_flips FROM routing
-                   WHERE run = $run AND step = $step AND flip IS NOT NULL GROUP BY sample)
-        SELECT s.*, f.n_flips FROM s LEFT JOIN f USING (sample)
+                   WHERE run = $run AND step = $step AND flip IS NOT NULL GROUP BY sample),
+             q AS (SELECT sample, reward, advantage, response_length FROM sequences
+                   WHERE run = $run AND step = $step)
+        SELECT s.*, f.n_flips, q.reward, q.advantage,
+               coalesce(q.response_length, s.n_tokens)::BIGINT AS response_length
+        FROM s LEFT JOIN f USING (sample) LEFT JOIN q USING (sample)
+        WHERE ($lo IS NULL OR q.reward >= $lo) AND ($hi IS NULL OR q.reward <= $hi)
         ORDER BY {order} DESC, sample LIMIT $n""", params)
+
+
+def sequence_context(store: Store, run: str, step: int, sample: int) -> dict | None:
+    """What the trainer knew about one sequence besides its log-probs, or None if it has no tokens.
+
+    {n_tokens, seq_log_ratio (ΣΔ), kl_k3 (mean r − 1 − Δ), reward, advantage, prompt, response,
+    response_length, response_from_tokens}: reward/advantage/prompt are null when the file carried none;
+    response is the stored response text, else the tokens' text joined in position order (then
+    response_from_tokens is True; null when no token has text); response_length is the recorded length,
+    else the number of tokens.
+    """
+    # a database made before sequences had `response`, opened read-only (a viewer), was never migrated
+    stored = "response" if store.scalar(
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'sequences' AND column_name = 'response'"
+    ) else "NULL::VARCHAR AS response"
+    rows = store.sql(f"""
+        WITH t AS (SELECT count(*) AS n_tokens, sum(d) AS seq_log_ratio, avg({kl3_sql(ratio_sql('d'))}) AS kl_k3,
+                          string_agg(token, '' ORDER BY pos) AS joined
+                   FROM (SELECT pos, token, trainer_logprob - sampler_logprob AS d FROM tokens
+                         WHERE run = $run AND step = $step AND sample = $sample)),
+             q AS (SELECT reward, advantage, prompt, {stored}, response_length FROM sequences
+                   WHERE run = $run AND step = $step AND sample = $sample LIMIT 1)
+        SELECT t.n_tokens, t.seq_log_ratio, t.kl_k3, q.reward, q.advantage, q.prompt,
+               coalesce(q.response, t.joined) AS response, q.response IS NULL AS response_from_tokens,
+               coalesce(q.response_length, t.n_tokens)::BIGINT AS response_length
+        FROM t LEFT JOIN q ON true WHERE t.n_tokens > 0""",
+                     {"run": run, "step": int(step), "sample": int(sample)})
+    return rows.row(0, named=True) if rows.height else None
+
+
+def step_samples(store: Store, run: str, step: int) -> list[int]:
+    """The sample ids of (run, step) that hold tokens, ascending."""
+    return [r[0] for r in store.rows("SELECT DISTINCT sample FROM tokens WHERE run = ? AND step = ? ORDER BY sample",
+                                     [run, int(step)])]
 
 
 def sequence_tokens(store: Store, run: str, step: int, sample: int) -> pl.DataFrame:

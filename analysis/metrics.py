@@ -232,6 +232,8 @@ def token_metrics(store: Store, runs: list[str], by: str = "step", cap: float = 
     ess = (mean w)² / mean(w²) with w = clamp(r, 1/C, C); prob_pearson = corr(exp t, exp s), null when either
     column is constant (and for one token). Per sequence (run, step, sample), then averaged over sequences:
     ppl_ratio = exp(mean s − mean t), chi2_seq = exp(2·clamp(ΣΔ, −20, 20)) − 1; seq_log_ratio_abs_max = max |ΣΔ|.
+    Version 2: mult_prob_error = mean exp(|clamp(Δ)|) (NeMo RL); kl_k3_reverse = mean(1/r − 1 + Δ) ≥ 0, still
+    over the sampler's tokens; seq_geo_ratio_mean/min/max = mean/min/max over sequences of g = exp(mean_tok Δ).
 
     Returns one row per non-empty group: [run, (step,) n_tokens, n_sequences, kl_k1, ..., seq_log_ratio_abs_max].
 

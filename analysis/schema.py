@@ -61,6 +61,7 @@ SEQUENCES = (
     Column("advantage", "DOUBLE", False),
     Column("prompt", "VARCHAR", False),
     Column("response_length", "INTEGER", False),
+    Column("response", "VARCHAR", False, "response text as the sampler produced it"),
 )
 
 TABLES = {"tokens": TOKENS, "routing": ROUTING, "sequences": SEQUENCES}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -48,6 +50,8 @@ def _ddl() -> list[str]:
     for table in schema.TABLES:
         cols = ", ".join(f"{c.name} {c.sql_type}" for c in schema.stored_columns(table))
         stmts.append(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
+    # databases made before sequences had the response text
+    stmts.append("ALTER TABLE sequences ADD COLUMN IF NOT EXISTS response VARCHAR")
     return stmts + summary_schema.ddl()
 
 
@@ -76,6 +80,12 @@ class Store:
             raise StoreError(f"cannot open database {self.path}: {e}") from None
         self._local = threading.local()
         self.write_lock = threading.RLock()
+        # Queries in flight, so that shutdown() can interrupt them and wait: a daemon thread still inside DuckDB
+        # when the interpreter finalises is unwound from inside DuckDB's C++ and aborts the process (exit -6).
+        self._cursors: weakref.WeakSet = weakref.WeakSet()
+        self._active = 0
+        self._idle = threading.Condition()
+        self._closing = False
         if not read_only:
             with self.write_lock:
                 for stmt in _ddl():
@@ -85,7 +95,59 @@ class Store:
             backfill(self)
 
     def close(self) -> None:
+        for cur in list(self._cursors):
+            cur.close()
         self._con.close()
+
+    def shutdown(self, timeout: float = 10.0) -> bool:
+        """Refuse new queries, interrupt the running ones (in any thread), wait until they have returned, close.
+
+        For a process that is exiting (app.py registers it with atexit): True if every query returned in time."""
+        with self._idle:
+            self._closing = True
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._idle:
+                if self._active == 0:
+                    break
+            self.interrupt()
+            with self._idle:
+                self._idle.wait(0.05)
+            if time.monotonic() > deadline:
+                return False
+        try:
+            self.close()
+        except duckdb.Error:
+            pass
+        return True
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def interrupt(self) -> None:
+        """Interrupt whatever query runs on any of this store's cursors (the query raises in its own thread)."""
+        with self._idle:
+            cursors = list(self._cursors)
+        for cur in cursors + [self._con]:
+            try:
+                cur.interrupt()
+            except duckdb.Error:
+                pass
+
+    @contextmanager
+    def _query(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """This thread's cursor, counted as in flight while the caller uses it."""
+        with self._idle:
+            if self._closing:
+                raise StoreError("the database is closing (the server is shutting down)")
+            self._active += 1
+        try:
+            yield self.cursor()
+        finally:
+            with self._idle:
+                self._active -= 1
+                self._idle.notify_all()
 
     def __enter__(self) -> "Store":
         return self
@@ -99,15 +161,18 @@ class Store:
         if cur is None:
             cur = self._con.cursor()
             self._local.cur = cur
+            with self._idle:
+                self._cursors.add(cur)  # weak: a finished thread's cursor goes with its thread
         return cur
 
     # -- reads -------------------------------------------------------------------------------------
     def sql(self, query: str, params: Sequence[Any] | dict | None = None) -> pl.DataFrame:
         """Run a read query with bound parameters and return a polars DataFrame."""
-        try:
-            return self.cursor().sql(query, params=params).pl()
-        except duckdb.Error as e:
-            raise StoreError(f"query failed: {e}") from None
+        with self._query() as cur:
+            try:
+                return cur.sql(query, params=params).pl()
+            except duckdb.Error as e:
+                raise StoreError(f"query failed: {e}") from None
 
     def arrow(self, query: str, params: Sequence[Any] | dict | None = None):
         """Run a read query with bound parameters and return a pyarrow Table (picklable, unlike a reader)."""
@@ -117,10 +182,11 @@ class Store:
             raise StoreError(f"query failed: {e}") from None
 
     def rows(self, query: str, params: Sequence[Any] | dict | None = None) -> list[tuple]:
-        try:
-            return self.cursor().execute(query, params or []).fetchall()
-        except duckdb.Error as e:
-            raise StoreError(f"query failed: {e}") from None
+        with self._query() as cur:
+            try:
+                return cur.execute(query, params or []).fetchall()
+            except duckdb.Error as e:
+                raise StoreError(f"query failed: {e}") from None
 
     def scalar(self, query: str, params: Sequence[Any] | dict | None = None) -> Any:
         rows = self.rows(query, params)
@@ -132,8 +198,7 @@ class Store:
         """One all-or-nothing unit of work: commits on success, rolls back on any exception."""
         if self.read_only:
             raise StoreError("the database is open read-only")
-        with self.write_lock:
-            cur = self.cursor()
+        with self.write_lock, self._query() as cur:
             cur.execute("BEGIN TRANSACTION")
             try:
                 yield Writer(cur)

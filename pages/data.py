@@ -4,7 +4,7 @@ import streamlit as st
 
 from analysis import report, views
 from analysis.store import Store
-from ui import access
+from ui import access, mapping_form
 from ui import state as S
 
 st.title("Data")
@@ -24,6 +24,19 @@ else:
                 "columns; **sequence JSON Lines** (`.jsonl`, `.jsonl.gz`); **tensor dumps** (`.pt`, "
                 "`.safetensors`) with `rollout_log_probs` / `old_log_probs`; framework exports; and **zip** "
                 "archives of any of these. Loading the same content twice adds nothing.")
+
+    def _record(outcomes) -> None:
+        """Show the outcomes after the rerun, select the new runs, drop cached results."""
+        S.data_changed()
+        ss["data_outcomes"] = [dict(file=o.name, status=o.status,
+                                    format=o.format or "", rows=sum(o.rows.values()) if o.rows else 0,
+                                    runs=", ".join(o.runs), message=o.message) for o in outcomes]
+        new_runs = sorted({r for o in outcomes if o.status == "loaded" for r in o.runs})
+        n_ok = sum(o.status == "loaded" for o in outcomes)
+        S.select_runs_next(new_runs, f"Loaded {n_ok} of {len(outcomes)} files"
+                           + (f": runs {', '.join(new_runs)}" if new_runs else ""))
+        st.rerun()
+
     nonce = ss.setdefault("_data_upload_nonce", 0)
     max_bytes = access.max_upload_bytes()
     # the browser refuses a single file over the cap before sending it; the total is checked on Load
@@ -57,16 +70,9 @@ else:
         finally:
             bar.empty()
         if outcomes:
-            S.data_changed()
-            ss["data_outcomes"] = [dict(file=o.name, status=o.status,
-                                        format=o.format or "", rows=sum(o.rows.values()) if o.rows else 0,
-                                        runs=", ".join(o.runs), message=o.message) for o in outcomes]
-            new_runs = sorted({r for o in outcomes if o.status == "loaded" for r in o.runs})
-            n_ok = sum(o.status == "loaded" for o in outcomes)
-            S.select_runs_next(new_runs, f"Loaded {n_ok} of {len(outcomes)} files"
-                               + (f": runs {', '.join(new_runs)}" if new_runs else ""))
+            mapping_form.remember_unmapped(files, outcomes)  # refused for unknown keys: offered for mapping
             ss["_data_upload_nonce"] = nonce + 1  # a fresh, empty uploader
-            st.rerun()
+            _record(outcomes)
     if ss.get("data_outcomes"):
         res = ss["data_outcomes"]
         n = {k: sum(r["status"] == k for r in res) for k in ("loaded", "skipped", "refused")}
@@ -74,6 +80,7 @@ else:
         (st.warning if n["refused"] else st.success)(msg)
         st.dataframe(res, hide_index=True, key="data_outcomes_table",
                      column_config={"message": st.column_config.TextColumn("message", width="large")})
+    mapping_form.render(store, run_override.strip() or None, max_bytes, lambda o: _record([o]))
 
 # -- runs and files -----------------------------------------------------------------------------------
 st.subheader("Runs")

@@ -1,8 +1,8 @@
 """Overview: headline mismatch numbers per run, per-step curves, and the runs' configs."""
 import streamlit as st
 
-from analysis import compare, views
-from ui import charts, glossary
+from analysis import compare, context, views
+from ui import charts, context_charts, glossary
 from ui import state as S
 
 st.title("Overview")
@@ -10,7 +10,8 @@ st.caption("How far the trainer's recomputed log-probs **t** drift from the log-
            "per run. Δ = t − s, r = exp(Δ) = π_trainer / π_sampler.")
 
 sel = S.selection()
-S.remember("overview_metrics", "overview_smooth", "overview_logy", "overview_cfg_diff")  # kept across pages
+S.remember("overview_metrics", "overview_smooth", "overview_logy", "overview_cfg_diff",
+           "overview_ctx_metric")  # kept across pages
 S.require_runs(sel, what="the overview")
 colors = S.run_colors()
 kinds = S.cached(views.routing_kinds, sel.runs)
@@ -37,6 +38,8 @@ with S.guard("compute the run summary"):
                     help_text += (" — not available: this run has no MoE routing" if kinds.get(run) == "none"
                                   else " — not available: only the sampler's routing was recorded")
                 col.metric(label, glossary.fmt_value(metric, row.get(metric)), help=help_text)
+                if count := glossary.token_count(metric, row.get(metric), row.get("n_tokens")):
+                    col.caption(count)  # a rare tail as a number of tokens, beside its share
     st.caption(f"C = {sel.cap:g}, ε = {sel.clip:g}" + (f", steps {sel.steps[0]}–{sel.steps[1]}" if sel.steps else "")
                + ". Hover the ? next to a name for its definition.")
     with st.expander("All run-level metrics"):
@@ -63,6 +66,24 @@ with S.guard("compute the per-step metrics"):
         shown = views.smooth(per_step, chosen, window)
         st.plotly_chart(charts.step_curves(shown, chosen, colors, log_y=log_y), key="overview_curves")
         st.markdown("\n".join(f"- **{m}**: {glossary.describe(m)}" for m in chosen))
+
+st.subheader("Context over steps")
+with S.guard("compute the context per step"):
+    ctx = S.cached(context.step_context, sel.runs, steps=sel.steps)
+    per_step = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)["step"]
+    drift_options = [c for c in per_step.columns if c not in ("run", "step") and per_step[c].drop_nulls().len()]
+    S.keep_choice("overview_ctx_metric", drift_options, "kl_k3")
+    drift = st.selectbox("Drift metric", drift_options, key="overview_ctx_metric",
+                         help="Drawn above the mean reward, the response length and the sequences per step, "
+                              "on the same step axis.")
+    if ctx.is_empty():
+        st.info("No steps to show in this range.")
+    else:
+        st.plotly_chart(context_charts.context_over_steps(per_step, ctx, drift, colors), key="overview_context")
+        if not ctx["n_rewarded"].sum():
+            st.caption("The chosen runs logged no reward (sequence JSON Lines `reward`, or a mapped field).")
+        with st.expander("Context per step, as numbers"):
+            st.dataframe(ctx, hide_index=True, key="overview_context_table", column_config=S.number_columns(ctx))
 
 st.subheader("Run configs")
 with S.guard("read the run configs"):

@@ -1,4 +1,6 @@
-"""Sequences: the worst sequences of a step, one sequence token by token, and its routing flips."""
+"""Sequences: the worst sequences of a step, any sequence token by token beside its prompt, response and reward,
+and its routing flips. Run, step and sample are in the URL (`?seq_run=…&seq_step=…&seq_sample=…`): a link opens
+the same sequence."""
 import streamlit as st
 
 from analysis import inspect, sampled, views
@@ -10,57 +12,112 @@ st.caption("Find the responses whose log-probs disagree most, then read one toke
            "by Δ = t − s; hover a token for s, t, Δ and r.")
 
 sel = S.selection()
-S.remember("seq_run", "seq_step", "seq_order", "seq_sample", "seq_scale")  # kept across pages
+S.remember("seq_run", "seq_step", "seq_order", "seq_sample", "seq_scale", "seq_reward",
+           "seq_reward_at")  # kept across pages
 S.require_runs(sel, what="sequences")
+ss = st.session_state
 
 c1, c2, c3 = st.columns([2, 1, 2])
-S.keep_choice("seq_run", sel.runs)
-run = c1.selectbox("Run", sel.runs, key="seq_run")
+runs = sel.runs + [r for r in S.run_names() if r not in sel.runs]  # a link may name a run not in the sidebar
+if ss.get("seq_run") is not None and ss["seq_run"] not in runs:
+    ss.pop("seq_run")
+run = c1.selectbox("Run", runs, key="seq_run", bind="query-params")
 with S.guard("list the run's steps"):
     steps = S.cached(inspect.run_steps, run)
-    if sel.steps:
+    if sel.steps and run in sel.runs:
         steps = [s for s in steps if sel.steps[0] <= s <= sel.steps[1]]
 if not steps:
     st.info(f"{run} has no steps in the chosen range: widen the **Step range** in the sidebar.")
     st.stop()
-S.keep_choice("seq_step", steps)
-step = c2.selectbox("Step", steps, key="seq_step")
+# A number box, not a list: it takes thousands of steps; +/- move by the usual gap between logged steps.
+typed = c2.number_input("Step", min_value=0, step=sequence_view.step_increment(steps), key="seq_step",
+                        bind="query-params", help=f"Steps {steps[0]}–{steps[-1]} ({len(steps):,} with tokens).")
+step = sequence_view.nearest(steps, int(typed))
+if step != typed and typed != 0:  # 0 is the box's default, not something the user asked for
+    c2.caption(f"No tokens at step {typed}: showing step {step}.")
 orders = {"seq_log_ratio_abs": "|ΣΔ| (whole sequence)", "max_log_ratio_abs": "max |Δ| (worst token)"}
 S.keep_choice("seq_order", list(orders))
 order = c3.radio("Rank by", list(orders), key="seq_order", format_func=orders.get, horizontal=True)
 
+filters = {"any": "any reward", "at_least": "reward ≥", "below": "reward <"}
+f1, f2, _ = st.columns([1, 1, 3], vertical_alignment="bottom")
+S.keep_choice("seq_reward", list(filters))
+reward_filter = f1.selectbox("Filter by reward", list(filters), key="seq_reward", format_func=filters.get,
+                             help="e.g. reward ≥ 1 keeps the correct responses of a 0/1 reward; sequences "
+                                  "without a reward are left out by either bound.")
+ss.setdefault("seq_reward_at", 1.0)
+threshold = f2.number_input("threshold", key="seq_reward_at", disabled=reward_filter == "any", step=0.5,
+                            label_visibility="hidden")
+bounds = sequence_view.reward_bounds(reward_filter, threshold)
+
 worst = None
 with S.guard("rank the sequences"):
-    worst = S.cached(inspect.worst_sequences, run, step, order=order, n=20)
-if worst is None or worst.is_empty():
-    st.info(f"No sequences at step {step} of {run}.")
-    st.stop()
-
+    worst = S.cached(inspect.worst_sequences, run, step, order=order, n=20, **bounds)
 st.subheader(f"Worst sequences at step {step}")
 sample_note = S.cached(sampled.sample_label, [run])  # this page reads token rows
 if sample_note:
     st.caption(f"Sequences and their tokens: {sample_note}.")
-st.dataframe(worst, hide_index=True, key="seq_table", column_config=S.number_columns(worst))
-st.caption("seq_log_ratio = ΣΔ over the response (the sequence-level log importance ratio); "
-           "max_log_ratio_abs = the largest single-token |Δ|; n_flips = token-layer pairs whose experts flipped.")
+if worst is None or worst.is_empty():
+    st.info(f"No sequences at step {step} of {run}" + (" with this reward." if reward_filter != "any" else "."))
+else:
+    picked = st.dataframe(worst, hide_index=True, key="seq_table", column_config=S.number_columns(worst),
+                          on_select="rerun", selection_mode="single-row")
+    st.caption("Click a row to open it. seq_log_ratio = ΣΔ over the response (the sequence-level log importance "
+               "ratio); max_log_ratio_abs = the largest single-token |Δ|; n_flips = token-layer pairs whose "
+               "experts flipped; reward, advantage and response_length as the trainer logged them.")
+    rows = picked.selection.rows if picked else []
+    choice = (run, step, int(worst["sample"][rows[0]])) if rows and rows[0] < worst.height else None
+    if choice and choice != ss.get("_seq_picked"):  # a new click: open that row (the box below follows)
+        ss["_seq_picked"] = choice
+        ss["seq_sample"] = choice[2]
 
-samples = worst["sample"].to_list()
-S.keep_choice("seq_sample", samples)
-sample = st.selectbox("Sequence (sample id)", samples, key="seq_sample",
-                      format_func=lambda s: f"sample {s}")
+default_sample = int(worst["sample"][0]) if worst is not None and worst.height else None
+box, _ = st.columns([1, 3])
+typed_sample = box.number_input("Sample id", min_value=0, value=None, step=1, key="seq_sample", bind="query-params",
+                               placeholder=f"worst: {default_sample}" if default_sample is not None else "sample id",
+                               help="Type any sample id of this step, or click a row above. Empty: the worst.")
+sample = default_sample if typed_sample is None else int(typed_sample)
+if sample is None:
+    st.stop()
 
 with S.guard("load the sequence"):
+    context = S.cached(inspect.sequence_context, run, step, sample)
+    if context is None:
+        ids = S.cached(inspect.step_samples, run, step)
+        st.info(f"No sample {sample} at step {step} of {run}: its samples are "
+                f"{sequence_view.id_ranges(ids)}.")
+        st.stop()
     toks = S.cached(inspect.sequence_tokens, run, step, sample)
-    if toks.is_empty():
-        st.info("This sequence has no tokens.")
-    else:
-        st.subheader(f"Sample {sample}, token by token")
+    st.subheader(f"Sample {sample} at step {step}")
+    left, right = st.columns([2, 3])
+    with left:
+        m1, m2, m3 = st.columns(3)
+        m1.metric("reward", sequence_view.fmt_number(context["reward"]))
+        m2.metric("advantage", sequence_view.fmt_number(context["advantage"]))
+        m3.metric("response length", f"{context['response_length']:,}")
+        st.caption(f"ΣΔ = {context['seq_log_ratio']:+.4g} · kl_k3 = {context['kl_k3']:.4g} · "
+                   f"{context['n_tokens']:,} tokens logged")
+        st.markdown("**Prompt**")
+        with st.container(border=True, height=160, key="seq_prompt_box"):
+            st.text(context["prompt"] if context["prompt"] is not None else "(no prompt logged)")
+        st.markdown("**Response**" + (" (the tokens' text joined)" if context["response_from_tokens"] else ""))
+        with st.container(border=True, height=200, key="seq_response_box"):
+            st.text(context["response"] if context["response"] is not None else "(no response text logged)")
+    with right:
         scale = st.slider("|Δ| for full colour", 0.001, 2.0, 0.1, step=0.001, format="%.3f", key="seq_scale",
                           help="Tokens with |Δ| at or above this get the strongest shade.")
         st.html(sequence_view.legend_html(scale))
         with st.container(border=True):
             st.html(sequence_view.sequence_html(toks, scale))
-        st.plotly_chart(charts.sequence_delta(toks), key="seq_delta_chart")
+    st.plotly_chart(charts.sequence_delta(toks), key="seq_delta_chart")
+    with st.expander("Token by token, as numbers"):
+        table = sequence_view.token_table(toks)
+        st.dataframe(table, hide_index=True, key="seq_token_table", column_config=S.number_columns(table, "%.6g"))
+        st.download_button("Download CSV", data=table.write_csv(), mime="text/csv", key="seq_token_csv",
+                           file_name=f"sequence-step{step}-sample{sample}.csv", on_click="ignore")
+        st.caption("s = sampler log-prob, t = trainer log-prob, Δ = t − s, r = exp(Δ) (clamped to |Δ| ≤ 20); "
+                   "flipped_layers = MoE layers whose expert set differs at this token. Select cells and "
+                   "Ctrl+C to copy.")
 
 kinds = S.cached(views.routing_kinds, [run])
 if kinds.get(run) == "both":

@@ -86,7 +86,7 @@ if where_tab.open:
         bucket_metrics = ["kl_k3", "log_ratio_abs_mean", "log_ratio_abs_max", "ratio_frac_high", "ratio_frac_low",
                           "clip_frac", "prob_abs_diff_mean", "kl_k1"]
         c1, c2 = st.columns([3, 1])
-        dim = c1.radio("Group tokens by", dims, key="tokens_dim", horizontal=True,
+        dim = c1.radio("Group tokens by", dims, key="tokens_dim", horizontal=True, bind="query-params",
                        format_func=lambda d: glossary.DIMENSIONS[d][0])
         S.keep_choice("tokens_bucket_metric", bucket_metrics)
         metric = c2.selectbox("Metric", bucket_metrics, key="tokens_bucket_metric")

@@ -120,8 +120,9 @@ def free_port() -> int:
 
 @contextmanager
 def streamlit_server(db: Path, env: dict | None = None, timeout: float = 60.0,
-                     log: Path | None = None) -> Iterator[str]:
-    """`streamlit run app.py` on a free port with DRIFT_DB=db; yields the base URL once /_stcore/health answers."""
+                     log: Path | None = None, procs: list | None = None) -> Iterator[str]:
+    """`streamlit run app.py` on a free port with DRIFT_DB=db; yields the base URL once /_stcore/health answers.
+    `procs`, if given, receives the server's Popen (a test that signals the server itself)."""
     port = free_port()
     full_env = os.environ | {"DRIFT_DB": str(db), "PYTHONUNBUFFERED": "1"} | (env or {})
     cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
@@ -129,6 +130,8 @@ def streamlit_server(db: Path, env: dict | None = None, timeout: float = 60.0,
            "--server.port", str(port), "--server.address", "127.0.0.1"]
     out = open(log, "wb") if log else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+    if procs is not None:
+        procs.append(proc)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -216,6 +219,8 @@ TABS = {
                     ("Extreme tokens", "extreme")],
     "Routing": [("Flips per layer", ""), ("Flips per token", "tokens"), ("Expert load", "load")],
     "Compare": [("Metric deltas", ""), ("Distributions", "distributions"), ("Routing", "routing")],
+    "Findings": [("Findings", ""), ("Waterfall", "waterfall"), ("Correction simulator", "simulator"),
+                 ("Gates", "gates")],
 }
 
 
@@ -240,6 +245,7 @@ PAGES = [  # (sidebar label, page title h1, screenshot name)
     ("Routing", "Routing", "routing"),
     ("Sequences", "Sequences", "sequences"),
     ("Compare", "Compare runs", "compare"),
+    ("Findings", "Findings", "findings"),
     ("Data", "Data", "data"),
     ("Lab", "Drift lab", "lab"),
 ]

@@ -13,7 +13,7 @@ def test_worst_sequences_match_numpy(metrics_data):
     store, data = metrics_data
     df = inspect.worst_sequences(store, "a", 1, n=3)
     assert df.columns == ["sample", "n_tokens", "seq_log_ratio", "seq_log_ratio_abs", "max_log_ratio_abs", "kl_k3",
-                          "n_flips"]
+                          "n_flips", "reward", "advantage", "response_length"]
     step = data.tokens.filter((pl.col("run") == "a") & (pl.col("step") == 1))
     flips = {}
     for r in ref_routing_rows(data.routing):

@@ -74,9 +74,10 @@ def test_identical_logprobs_give_exact_zeros_and_ones(metrics_store_from):
         row = metrics.token_metrics(store, ["e"], by=by).row(0, named=True)
         for col in ("kl_k1", "kl_k2", "kl_k3", "log_ratio_abs_mean", "log_ratio_abs_max", "prob_abs_diff_mean",
                     "prob_abs_diff_max", "ratio_std", "chi2_token", "ratio_frac_high", "ratio_frac_low",
-                    "clip_frac", "chi2_seq", "seq_log_ratio_abs_max"):
+                    "clip_frac", "chi2_seq", "seq_log_ratio_abs_max", "kl_k3_reverse"):
             assert row[col] == 0.0, (col, row[col])
-        for col in ("ratio_mean", "ratio_min", "ratio_max", "ess", "ppl_ratio"):
+        for col in ("ratio_mean", "ratio_min", "ratio_max", "ess", "ppl_ratio", "mult_prob_error",
+                    "seq_geo_ratio_mean", "seq_geo_ratio_min", "seq_geo_ratio_max"):
             assert row[col] == 1.0, (col, row[col])
         assert row["prob_pearson"] == pytest.approx(1.0, abs=1e-12)
 

@@ -51,8 +51,10 @@ def ref_token_metrics(s: np.ndarray, t: np.ndarray, seq: np.ndarray, cap: float 
         "ratio_frac_low": float(np.mean(r < 1.0 / cap)),
         "clip_frac": float(np.mean(np.abs(r - 1.0) > clip)),
         "ess": float(1.0 / np.mean((w / np.mean(w)) ** 2)),
+        "mult_prob_error": float(np.mean(np.exp(np.abs(np.clip(d, -20.0, 20.0))))),
+        "kl_k3_reverse": float(np.mean(1.0 / r - 1.0 + d)),
     }
-    ppl, chi2, abs_max = [], [], 0.0
+    ppl, chi2, geo, abs_max = [], [], [], 0.0
     seq_list = np.asarray(seq).tolist()
     labels = list(dict.fromkeys(seq_list))
     for lab in labels:
@@ -61,8 +63,10 @@ def ref_token_metrics(s: np.ndarray, t: np.ndarray, seq: np.ndarray, cap: float 
         total = float(np.sum(d[m]))
         chi2.append(math.exp(2.0 * min(max(total, -20.0), 20.0)) - 1.0)
         abs_max = max(abs_max, abs(total))
+        geo.append(math.exp(float(np.mean(d[m]))))
     out.update(n_sequences=len(labels), ppl_ratio=float(np.mean(ppl)), chi2_seq=float(np.mean(chi2)),
-               seq_log_ratio_abs_max=abs_max)
+               seq_log_ratio_abs_max=abs_max, seq_geo_ratio_mean=float(np.mean(geo)),
+               seq_geo_ratio_min=min(geo), seq_geo_ratio_max=max(geo))
     return out
 
 
@@ -164,6 +168,16 @@ def test_reference_one_token_by_hand():
     assert m["ratio_frac_low"] == 0.0 and m["prob_pearson"] is None
     assert m["ppl_ratio"] == pytest.approx(2.0)
     assert m["chi2_seq"] == pytest.approx(0.25 - 1)
+    assert m["mult_prob_error"] == pytest.approx(2.0)  # exp(|log 0.5|)
+    assert m["kl_k3_reverse"] == pytest.approx(2.0 - 1 - math.log(2))
+    assert m["seq_geo_ratio_mean"] == m["seq_geo_ratio_min"] == pytest.approx(0.5)
+
+
+def test_reference_kl3_reverse_example_of_metrics_md():
+    # METRICS.md: s = −5, t = −15 gives kl_k3 ≈ 9 but kl_k3_reverse ≈ 22,015
+    m = ref_token_metrics(np.array([-5.0]), np.array([-15.0]), np.array([0]))
+    assert m["kl_k3"] == pytest.approx(9.0, abs=1e-4)
+    assert m["kl_k3_reverse"] == pytest.approx(22015.47, rel=1e-6)
 
 
 def test_reference_ess_and_max_vio_by_hand():

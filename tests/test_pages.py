@@ -2,6 +2,8 @@
 no exception, no error box, widgets driven by key change what is shown, empty states say what to do."""
 from __future__ import annotations
 
+import json
+import math
 import shutil
 from pathlib import Path
 
@@ -15,6 +17,7 @@ APP = str(bu.ROOT / "app.py")
 TIMEOUT = 60  # seconds per script run: DuckDB pages on a loaded 2-core machine
 
 PAGES = {  # page file -> its title
+    "pages/findings.py": "Findings",
     "pages/overview.py": "Overview",
     "pages/token_drift.py": "Token drift",
     "pages/routing.py": "Routing",
@@ -93,7 +96,7 @@ def test_every_page_runs_without_errors(monkeypatch, shared_db, page):
     assert at.title[0].value == PAGES[page]
     assert not errors(at), errors(at)
     assert at.multiselect(key="sidebar_runs").value == [bu.RUN_BOTH, bu.RUN_REPLAY, bu.RUN_DENSE]
-    if page not in ("pages/data.py", "pages/lab.py"):
+    if page not in ("pages/data.py", "pages/lab.py", "pages/findings.py"):  # findings' first tab: cards
         assert charts(at) > 0
 
 
@@ -269,17 +272,18 @@ def test_sequences_ranking_text_and_escaping(monkeypatch, shared_db):
     at = open_app(monkeypatch, shared_db, "pages/sequences.py")
     table = at.dataframe[0].value
     assert list(table["seq_log_ratio_abs"]) == sorted(table["seq_log_ratio_abs"], reverse=True)
-    at.selectbox(key="seq_step").set_value(2)
+    at.number_input(key="seq_step").set_value(2)
     at.radio(key="seq_order").set_value("max_log_ratio_abs").run()
     table = at.dataframe[0].value
     assert list(table["max_log_ratio_abs"]) == sorted(table["max_log_ratio_abs"], reverse=True)
-    assert at.selectbox(key="seq_sample").value == table["sample"][0]
+    assert at.number_input(key="seq_sample").value is None  # empty box: the worst sequence is shown
+    assert f"Sample {table['sample'][0]} at step 2" in [h.value for h in at.subheader]
     assert "Routing flips in this sequence" in [h.value for h in at.subheader]
 
-    # token text is user input: every sample of the run is rendered escaped, markup never passes through
+    # token text is user input: every sample of the step is rendered escaped, markup never passes through
     seen_markup = False
-    for sample in at.selectbox(key="seq_sample").options:
-        at.selectbox(key="seq_sample").set_value(int(sample.split()[-1])).run()
+    for sample in table["sample"]:
+        at.number_input(key="seq_sample").set_value(int(sample)).run()
         body = html_bodies(at)
         assert "<script" not in body and "<img" not in body and "<b>" not in body
         seen_markup |= "&lt;script&gt;" in body or "&lt;img" in body or "&lt;b&gt;" in body
@@ -471,7 +475,7 @@ def test_prefetch_warms_the_other_pages(monkeypatch, own_db):
     for page in ("pages/token_drift.py", "pages/routing.py", "pages/compare.py", "pages/sequences.py"):
         open_app(monkeypatch, own_db, page)
     heavy = [m for m in misses if m not in {"expert_load", "worst_sequences", "sequence_tokens",
-                                             "sequence_flip_grid", "Store.files"}]
+                                             "sequence_flip_grid", "sequence_context", "Store.files"}]
     # allowed: the expert-load step's per-layer list (one step only) and compare's all-keys-free config table
     assert set(heavy) <= {"routing_metrics", "routing_kinds"}, misses
     assert heavy.count("routing_metrics") <= 1, misses
@@ -491,7 +495,7 @@ def test_prefetch_waits_for_the_page_to_finish_and_draw(monkeypatch):
                         done.append((args[0], time.monotonic())))
     monkeypatch.setattr(prefetch, "_warm_lab_import", lambda: None)
     monkeypatch.setattr(prefetch, "GRACE_S", 0.3)
-    app = SimpleNamespace(store=SimpleNamespace(path="x.duckdb"), version=0)
+    app = SimpleNamespace(store=SimpleNamespace(path="x.duckdb", closing=False), version=0)
     call = lambda name: (len, (name,), {})  # noqa: E731
     worker = prefetch._Worker()
     worker.submit(app, 0, [call("old")])
@@ -503,3 +507,140 @@ def test_prefetch_waits_for_the_page_to_finish_and_draw(monkeypatch):
     assert worker.idle.wait(10)
     assert [name for name, _ in done] == ["a", "b"]
     assert done[0][1] - t0 >= 0.3
+
+
+# -- findings -------------------------------------------------------------------------------------------
+def test_findings_cards_waterfall_simulator_and_gates(monkeypatch, shared_db):
+    from analysis import findings
+    from ui import state as S
+    at = open_app(monkeypatch, shared_db, "pages/findings.py")
+    assert not errors(at), errors(at)
+    md = texts(at.markdown)
+    # what the cards must show: analysis.findings' own list, from the database the app holds open
+    want = findings.findings_many(S.store(), [bu.RUN_BOTH, bu.RUN_REPLAY, bu.RUN_DENSE])
+    plain = md.replace("\\", "")  # the page escapes markdown characters
+    for run, items in want.items():
+        for f in items:
+            assert f"`{f.kind}`" in md and f.title in plain and f.source in plain, (run, f.kind, f.title)
+    assert "-badge[" in md
+    links = {(p.help.split(": ")[-1], p.query_string) for p in (e.proto for e in at.get("page_link"))}
+    urls = {f.url for items in want.values() for f in items}
+    assert {u for u, _ in links} == urls  # one link per evidence view, with its query (tab, grouping)
+    assert all(u.endswith(q) for u, q in links)
+    assert [t.label for t in at.tabs] == ["Findings", "Waterfall", "Correction simulator", "Gates"]
+    assert charts(at) == 0  # the other tabs did not run
+
+    open_tab(at, "findings_tab", "Waterfall")
+    assert charts(at) == 1 and not errors(at)
+    open_tab(at, "findings_tab", "Correction simulator")
+    assert charts(at) == 2 and not errors(at)  # simulator curves, noise vs bands
+    table = at.dataframe[0].value  # the simulator's per-run table: one row per chosen method
+    assert list(table["method"]) == ["icepop", "geo_rs", "seq_rs"]
+    at.multiselect(key="findings_methods").set_value(["icepop"])
+    at.number_input(key="findings_icepop_alpha").set_value(0.99).run()
+    assert not at.exception and not errors(at), errors(at)
+    table = at.dataframe[0].value
+    assert list(table["method"]) == ["icepop"] and '"alpha": 0.99' in table["params"][0]
+    # a bad band says what is wrong instead of a traceback
+    at.number_input(key="findings_icepop_alpha").set_value(9.0).run()
+    assert any("alpha must be < beta" in e for e in errors(at))
+    # another run for the waterfall
+    at.selectbox(key="findings_run").set_value(bu.RUN_DENSE).run()
+    open_tab(at, "findings_tab", "Waterfall")
+    assert at.slider(key="findings_b").value[1] == 4 and not at.exception
+    open_tab(at, "findings_tab", "Gates")
+    assert charts(at) == 1  # the pass/fail grid
+    gates = at.dataframe[-1].value
+    assert set(gates["run"]) == {bu.RUN_BOTH, bu.RUN_REPLAY, bu.RUN_DENSE} and gates["passed"].dtype == bool
+
+# -- drift in context: prompt, response and reward; context over steps; field mapping --------------------
+def frame_with(at: AppTest, column: str):
+    """The first st.dataframe holding `column` (a display-only dataframe has no key to find it by)."""
+    return next(d.value for d in at.dataframe if column in d.value.columns)
+
+
+@pytest.fixture(scope="module")
+def context_db(tmp_path_factory):
+    """Sequence JSON Lines with prompts, responses, rewards and advantages (tests/context_fixtures.py)."""
+    from analysis.ingest import ingest_paths
+    from analysis.store import Store
+    from context_fixtures import make_sequences, write_sequence_jsonl
+
+    root = tmp_path_factory.mktemp("context")
+    seqs = make_sequences(31, steps=3, per_step=6)
+    with Store(root / "drift.duckdb") as store:
+        assert ingest_paths(store, [write_sequence_jsonl(root / "s.jsonl", seqs, "ctx")])[0].status == "loaded"
+    return root / "drift.duckdb", seqs
+
+
+def test_sequences_show_a_typed_sample_in_context(monkeypatch, context_db):
+    db, seqs = context_db
+    at = open_app(monkeypatch, db, "pages/sequences.py")
+    at.number_input(key="seq_step").set_value(1)
+    at.number_input(key="seq_sample").set_value(4).run()
+    assert not at.exception and not errors(at)
+    q = next(x for x in seqs if x["step"] == 1 and x["sample"] == 4)
+    shown = [t.value for t in at.text]
+    assert q["prompt"] in shown and q["response"] in shown
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["reward"] == f"{q['reward']:.4g}" and metrics["response length"] == str(len(q["s"]))
+    assert float(metrics["advantage"]) == pytest.approx(q["advantage"], abs=5e-4)
+    table = frame_with(at, "Δ")
+    assert list(table.columns) == ["pos", "token_id", "token", "s", "t", "Δ", "r", "flipped_layers"]
+    assert list(table["s"]) == q["s"] and list(table["t"]) == q["t"] and list(table["token"]) == q["tokens"]
+    assert list(table["Δ"]) == pytest.approx([t - s for s, t in zip(q["s"], q["t"])], abs=1e-12)
+
+    at.selectbox(key="seq_reward").set_value("at_least").run()
+    at.number_input(key="seq_reward_at").set_value(1.0).run()
+    worst = frame_with(at, "seq_log_ratio_abs")
+    assert set(worst["reward"]) == {1.0}
+    assert sorted(worst["sample"]) == sorted(x["sample"] for x in seqs if x["step"] == 1 and x["reward"] >= 1)
+    at.number_input(key="seq_sample").set_value(99).run()
+    assert "No sample 99 at step 1 of ctx: its samples are 0–5." in texts(at.info)
+
+
+def test_overview_context_table_holds_the_seeded_numbers(monkeypatch, context_db):
+    db, seqs = context_db
+    at = open_app(monkeypatch, db)
+    ctx = frame_with(at, "reward_mean")
+    for row in ctx.itertuples():
+        qs = [x for x in seqs if x.get("step") == row.step]
+        assert row.n_sequences == len(qs)
+        assert row.reward_mean == pytest.approx(sum(x["reward"] for x in qs) / len(qs), rel=1e-12)
+        assert row.response_length_mean == pytest.approx(sum(len(x["s"]) for x in qs) / len(qs), rel=1e-12)
+    assert list(ctx["step"]) == [0, 1, 2]
+    # the r > C card gives the count of tokens beside its share (C = 2)
+    n = sum(len(x["s"]) for x in seqs)
+    high = sum(t - s > math.log(2.0) for x in seqs for s, t in zip(x["s"], x["t"]))
+    assert f"{high:,} of {n:,} tokens" in [c.value for c in at.caption]
+
+
+def test_data_mapping_form_loads_and_refuses(monkeypatch, tmp_path):
+    """The form a refused upload is offered (here put in the session directly: AppTest cannot upload)."""
+    import io
+
+    from context_fixtures import make_sequences, openrlhf_record
+    from ui import mapping_form
+
+    seqs = make_sequences(32, steps=2, per_step=2)
+    data = "".join(json.dumps(openrlhf_record(q)) + "\n" for q in seqs).encode()
+    db = tmp_path / "drift.duckdb"
+    at = open_app(monkeypatch, db, "pages/data.py")
+    at.session_state[mapping_form.PENDING] = {"board.jsonl": io.BytesIO(data)}
+    at.text_input(key="data_run_name").set_value("board").run()  # the board's records name no run
+    assert "Map a file's fields" in [h.value for h in at.subheader]
+    assert at.selectbox(key="data_map_step").value == "step"  # same-named fields are preselected
+    at.selectbox(key="data_map_sampler_logprob").set_value("response")
+    at.selectbox(key="data_map_trainer_logprob").set_value("logprobs")
+    submit = lambda: next(b for b in at.button if b.label == "Load with this mapping")  # noqa: E731
+    submit().click().run()
+    assert errors(at) == ["refused board.jsonl: line 1, field 'response': mapped to sampler_logprob, it must hold a "
+                          f"number, got str {seqs[0]['response']!r} (map each column to the field that holds it, "
+                          "e.g. --map sampler_logprob=rollout_logprobs)"]
+    assert any("No runs yet" in t for t in texts(at.info).splitlines())  # nothing of the refused file was loaded
+    at.selectbox(key="data_map_sampler_logprob").set_value("rollout_logprobs")
+    submit().click().run()
+    assert not at.exception and not errors(at)
+    assert "Last upload: 1 loaded, 0 skipped, 0 refused." in texts(at.success)
+    runs = frame_with(at, "n_tokens")
+    assert list(runs["n_tokens"]) == [sum(len(q["s"]) for q in seqs)]

@@ -6,6 +6,7 @@ are overlaid.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Sequence
 
@@ -16,6 +17,7 @@ import polars as pl
 from plotly.subplots import make_subplots
 
 from ui.glossary import PERCENT_METRICS
+from ui.number_format import log_ticks, share_tickformat
 
 HEIGHT = 340
 DIVERGING = "RdBu_r"
@@ -36,11 +38,31 @@ def layout(fig: go.Figure, *, height: int = HEIGHT, x: str | None = None, y: str
         fig.update_xaxes(title_text=x)
     if y:
         fig.update_yaxes(title_text=y)
+    fig.update_layout(uirevision=view_revision(fig))
     return fig
 
 
+def view_revision(fig: go.Figure) -> str:
+    """plotly's uirevision: while it stays the same, a redrawn chart keeps what the user did to it (zoom, pan,
+    legend clicks), so a live page that redraws with a new step leaves the view alone. It names what the chart
+    shows (traces, axis types and titles, panel titles), so a chart of other runs, other metrics or log axes
+    starts from its own default view instead of a zoom meant for another."""
+    lay = fig.layout.to_plotly_json()
+    axes = sorted((k, v.get("type"), str(v.get("title"))) for k, v in lay.items() if k[1:5] == "axis")
+    shown = ([t.name for t in fig.data], [type(t).__name__ for t in fig.data], axes,
+             [a.text for a in fig.layout.annotations])
+    return hashlib.sha1(repr(shown).encode()).hexdigest()[:12]
+
+
 def hover_format(metric: str) -> str:
-    return ".2%" if metric in PERCENT_METRICS else ".4g"
+    # d3 "p": a percentage rounded to significant digits, so 23 in a million reads 0.0023%, not 0.00%
+    return ".3~p" if metric in PERCENT_METRICS else ".4g"
+
+
+def largest_abs(values) -> float | None:
+    """The largest |value| (None when there is none): what a share axis must still resolve."""
+    vals = [abs(v) for v in values if v is not None and math.isfinite(v)]
+    return max(vals, default=None)
 
 
 def ordered_runs(df: pl.DataFrame, colors: dict[str, str] | None = None) -> list[str]:
@@ -52,10 +74,17 @@ def ordered_runs(df: pl.DataFrame, colors: dict[str, str] | None = None) -> list
     return ordered + [r for r in present if r not in ordered]
 
 
-def _log_axis(fig: go.Figure, axis: str, decades: bool = True, **where) -> None:
-    # decades: one labelled tick per power of ten (shares spanning many decades); otherwise 1-2-5 ticks
-    # (ratios and thresholds spanning one or two decades). Plotly's default labels every digit, which crowds.
-    upd = dict(type="log", dtick=1 if decades else "D2", exponentformat="power", showexponent="all")
+def _log_axis(fig: go.Figure, axis: str, decades: bool = True, span: tuple[float, float] | None = None,
+              **where) -> None:
+    # decades: one labelled tick per power of ten (shares spanning many decades); otherwise 1-2-5 ticks over
+    # `span` (ratios and thresholds spanning one or two decades), labelled with their values: plotly's own
+    # "D2" ticks print 0.2 and 0.5 as "2" and "5", and its default labels every digit, which crowds.
+    upd: dict = dict(type="log", exponentformat="power", showexponent="all")
+    vals, text = log_ticks(*span) if span and not decades else ([], [])
+    if vals:
+        upd.update(tickmode="array", tickvals=vals, ticktext=text)
+    else:
+        upd["dtick"] = 1
     (fig.update_xaxes if axis == "x" else fig.update_yaxes)(**upd, **where)
 
 
@@ -81,7 +110,7 @@ def step_curves(df: pl.DataFrame, metrics: Sequence[str], colors: dict[str, str]
         if log_y:
             _log_axis(fig, "y", row=r + 1, col=c + 1)
         if metric in PERCENT_METRICS:
-            fig.update_yaxes(tickformat=".1%", row=r + 1, col=c + 1)
+            fig.update_yaxes(tickformat=share_tickformat(largest_abs(df[metric].to_list())), row=r + 1, col=c + 1)
     fig.update_xaxes(title_text=x, row=rows)
     return layout(fig, height=max(HEIGHT, 260 * rows))
 
@@ -141,14 +170,15 @@ def histogram(df: pl.DataFrame, colors: dict[str, str], x_title: str, log_y: boo
                 x=xs, y=ys, mode="lines", line_shape="hv", name=run, legendgroup=run, showlegend=k == 0,
                 line=dict(color=color, width=1.6), fill="tozeroy", fillcolor=_rgba(color, 0.18),
                 customdata=custom,
-                hovertemplate=(f"{run}<br>[%{{customdata[2]:.4g}}, %{{customdata[0]:.4g}})<br>share %{{y:.3%}}"
+                hovertemplate=(f"{run}<br>[%{{customdata[2]:.4g}}, %{{customdata[0]:.4g}})<br>share %{{y:.3~p}}"
                                "<br>tokens %{customdata[1]:,}<extra></extra>")))
     if log_y:
         _log_axis(fig, "y")
     else:
-        fig.update_yaxes(tickformat=".1%")
+        fig.update_yaxes(tickformat=share_tickformat(largest_abs(df[y].to_list())) if df.height else ".1%")
     if log_x:
-        _log_axis(fig, "x", decades=False)
+        lo = [v for v in df["bin_lo"].to_list() if v > 0] if df.height else []
+        _log_axis(fig, "x", decades=False, span=(min(lo), max(df["bin_hi"].to_list())) if lo else None)
     if signed_log_x:
         _signed_log_axis(fig)
     return layout(fig, x=x_title, y="share of tokens")
@@ -277,7 +307,7 @@ def bucket_chart(df: pl.DataFrame, metric: str, colors: dict[str, str], x_title:
                           "<extra></extra>", **extra))
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=order)
     if metric in PERCENT_METRICS:
-        fig.update_yaxes(tickformat=".1%")
+        fig.update_yaxes(tickformat=share_tickformat(largest_abs(df[metric].to_list()) if df.height else None))
     if bars:
         fig.update_layout(barmode="group")
     return layout(fig, x=x_title, y=metric)
@@ -292,7 +322,8 @@ def extreme_curve(df: pl.DataFrame, colors: dict[str, str]) -> go.Figure:
             x=part["tau"].to_list(), y=part["frac"].to_list(), mode="lines+markers", name=run,
             line=dict(color=colors.get(run), width=2), marker=dict(size=5),
             hovertemplate=f"{run}<br>τ %{{x:.3g}}<br>F(τ) %{{y:.3e}}<extra></extra>"))
-    _log_axis(fig, "x", decades=False)
+    taus = [t for t in df["tau"].to_list() if t > 0] if df.height else []
+    _log_axis(fig, "x", decades=False, span=(min(taus), max(taus)) if taus else None)
     _log_axis(fig, "y")
     return layout(fig, x="τ", y="F(τ): share of tokens with max(r, 1/r) > τ")
 
@@ -340,6 +371,6 @@ def run_bars(df: pl.DataFrame, metrics: Sequence[str], colors: dict[str, str]) -
                              hovertemplate=f"%{{x}}<br>{metric} %{{y:{hover_format(metric)}}}<extra></extra>"),
                       row=r + 1, col=c + 1)
         if metric in PERCENT_METRICS:
-            fig.update_yaxes(tickformat=".1%", row=r + 1, col=c + 1)
+            fig.update_yaxes(tickformat=share_tickformat(largest_abs(df[metric].to_list())), row=r + 1, col=c + 1)
     fig.update_xaxes(type="category", showticklabels=len(runs) <= 6)
     return layout(fig, height=max(HEIGHT, 280 * rows), legend=False)

@@ -24,6 +24,12 @@ METRIC_HELP: dict[str, str] = {
     "ppl_ratio": "mean over sequences of exp(mean s − mean t): perplexity ratio sampler/trainer",
     "chi2_seq": "mean over sequences of exp(2·ΣΔ) − 1: sequence-level χ²",
     "seq_log_ratio_abs_max": "largest |ΣΔ| of any sequence: the worst sequence-level log-ratio",
+    "mult_prob_error": "mean exp(|Δ|): multiplicative probability error, 1 = identical (NeMo RL gates < 1.05 / 1.1)",
+    "kl_k3_reverse": "mean(1/r − 1 + Δ) ≥ 0 over the sampler's tokens: weighs tokens the trainer finds far less "
+                     "likely enormously (NeMo RL policy_kl_error)",
+    "seq_geo_ratio_mean": "mean over sequences of exp(mean Δ): the length-invariant sequence ratio (1 = identical)",
+    "seq_geo_ratio_min": "smallest per-sequence exp(mean Δ)",
+    "seq_geo_ratio_max": "largest per-sequence exp(mean Δ)",
     "token_any_flip_rate": "share of tokens whose top-k experts differ between sampler and trainer in at least "
                            "one MoE layer (R3 reports 94% for a 48-layer MoE)",
     "flipped_layers_per_token": "mean number of MoE layers per token whose expert set differs",
@@ -42,6 +48,8 @@ CARD_METRICS: list[tuple[str, str, str]] = [
     ("ess", "ESS", "%.4f"),
     ("token_any_flip_rate", "tokens with a flip", "%.1f%%"),
 ]
+# shares whose denominator is the group's token count: a card can give the count beside the share
+TOKEN_SHARES = {"ratio_frac_high", "ratio_frac_low", "clip_frac"}
 PERCENT_METRICS = {"ratio_frac_high", "ratio_frac_low", "clip_frac", "token_any_flip_rate", "flip_rate",
                    "top1_flip_rate"}
 
@@ -62,11 +70,20 @@ def describe(metric: str) -> str:
 
 
 def fmt_value(metric: str, v) -> str:
-    """A metric value for a card: percentages for shares, scientific notation for tiny numbers."""
+    """A metric value for a card: percentages for shares with significant digits (a rare tail reads "0.0023%",
+    never "0.00%"), scientific notation for tiny numbers."""
     if v is None:
         return "—"
     if metric in PERCENT_METRICS:
-        return f"{v:.2%}"
+        from ui.number_format import fmt_share
+        return fmt_share(v)
     if v != 0 and abs(v) < 1e-3:
         return f"{v:.3e}"
     return f"{v:.4g}"
+
+
+def token_count(metric: str, v, n_tokens: int | None) -> str | None:
+    """What a share of tokens stands for, as a count: "23 of 1,000,000 tokens" (None for other metrics)."""
+    if metric not in TOKEN_SHARES or v is None or not n_tokens:
+        return None
+    return f"{round(v * n_tokens):,} of {n_tokens:,} tokens"

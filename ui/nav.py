@@ -12,6 +12,7 @@ class PageInfo:
     url: str
 
 
+FINDINGS = PageInfo("pages/findings.py", "Findings", ":material/lightbulb:", "findings")
 OVERVIEW = PageInfo("pages/overview.py", "Overview", ":material/dashboard:", "overview")
 TOKENS = PageInfo("pages/token_drift.py", "Token drift", ":material/stacked_line_chart:", "token_drift")
 ROUTING = PageInfo("pages/routing.py", "Routing", ":material/alt_route:", "routing")
@@ -20,5 +21,5 @@ COMPARE = PageInfo("pages/compare.py", "Compare", ":material/compare_arrows:", "
 DATA = PageInfo("pages/data.py", "Data", ":material/database:", "data")
 LAB = PageInfo("pages/lab.py", "Lab", ":material/science:", "lab")
 
-ALL = [OVERVIEW, TOKENS, ROUTING, SEQUENCES, COMPARE, DATA, LAB]
-SECTIONS = {"Analyse": [OVERVIEW, TOKENS, ROUTING, SEQUENCES, COMPARE], "Manage": [DATA, LAB]}
+ALL = [FINDINGS, OVERVIEW, TOKENS, ROUTING, SEQUENCES, COMPARE, DATA, LAB]
+SECTIONS = {"Analyse": [FINDINGS, OVERVIEW, TOKENS, ROUTING, SEQUENCES, COMPARE], "Manage": [DATA, LAB]}

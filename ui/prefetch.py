@@ -12,6 +12,7 @@ DRIFT_PREFETCH=0 turns this off.
 """
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import sys
@@ -19,7 +20,7 @@ import threading
 import time
 from typing import Callable
 
-from analysis import buckets, compare, distributions, inspect, routing, views
+from analysis import buckets, compare, context, corrections, distributions, findings, inspect, routing, views
 from ui import access, nav
 from ui import state as S
 
@@ -43,6 +44,7 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
     pages: dict[str, list[Call]] = {
         nav.OVERVIEW.url: [
             (views.run_and_step_tables, (runs,), dict(cap=cap, clip=clip, steps=steps)),
+            (context.step_context, (runs,), dict(steps=steps)),
         ],
         nav.TOKENS.url: [
             (distributions.drift_histograms, (runs,), dict(n_bins=80, steps=steps)),
@@ -64,6 +66,12 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
             (compare.routing_rates, (runs,), dict(steps=steps)),
             (distributions.drift_histograms, (runs,), dict(n_bins=80, steps=steps)),
         ] if len(runs) > 1 else [],
+        nav.FINDINGS.url: [
+            (findings.findings_table, (runs,), dict(steps=steps, cap=cap, clip=clip)),
+            (corrections.compare_methods, ([first], [(m, dict(corrections.METHODS[m].defaults))
+                                                     for m in ("icepop", "geo_rs", "seq_rs")]), dict(steps=steps)),
+            (corrections.log_ratio_quantiles, ([first],), dict(by="step", steps=steps)),
+        ],
     }
     first_page = first_page or nav.OVERVIEW.url  # the default page's url_path is ""
     order = sorted(pages, key=lambda url: url != first_page)  # stable: the rest keep the sidebar's order
@@ -83,6 +91,7 @@ class _Worker:
         self.idle = threading.Event()
         self.idle.set()
         self._page_done = threading.Event()
+        self._stopping = False
 
     def submit(self, app: S.AppDB, version: int, calls: list[Call]) -> None:
         with self._cv:
@@ -97,26 +106,39 @@ class _Worker:
     def page_done(self) -> None:
         self._page_done.set()
 
+    def stop(self, timeout: float = 10.0) -> None:
+        """At exit: no further call starts; wait for the thread (the Store interrupts a query in flight)."""
+        with self._cv:
+            self._stopping = True
+            self._page_done.set()
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while self._job is None:
+                while self._job is None and not self._stopping:
                     self.idle.set()
                     self._cv.wait()
+                if self._stopping:
+                    self.idle.set()
+                    return
                 app, version, calls = self._job
                 self._job = None
             self._page_done.wait(timeout=60)  # a page that never says so (an error) holds nothing up for long
             time.sleep(GRACE_S)
             path = str(app.store.path)
             for fn, args, kwargs in calls:
-                if app.version != version or self._job is not None:  # stale data, or a newer selection
-                    break
+                if app.version != version or self._job is not None or self._stopping or app.store.closing:
+                    break  # stale data, a newer selection, or the process is exiting
                 try:
                     S._cached_call(fn.__module__, fn.__qualname__, path, version, args, kwargs)
                 except Exception:  # the page shows the error when it asks; nothing to say from here
                     S.log.debug("prefetch of %s failed", fn.__qualname__, exc_info=True)
             else:
-                _warm_lab_import()
+                if not (self._stopping or app.store.closing):
+                    _warm_lab_import()
 
 
 def _warm_lab_import() -> None:
@@ -129,6 +151,7 @@ def _warm_lab_import() -> None:
 
 
 _worker = _Worker()
+atexit.register(_worker.stop)
 
 
 def start(sel: S.Selection, page: str | None = None) -> None:

@@ -5,8 +5,9 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-from ui.charts import grid_array, hover_format, layout, ordered_runs, to_grid
+from ui.charts import grid_array, hover_format, largest_abs, layout, ordered_runs, to_grid
 from ui.glossary import PERCENT_METRICS
+from ui.number_format import share_tickformat
 
 
 def layer_heatmap(df: pl.DataFrame, value: str = "flip_rate") -> go.Figure:
@@ -14,7 +15,8 @@ def layer_heatmap(df: pl.DataFrame, value: str = "flip_rate") -> go.Figure:
     xs, ys, grid = to_grid(df, "step", "layer", value)
     fig = go.Figure(go.Heatmap(
         x=xs, y=ys, z=grid_array(grid), colorscale="YlOrRd", zmin=0,
-        colorbar=dict(title=value, tickformat=".1%" if value in PERCENT_METRICS else None),
+        colorbar=dict(title=value, tickformat=share_tickformat(largest_abs(df[value].to_list()) if df.height else None)
+                      if value in PERCENT_METRICS else None),
         hovertemplate=f"step %{{x}}<br>layer %{{y}}<br>{value} %{{z:{hover_format(value)}}}<extra></extra>"))
     fig.update_yaxes(dtick=1 if len(ys) <= 32 else None)
     fig.update_xaxes(dtick=1 if len(xs) <= 30 else None)
@@ -30,7 +32,7 @@ def layer_profile(df: pl.DataFrame, colors: dict[str, str], metric: str = "flip_
             line=dict(color=colors.get(run), width=2),
             hovertemplate=f"{run}<br>layer %{{x}}<br>{metric} %{{y:{hover_format(metric)}}}<extra></extra>"))
     if metric in PERCENT_METRICS:
-        fig.update_yaxes(tickformat=".0%")
+        fig.update_yaxes(tickformat=share_tickformat(largest_abs(df[metric].to_list()) if df.height else None))
     fig.update_xaxes(dtick=1)
     return layout(fig, x="MoE layer", y=metric)
 
@@ -43,10 +45,10 @@ def first_flip(df: pl.DataFrame, colors: dict[str, str]) -> go.Figure:
         xs = ["none" if v is None else str(v) for v in part["first_flip_layer"].to_list()]
         fig.add_trace(go.Bar(x=xs, y=part["frac"].to_list(), name=run, marker=dict(color=colors.get(run)),
                              customdata=part["n_tokens"].to_list(),
-                             hovertemplate=f"{run}<br>first flip at layer %{{x}}<br>share %{{y:.2%}}"
+                             hovertemplate=f"{run}<br>first flip at layer %{{x}}<br>share %{{y:.3~p}}"
                                            "<br>tokens %{customdata:,}<extra></extra>"))
     fig.update_xaxes(type="category")
-    fig.update_yaxes(tickformat=".0%")
+    fig.update_yaxes(tickformat=share_tickformat(largest_abs(df["frac"].to_list()) if df.height else None))
     fig.update_layout(barmode="group")
     return layout(fig, x="first MoE layer where the expert set flips", y="share of tokens")
 

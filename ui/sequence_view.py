@@ -5,7 +5,10 @@ and st.html additionally sanitises the markup (no script runs).
 """
 from __future__ import annotations
 
+import bisect
+import functools
 import html
+import math
 
 import polars as pl
 
@@ -60,3 +63,70 @@ def legend_html(scale: float) -> str:
             f'likely · <span style="background:{_shade(scale, scale)};padding:0 6px">Δ = +{scale:.3g}</span> '
             f'trainer more likely · underlined: expert set flipped in at least one layer · hover a token for '
             f's, t, Δ, r</div>')
+
+
+# -- the controls and numbers around one sequence -------------------------------------------------------
+def nearest(steps: list[int], typed: int) -> int:
+    """The logged step closest to a typed one (the lower on a tie); `steps` ascending and non-empty.
+
+    >>> nearest([0, 10, 20], 14), nearest([0, 10, 20], 15), nearest([5], 0)
+    (10, 10, 5)
+    """
+    i = bisect.bisect_left(steps, typed)
+    if i == len(steps):
+        return steps[-1]
+    if i == 0 or steps[i] == typed:
+        return steps[i]
+    return steps[i - 1] if typed - steps[i - 1] <= steps[i] - typed else steps[i]
+
+
+def step_increment(steps: list[int]) -> int:
+    """The greatest common gap between logged steps (every 10th step logged: 10), at least 1.
+
+    >>> step_increment([0, 10, 30]), step_increment([3]), step_increment([1, 2, 4])
+    (10, 1, 1)
+    """
+    return max(1, functools.reduce(math.gcd, (b - a for a, b in zip(steps, steps[1:])), 0))
+
+
+def reward_bounds(kind: str, threshold: float) -> dict:
+    """worst_sequences' reward_min / reward_max for the page's filter ("any", "at_least", "below").
+
+    "below" keeps reward < threshold: the largest float under it is the inclusive upper bound."""
+    if kind == "at_least":
+        return {"reward_min": float(threshold)}
+    if kind == "below":
+        return {"reward_max": math.nextafter(float(threshold), -math.inf)}
+    return {}
+
+
+def id_ranges(ids: list[int], limit: int = 6) -> str:
+    """Sorted ids as runs of consecutive values: "0–31, 40, 42–43".
+
+    >>> id_ranges([0, 1, 2, 5, 7, 8]), id_ranges([])
+    ('0–2, 5, 7–8', 'none')
+    """
+    parts, start = [], None
+    for i, v in enumerate(ids):
+        if start is None:
+            start = v
+        if i + 1 == len(ids) or ids[i + 1] != v + 1:
+            parts.append(f"{start}" if start == v else f"{start}–{v}")
+            start = None
+    if not parts:
+        return "none"
+    return ", ".join(parts[:limit]) + (f", … ({len(parts) - limit} more ranges)" if len(parts) > limit else "")
+
+
+def fmt_number(v) -> str:
+    return "—" if v is None else f"{v:.4g}"
+
+
+TOKEN_TABLE = {"pos": "pos", "token_id": "token_id", "token": "token", "sampler_logprob": "s",
+               "trainer_logprob": "t", "delta": "Δ", "ratio": "r", "n_flipped_layers": "flipped_layers"}
+
+
+def token_table(df: pl.DataFrame) -> pl.DataFrame:
+    """sequence_tokens' frame with the short names of the page (s, t, Δ, r): the copy/download table."""
+    return df.select([c for c in TOKEN_TABLE if c in df.columns]).rename(
+        {c: n for c, n in TOKEN_TABLE.items() if c in df.columns})

@@ -5,7 +5,7 @@ import streamlit as st
 
 from analysis.summaries.schema import CAPS, CLIPS
 
-from ui import access, nav
+from ui import access, live, nav
 from ui import state as S
 
 _BOUNDS = S.BOUNDS_KEY
@@ -71,12 +71,13 @@ def render() -> None:
 
     with st.sidebar:
         _status(app, runs_df)
+        live.sidebar(app)  # the live folders' status; reruns the page when new files were loaded
         if not names:
             st.info("No runs yet. Load logs on the Data page or run the drift lab.")
             st.page_link(nav.DATA.path, label="Load data", icon=nav.DATA.icon)
             if access.writable():
                 st.page_link(nav.LAB.path, label="Run the lab", icon=nav.LAB.icon)
-            ss[S.RUNS_KEY] = []
+            ss.pop(S.RUNS_KEY, None)  # the first runs to arrive (a live folder, an upload) get the default choice
             ss.pop(S.STEPS_KEY, None)
             return
         if S.RUNS_KEY not in ss:

@@ -7,6 +7,7 @@ one read-write process), so a cached result is never stale.
 """
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
 import threading
@@ -44,6 +45,7 @@ class AppDB:
     demo_error: str | None = None
     version: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    watcher: Any = None  # ui.live.LiveWatcher when the host set DRIFT_WATCH_DIRS
 
     def changed(self) -> None:
         with self.lock:
@@ -53,8 +55,12 @@ class AppDB:
 @st.cache_resource(show_spinner="Opening the database…")
 def _open(path: str, read_only: bool, load_demo: bool) -> AppDB:
     from pathlib import Path
-    # Viewer mode opens an existing database read-only: even a bug in a page cannot write then.
-    ro = read_only and Path(path).exists()
+
+    from ui import live
+    # Viewer mode opens an existing database read-only: even a bug in a page cannot write then. Following live
+    # folders (the host's DRIFT_WATCH_DIRS) needs the write side, which then only the watcher uses.
+    following = bool(live.watch_dirs())
+    ro = read_only and Path(path).exists() and not following
     store = Store(path, read_only=ro)
     app = AppDB(store)
     if load_demo and not ro:
@@ -64,9 +70,13 @@ def _open(path: str, read_only: bool, load_demo: bool) -> AppDB:
         except Exception as e:  # the app must open even if the demo data is broken
             log.exception("demo load failed")
             app.demo_error = str(e)
-    if read_only and not ro:  # a viewer on a new database: create it (and the demo), then hold it read-only
+    if read_only and not ro and not following:  # a viewer on a new database: create it, then hold it read-only
         store.close()
         app.store = Store(path, read_only=True)
+    app.watcher = live.start(app)
+    # On SIGTERM / Ctrl-C streamlit stops and the interpreter exits: queries still running in daemon threads
+    # (prefetch, script runs) are interrupted and awaited first, or DuckDB aborts the process (exit -6).
+    atexit.register(app.store.shutdown)
     return app
 
 

@@ -18,7 +18,7 @@ TOKEN_ARRAYS = {"sampler_logprobs": "sampler_logprob", "trainer_logprobs": "trai
                 "token_ids": "token_id", "tokens": "token",
                 "sampler_entropies": "sampler_entropy", "trainer_entropies": "trainer_entropy"}
 SCALARS = {"sampler_version": "sampler_version", "trainer_version": "trainer_version"}
-SEQ_FIELDS = ("reward", "advantage", "prompt", "response_length")
+SEQ_FIELDS = ("reward", "advantage", "prompt", "response", "response_length")
 
 
 def is_sequence_record(obj: dict) -> bool:
@@ -40,15 +40,26 @@ class _Chunk:
 
 
 def read_sequence_jsonl(fp: BinaryIO, name: str, limits: Limits) -> Iterator[Batch]:
-    chunk = _Chunk()
+    yield from read_sequence_records(parsed_lines(fp, name, limits), name, limits)
+
+
+def parsed_lines(fp: BinaryIO, name: str, limits: Limits) -> Iterator[tuple[int, object]]:
+    """(line number, parsed JSON value) per non-empty line."""
     for line_no, line in iter_lines(fp, name, limits):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            yield line_no, json.loads(line)
         except ValueError as e:
             raise CorruptFile(name, f"line {line_no}", f"invalid JSON ({e})",
                               "each line must be one complete JSON object; the file may be truncated") from None
+
+
+def read_sequence_records(records: Iterator[tuple[int, object]], name: str, limits: Limits) -> Iterator[Batch]:
+    """Batches from (line number, sequence object) pairs in the keys of sequence JSON Lines (the field mapping
+    feeds renamed records of other files through here)."""
+    chunk = _Chunk()
+    for line_no, obj in records:
         _add_sequence(name, line_no, obj, chunk)
         if chunk.n_tokens >= limits.batch_rows:
             yield from _flush(chunk)

@@ -102,7 +102,8 @@ def ingest_uploads(store: Store, uploads: Sequence[tuple[str, BinaryIO]], run: s
                 else:
                     unit.name = f"{label}/{unit.name.split('/', 1)[-1]}"
             for o in refused:
-                o.name = label if path.is_file() else o.name
+                if path.is_file():  # the message names the upload, not its spooled file
+                    o.name, o.message = label, o.message.replace(f"{path.name}:", f"{label}:", 1)
             units.extend(u)
             outcomes.extend(refused)
         return outcomes + load_units(store, units, run, limits, progress=progress)

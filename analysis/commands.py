@@ -1,0 +1,68 @@
+"""The `corrections` and `findings` commands of `python -m analysis` (parsers in analysis/__main__.py)."""
+from __future__ import annotations
+
+import json
+import sys
+
+from analysis.store import Store
+
+
+def _runs(store: Store, asked: list[str] | None) -> list[str]:
+    known = store.run_names()
+    missing = [r for r in (asked or []) if r not in known]
+    if missing:
+        raise ValueError(f"no run named {', '.join(map(repr, missing))} in {store.path} "
+                         f"(runs: {', '.join(known) or 'none'})")
+    return asked or known
+
+
+def parse_steps(text: str | None) -> tuple[int, int] | None:
+    """'A:B' as the inclusive range (A, B); 'A:' and ':B' leave a side open; None stays None."""
+    if text is None:
+        return None
+    lo, sep, hi = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        rng = (int(lo) if lo.strip() else None, int(hi) if hi.strip() else None)
+    except ValueError:
+        raise ValueError(f"--steps takes A:B (inclusive step range, e.g. 0:99), got {text!r}") from None
+    if rng[0] is not None and rng[1] is not None and rng[0] > rng[1]:
+        raise ValueError(f"--steps {text}: the first step must not exceed the last")
+    return rng  # type: ignore[return-value]
+
+
+def run(store: Store, args) -> int:
+    try:
+        runs = _runs(store, args.run)
+        if args.command == "corrections":
+            return _corrections(store, runs, args)
+        return _findings(store, runs, args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def _corrections(store: Store, runs: list[str], args) -> int:
+    from analysis.corrections import corrections, parse_param_args
+    df = corrections(store, runs, args.method, parse_param_args(args.param), by=args.by)
+    sys.stdout.write(df.write_csv() if args.format == "csv" else df.write_json() + "\n")
+    return 0
+
+
+def _findings(store: Store, runs: list[str], args) -> int:
+    from analysis.findings import findings_many
+    found = findings_many(store, runs, steps=parse_steps(args.steps))
+    out = {run: [f.as_dict() for f in items] for run, items in found.items()}
+    if args.format == "json":
+        sys.stdout.write(json.dumps(out if len(runs) > 1 else out[runs[0]], indent=2) + "\n")
+        return 0
+    for run, items in out.items():
+        print(f"== {run}")
+        for i, f in enumerate(items, 1):
+            print(f"{i}. [{f['severity']}] {f['kind']}: {f['title']}")
+            for key, value in f["evidence"]["numbers"].items():
+                print(f"     {key} = {value:.6g}" if isinstance(value, float) else f"     {key} = {value}")
+            print(f"     see: {f['evidence']['url']}")
+            print(f"     try: {f['action']} (source: {f['source']})")
+    return 0

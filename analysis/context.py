@@ -1,0 +1,41 @@
+"""Context over steps: what the trainer saw per step besides the log-probs (reward, response length, number of
+sequences), to read a drift rise against a change in reward or length."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import polars as pl
+
+from analysis.metrics import run_filter, token_filter
+from analysis.store import Store
+
+CONTEXT_COLUMNS = ("n_sequences", "reward_mean", "n_rewarded", "response_length_mean", "response_length_std",
+                   "response_length_min", "response_length_max")
+
+
+def step_context(store: Store, runs: Sequence[str], steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """One row per (run, step) with tokens.
+
+    n_sequences = sequences with at least one token; response length L of a sequence = its recorded
+    `response_length`, else its number of tokens; response_length_mean / _std (sample standard deviation, null
+    for one sequence) / _min / _max over the step's sequences; reward_mean = mean reward over the sequences
+    that have one, n_rewarded = how many have one (0 and a null mean when the files carried no reward).
+    Returns [run, step, n_sequences, reward_mean, n_rewarded, response_length_mean, response_length_std,
+    response_length_min, response_length_max], ordered by run and step.
+    """
+    if not runs:
+        return pl.DataFrame(schema={"run": pl.String, "step": pl.Int64, **{c: pl.Float64 for c in CONTEXT_COLUMNS}})
+    where_t, params = token_filter(store, runs, steps)
+    where_q, params_q = run_filter(runs, steps, prefix="q_")
+    return store.sql(f"""
+        WITH t AS (SELECT run, step, sample, count(*) AS n_tokens FROM tokens WHERE {where_t}
+                   GROUP BY run, step, sample),
+             q AS (SELECT run, step, sample, reward, response_length FROM sequences WHERE {where_q})
+        SELECT run, step, count(*) AS n_sequences, avg(q.reward) AS reward_mean,
+               count(q.reward) AS n_rewarded,
+               avg(coalesce(q.response_length, t.n_tokens)) AS response_length_mean,
+               stddev_samp(coalesce(q.response_length, t.n_tokens)) AS response_length_std,
+               min(coalesce(q.response_length, t.n_tokens)) AS response_length_min,
+               max(coalesce(q.response_length, t.n_tokens)) AS response_length_max
+        FROM t LEFT JOIN q USING (run, step, sample)
+        GROUP BY run, step ORDER BY run, step""", {**params, **params_q})

@@ -1,0 +1,252 @@
+"""What each off-policy correction of METRICS.md (Corrections) would do to the logged tokens.
+
+A correction reweights or masks tokens and sequences by the importance ratio r = exp(clamp(Δ, −20, 20)),
+Δ = t − s. Applied to what was logged, each method's rule tells per step and per run how many tokens and
+sequences it would have thrown away, how the weights of what it keeps spread (ESS), and, where the trainer logged
+rewards and advantages (table `sequences`), whether what it throws away was good data.
+
+Two passes, both in DuckDB: per sequence, the partial sums a group needs (`_SEQUENCE_PARTIALS`); per group
+(step or run), sums of those partials. A sequence rule (geo_rs, seq_rs, veto) needs only per-sequence
+aggregates of Δ, so the per-sequence pass is where exact per-sequence summary tables can stand in for the
+token rows once they exist; token rules (icepop) and the kept tokens' ESS need the tokens.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import polars as pl
+
+from analysis.metrics import check_runs, clamp_log_ratio_sql, clamp_sql, ratio_sql, token_filter
+from analysis.store import Store
+
+ESS_CAP = 2.0  # C of the ESS weight clamp(r, 1/C, C) for the masking methods (METRICS.md: ess_after)
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    defaults: dict[str, float]   # parameter -> default, in the order METRICS.md lists them
+    rule: str                    # what it does, in words
+    source: str                  # where the method comes from
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("tis", {"C": 2.0}, "weight w = min(r, C); masks nothing", "verl token TIS, slime --use-tis"),
+    Method("icepop", {"alpha": 0.5, "beta": 5.0}, "masks a token with r < alpha or r > beta",
+           "IcePop (Ring-1T), NeMo icepop"),
+    Method("geo_rs", {"lo": 0.999, "hi": 1.001}, "masks a sequence whose exp(mean Δ) is outside [lo, hi]",
+           "verl seq_mean_k1 rejection"),
+    Method("seq_rs", {"lo": 0.5, "hi": 2.0}, "masks a sequence whose exp(clamp(ΣΔ, −20, 20)) is outside [lo, hi]",
+           "verl sequence rejection seq_sum_k1"),
+    Method("veto", {"tau": 1e-4}, "masks a sequence with any token r < tau",
+           "slime --rs-veto-threshold, verl veto"),
+)}
+
+COLUMNS = ("method", "params", "run", "step", "n_tokens", "n_sequences", "masked_token_frac", "masked_seq_frac",
+           "weight_mean", "ess_after", "masked_reward_mean", "kept_reward_mean", "masked_adv_pos_frac",
+           "masked_adv_neg_frac")
+
+
+def resolve_params(method: str, params: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The method's parameters: its defaults overridden by `params`. ValueError names an unknown method or
+    parameter, and a value that breaks the method's rule (bands must be positive and ordered)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown correction method {method!r}; expected one of {', '.join(METHODS)}")
+    m = METHODS[method]
+    out = dict(m.defaults)
+    for key, value in (params or {}).items():
+        if key not in out:
+            raise ValueError(f"{method} has no parameter {key!r}; its parameters are "
+                             f"{', '.join(f'{k} (default {v:g})' for k, v in m.defaults.items())}")
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{method} parameter {key!r} must be a number, got {value!r}") from None
+    if not all(v > 0 for v in out.values()):
+        raise ValueError(f"{method}: every parameter must be > 0, got {out}")
+    if method == "icepop" and not out["alpha"] < out["beta"]:
+        raise ValueError(f"icepop: alpha must be < beta, got alpha={out['alpha']:g}, beta={out['beta']:g}")
+    if method in ("geo_rs", "seq_rs") and not out["lo"] <= out["hi"]:
+        raise ValueError(f"{method}: lo must be <= hi, got lo={out['lo']:g}, hi={out['hi']:g}")
+    return out
+
+
+def parse_param_args(items: Sequence[str]) -> dict[str, float]:
+    """`--param K=V` strings as a dict (values as given; `resolve_params` checks them)."""
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--param takes K=V (e.g. --param alpha=0.5), got {item!r}")
+        out[key.strip()] = value.strip()  # type: ignore[assignment]
+    return out
+
+
+def _rules(method: str, p: str) -> tuple[str, str]:
+    """(token rule, sequence rule) as SQL, parameters named `$<p><name>`: a token is masked by the token rule
+    over its d, r; a sequence by the sequence rule over its aggregates sum_d, mean_d, min_r."""
+    if method == "icepop":
+        return f"(r < ${p}alpha OR r > ${p}beta)", "FALSE"
+    if method == "geo_rs":
+        return "FALSE", f"(exp(mean_d) < ${p}lo OR exp(mean_d) > ${p}hi)"
+    if method == "seq_rs":
+        seq_ratio = f"exp({clamp_log_ratio_sql('sum_d')})"
+        return "FALSE", f"({seq_ratio} < ${p}lo OR {seq_ratio} > ${p}hi)"
+    if method == "veto":
+        return "FALSE", f"(min_r < ${p}tau)"
+    return "FALSE", "FALSE"  # tis
+
+
+def _sequence_partials_sql(methods: Sequence[str], where: str) -> str:
+    """Per (method index m, sequence): counts and sums of the sequence's tokens under method m's rule, for every
+    method from one pass over the tokens (method m's parameters are `$m<m>_<name>`).
+
+    w_ess is the ESS weight of a kept token (min(r, C) for tis, clamp(r, 1/C, C) with C = 2 otherwise); weight
+    is the correction's weight (min(r, C) for tis, r for kept tokens of the masking methods)."""
+    masks, seq_cols, rows = [], [], []
+    for i, method in enumerate(methods):
+        token_rule, seq_rule = _rules(method, f"m{i}_")
+        if method == "tis":
+            w_ess = weight = f"least(r, $m{i}_C)"
+        else:
+            w_ess, weight = clamp_sql("r", f"1.0 / {ESS_CAP}", str(ESS_CAP)), "r"
+        masks.append(f"{token_rule} AS masked{i}")
+        seq_cols.append(f"""count_if(masked{i}) AS n_tok_masked{i},
+                       sum(CASE WHEN masked{i} THEN 0.0 ELSE {weight} END) AS sum_weight{i},
+                       count_if(NOT masked{i}) AS n_kept{i},
+                       sum(CASE WHEN masked{i} THEN 0.0 ELSE {w_ess} END) AS sw{i},
+                       sum(CASE WHEN masked{i} THEN 0.0 ELSE {w_ess} * {w_ess} END) AS sw2{i}""")
+        rows.append(f"""SELECT {i} AS m, run, step, sample, n_tok,
+               CASE WHEN {seq_rule} THEN n_tok ELSE n_tok_masked{i} END AS n_masked,
+               CASE WHEN {seq_rule} THEN 0.0 ELSE sum_weight{i} END AS sum_weight,
+               CASE WHEN {seq_rule} THEN 0 ELSE n_kept{i} END AS n_kept,
+               CASE WHEN {seq_rule} THEN 0.0 ELSE sw{i} END AS sw,
+               CASE WHEN {seq_rule} THEN 0.0 ELSE sw2{i} END AS sw2
+        FROM seq""")
+    union = "\n        UNION ALL ".join(rows)
+    return f"""
+        WITH tok AS (SELECT run, step, sample, d, r, {', '.join(masks)}
+                     FROM (SELECT run, step, sample, trainer_logprob - sampler_logprob AS d,
+                                  {ratio_sql('trainer_logprob - sampler_logprob')} AS r
+                           FROM tokens WHERE {where})),
+        seq AS (SELECT run, step, sample, count(*) AS n_tok, sum(d) AS sum_d, avg(d) AS mean_d, min(r) AS min_r,
+                       {', '.join(seq_cols)}
+                FROM tok GROUP BY run, step, sample)
+        {union}"""
+
+
+def corrections(store: Store, runs: Sequence[str] | str, method: str, params: Mapping[str, float] | None = None,
+                by: str = "step", steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """METRICS.md Corrections columns of one method per (run, step) (`by="step"`) or per run (`by="run"`).
+
+    masked_token_frac = masked tokens / n_tokens; masked_seq_frac = sequences with a masked token / n_sequences;
+    weight_mean = mean over all tokens of the weight (min(r, C) for tis; r kept, 0 masked otherwise);
+    ess_after = (Σw)² / (n_kept · Σw²) over kept tokens (w = min(r, C) for tis, clamp(r, 1/2, 2) otherwise),
+    NULL when nothing is kept; masked/kept_reward_mean = mean reward of masked/kept sequences (NULL without
+    rewards or such sequences); masked_adv_pos/neg_frac = masked tokens / tokens among sequences with advantage
+    > 0 / < 0 (NULL without such tokens). Returns COLUMNS (without step for by="run"); empty groups give no row.
+
+    Example: icepop (alpha 0.5, beta 5) on one sequence with r = 1, 0.25 masks 1 of 2 tokens: masked_token_frac
+    0.5, masked_seq_frac 1, weight_mean 0.5, ess_after 1.
+    """
+    if by not in ("step", "run"):
+        raise ValueError(f"by must be 'step' or 'run', got {by!r}")
+    return _grouped(store, runs, [(method, params)], steps)[0][by]
+
+
+def corrections_by_step_and_run(store: Store, runs: Sequence[str] | str, method: str,
+                                params: Mapping[str, float] | None = None,
+                                steps: tuple[int, int] | None = None) -> dict[str, pl.DataFrame]:
+    """{"step": corrections(by="step"), "run": corrections(by="run")} from one pass (GROUP BY GROUPING SETS)."""
+    return _grouped(store, runs, [(method, params)], steps)[0]
+
+
+def compare_methods(store: Store, runs: Sequence[str] | str, choices: Sequence[tuple[str, Mapping[str, float]]],
+                    steps: tuple[int, int] | None = None) -> dict[str, pl.DataFrame]:
+    """`corrections_by_step_and_run` of several (method, params) choices, stacked: {"step": ..., "run": ...}
+    with one row per (method, run, step) / (method, run), methods in the order chosen (the simulator's tables).
+    One query for all of them: the tokens are read once."""
+    parts = _grouped(store, runs, choices, steps)
+    return {by: pl.concat([x[by] for x in parts], how="vertical_relaxed") for by in ("step", "run")} if parts else {}
+
+
+def _grouped(store: Store, runs, choices: Sequence[tuple[str, Mapping[str, float] | None]],
+             steps) -> list[dict[str, pl.DataFrame]]:
+    """Per choice, {"step": ..., "run": ...}, all from one query (the per-step groups cost little next to the
+    per-sequence pass)."""
+    if not choices:
+        return []
+    resolved = [(m, resolve_params(m, p)) for m, p in choices]
+    runs = check_runs(runs)
+    where, qp = token_filter(store, runs, steps)
+    for i, (_, values) in enumerate(resolved):
+        qp.update({f"m{i}_{k}": v for k, v in values.items()})
+    df = store.sql(f"""
+        WITH p AS ({_sequence_partials_sql([m for m, _ in resolved], where)})
+        SELECT p.m, p.run, p.step, GROUPING(p.step) AS rolled_up,
+               sum(p.n_tok)::BIGINT AS n_tokens, count(*)::BIGINT AS n_sequences,
+               sum(p.n_masked)::DOUBLE / sum(p.n_tok) AS masked_token_frac,
+               count_if(p.n_masked > 0)::DOUBLE / count(*) AS masked_seq_frac,
+               sum(p.sum_weight) / sum(p.n_tok) AS weight_mean,
+               CASE WHEN sum(p.n_kept) = 0 THEN NULL
+                    ELSE sum(p.sw) * sum(p.sw) / (sum(p.n_kept) * sum(p.sw2)) END AS ess_after,
+               avg(q.reward) FILTER (WHERE p.n_masked > 0) AS masked_reward_mean,
+               avg(q.reward) FILTER (WHERE p.n_masked = 0) AS kept_reward_mean,
+               sum(p.n_masked) FILTER (WHERE q.advantage > 0)::DOUBLE
+                   / nullif(sum(p.n_tok) FILTER (WHERE q.advantage > 0), 0) AS masked_adv_pos_frac,
+               sum(p.n_masked) FILTER (WHERE q.advantage < 0)::DOUBLE
+                   / nullif(sum(p.n_tok) FILTER (WHERE q.advantage < 0), 0) AS masked_adv_neg_frac
+        FROM p LEFT JOIN sequences q ON q.run = p.run AND q.step = p.step AND q.sample = p.sample
+        GROUP BY GROUPING SETS ((p.m, p.run, p.step), (p.m, p.run)) ORDER BY p.m, p.run, p.step""", qp)
+    out = []
+    for i, (method, values) in enumerate(resolved):
+        mine = df.filter(pl.col("m") == i).with_columns(method=pl.lit(method), params=pl.lit(json.dumps(values)))
+        # GROUPING(step) is 1 on the per-run rows, where step is rolled up
+        out.append({by: mine.filter(pl.col("rolled_up") == (1 if by == "run" else 0))
+                    .select([c for c in COLUMNS if c != "step" or by == "step"]) for by in ("step", "run")})
+    return out
+
+
+# -- the noise floor: how wide a band is against the measured spread of what it acts on ---------------------
+
+# what each method's band acts on: token |Δ|, per-sequence |mean Δ| or per-sequence |ΣΔ|
+BAND_QUANTITY = {"tis": "token", "icepop": "token", "veto": "token", "geo_rs": "seq_mean", "seq_rs": "seq_sum"}
+QUANTITY_LABELS = {"token": "|Δ| per token", "seq_mean": "|mean Δ| per sequence", "seq_sum": "|ΣΔ| per sequence"}
+
+
+def band_log_width(method: str, params: Mapping[str, float] | None = None) -> float:
+    """How far the method's band reaches from Δ = 0 in log units, on its narrower side: ln C for tis,
+    min(−ln alpha, ln beta) for icepop, −ln tau for veto, min(−ln lo, ln hi) for geo_rs and seq_rs (0 when the
+    band does not contain 1: such a band masks even identical log-probs)."""
+    import math
+    p = resolve_params(method, params)
+    if method == "tis":
+        return math.log(p["C"])
+    if method == "veto":
+        return max(0.0, -math.log(p["tau"]))
+    lo, hi = (p["alpha"], p["beta"]) if method == "icepop" else (p["lo"], p["hi"])
+    return max(0.0, min(-math.log(lo), math.log(hi)))
+
+
+def log_ratio_quantiles(store: Store, runs: Sequence[str] | str, by: str = "run",
+                        steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """p50 and p99 (linear interpolation, as numpy's default) of token |Δ|, per-sequence |mean Δ| and
+    per-sequence |ΣΔ|, per run or per (run, step): the measured noise a correction's band is set against.
+    Returns [run, (step,) token_p50, token_p99, seq_mean_p50, seq_mean_p99, seq_sum_p50, seq_sum_p99]."""
+    if by not in ("step", "run"):
+        raise ValueError(f"by must be 'step' or 'run', got {by!r}")
+    runs = check_runs(runs)
+    where, qp = token_filter(store, runs, steps)
+    k = "run, step" if by == "step" else "run"
+    return store.sql(f"""
+        WITH tok AS (SELECT run, step, sample, trainer_logprob - sampler_logprob AS d FROM tokens WHERE {where}),
+        t AS (SELECT {k}, quantile_cont(abs(d), 0.5) AS token_p50, quantile_cont(abs(d), 0.99) AS token_p99
+              FROM tok GROUP BY {k}),
+        s AS (SELECT {k}, quantile_cont(abs(mean_d), 0.5) AS seq_mean_p50,
+                     quantile_cont(abs(mean_d), 0.99) AS seq_mean_p99,
+                     quantile_cont(abs(sum_d), 0.5) AS seq_sum_p50, quantile_cont(abs(sum_d), 0.99) AS seq_sum_p99
+              FROM (SELECT run, step, avg(d) AS mean_d, sum(d) AS sum_d FROM tok GROUP BY run, step, sample)
+              GROUP BY {k})
+        SELECT * FROM t JOIN s USING ({k}) ORDER BY {k}""", qp)

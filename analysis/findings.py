@@ -1,0 +1,432 @@
+"""Findings: what carries a run's mismatch, the numbers that show it, where to see them, and what to try.
+
+Every kind is detected from the data by a stated rule (RULES, also shown with each finding); the advice and
+its source come from DIAGNOSIS.md. The measurements come from the other analysis modules (metrics, buckets,
+routing, corrections, decomposition, gates), one query per table for all the runs asked.
+
+Ranking: severity (alert, warn, info), then causes before symptoms (KINDS order: staleness first because stale
+weights also flip routers and shift every bucket; band violations and noise floors describe consequences),
+then the share of kl_k3 a finding accounts for.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+from urllib.parse import urlencode
+
+import numpy as np
+import polars as pl
+
+from analysis import buckets, corrections, decomposition, gates, metrics, routing, views
+from analysis.store import Store
+
+SEVERITIES = ("alert", "warn", "info")
+KINDS = ("staleness", "routing_flips", "low_probability_tokens", "long_sequences", "spikes", "rising_trend",
+         "step0_mismatch", "band_violation", "noise_floor", "healthy")
+
+# Thresholds of the rules (each named in RULES)
+KL_FLOOR = 1e-6          # run kl_k3 below this is rounding noise (fp32 control: ~1e-13): no cause is sought
+CARRY_SHARE = 0.3        # a cause must carry at least this share of the run's kl_k3 (Σ of k3 terms)
+CONCENTRATION = 3.0      # ... and its tokens' kl_k3 must be this many times that of the other tokens
+LOW_P_TOKEN_SHARE = 0.25  # "low-probability tokens": the lowest-probability buckets holding at most 25% of tokens
+LOW_P_CARRY = 0.5
+SPIKE_FACTOR = 10.0      # a step above 10× the median of its neighbours (±3 steps)
+SPIKE_ALERT = 100.0
+TREND_MIN_STEPS = 6
+TREND_RATIO = 2.0        # median kl_k3 of the last third of steps ≥ 2× that of the first third
+TREND_RANK_CORR = 0.6    # and Spearman correlation of kl_k3 with step ≥ 0.6 (a sustained rise, not one jump)
+LENGTH_RATIO = 3.0       # kl_k3 of the longest length bucket ≥ 3× the shortest
+SEQ_NEAR_CLAMP = 10.0    # |ΣΔ| ≥ 10 = half the clamp (20): the sequence ratio is beyond e^10 ≈ 22,026
+
+RULES = {
+    "staleness": f"tokens with lag > 0 carry ≥ {CARRY_SHARE:.0%} of Σ k3 and their kl_k3 is ≥ {CONCENTRATION:g}× "
+                 "that of lag-0 tokens (or there are none)",
+    "routing_flips": f"tokens whose routing flipped in some layer carry ≥ {CARRY_SHARE:.0%} of Σ k3 and their mean |Δ| "
+                     f"is ≥ {CONCENTRATION:g}× that of unflipped tokens",
+    "low_probability_tokens": f"the lowest-probability buckets holding ≤ {LOW_P_TOKEN_SHARE:.0%} of tokens carry "
+                              f"≥ {LOW_P_CARRY:.0%} of Σ k3 (and ≥ {CONCENTRATION:g}× their token share)",
+    "long_sequences": f"kl_k3 of the longest response-length bucket ≥ {LENGTH_RATIO:g}× the shortest, or some "
+                      f"sequence has |ΣΔ| ≥ {SEQ_NEAR_CLAMP:g} (half the clamp 20)",
+    "spikes": f"a step's kl_k3 > {SPIKE_FACTOR:g}× the median of its neighbours within ±3 steps (≥ 5 steps; alert "
+              f"above {SPIKE_ALERT:g}×)",
+    "rising_trend": f"≥ {TREND_MIN_STEPS} steps, median kl_k3 of the last third ≥ {TREND_RATIO:g}× the first third, "
+                    f"and Spearman(step, kl_k3) ≥ {TREND_RANK_CORR:g}",
+    "step0_mismatch": f"kl_k3 ≥ {KL_FLOOR:g} at the run's first step, whose tokens all have lag 0 (or no versions)",
+    "band_violation": "a published band or CI gate of DIAGNOSIS.md that the run's value breaks",
+    "noise_floor": "a correction's band (at its default parameters) reaches less far from Δ = 0 than the measured "
+                   "p99 of what it acts on (warn: less than the p50)",
+    "healthy": f"no warn or alert finding (every cause rule needs kl_k3 ≥ {KL_FLOOR:g})",
+}
+
+# DIAGNOSIS.md: what to try, and where that advice comes from
+ACTIONS = {
+    "staleness": ("Reduce the maximum staleness (off-policy steps) or use a staleness-aware / decoupled correction; "
+                  "this is asynchronous off-policyness, not numerics",
+                  "AReaL; Qwen 'Stabilizing RL' (arXiv 2512.01374)"),
+    "routing_flips": ("Routing replay (R3: the trainer reuses the sampler's experts) or an fp32 router",
+                      "R3 paper (arXiv 2510.11370); prime-rl PR #2808 (mismatch KL 0.0015 → 0.0002–0.0005)"),
+    "low_probability_tokens": ("An fp32 LM head / log-softmax, fp16 instead of bf16, or token-level TIS",
+                               "MiniMax-M1 (probability correlation ~0.9 → ~0.99, secondary); Precision-RL paper"),
+    "long_sequences": ("Use the geometric (length-invariant) sequence ratio or token-level corrections instead of the "
+                       "sequence product", "verl docs rollout_corr_math.md (CLAMP = 20)"),
+    "spikes": ("Look for an inference-engine bug or a broken weight refit at those steps, not precision",
+               "NeMo RL docs/guides/grpo.md"),
+    "rising_trend": ("Early warning of off-policy collapse: add a correction (TIS / IcePop / geo-RS), routing replay, "
+                     "or an fp32 head", "prime-rl training docs; VeXact (arXiv 2605.14220); Miles mismatch blog"),
+    "step0_mismatch": ("Mismatch before any update is kernel non-determinism / batch variance or precision: try "
+                       "batch-invariant kernels (vLLM batch-invariant mode gives kl 0.0)",
+                       "slime true-on-policy docs; vLLM × TorchTitan blog 2025-11-10"),
+    "noise_floor": ("Widen the band beyond the measured p99, or use a token-level weight (TIS) instead of masking",
+                    "verl-omni RFC #280"),
+    "healthy": ("Nothing to fix; keep logging both sides to catch a drift early", "DIAGNOSIS.md bands"),
+}
+
+# Evidence views: page URL stems (ui/nav.py) and their query-bound tabs/widgets
+TOKENS_WHERE = ("token_drift", {"tokens_tab": "Where the mismatch lives"})
+ROUTING_TOKENS = ("routing", {"routing_tab": "Flips per token"})
+OVERVIEW = ("overview", {})
+FINDINGS_TABS = ("Waterfall", "Correction simulator", "Gates")  # the Findings page's other tabs (query-bound)
+WATERFALL = ("findings", {"findings_tab": FINDINGS_TABS[0]})
+SIMULATOR = ("findings", {"findings_tab": FINDINGS_TABS[1]})
+GATES = ("findings", {"findings_tab": FINDINGS_TABS[2]})
+
+
+@dataclass
+class Finding:
+    run: str
+    kind: str
+    severity: str
+    title: str
+    numbers: dict
+    page: str
+    query: dict = field(default_factory=dict)
+    score: float = 0.0
+    action: str = ""
+    source: str = ""
+
+    def __post_init__(self):
+        if not self.action and self.kind in ACTIONS:
+            self.action, self.source = ACTIONS[self.kind]
+
+    @property
+    def url(self) -> str:
+        return f"/{self.page}" + (f"?{urlencode(self.query)}" if self.query else "")
+
+    @property
+    def rule(self) -> str:
+        return RULES[self.kind]
+
+    def as_dict(self) -> dict:
+        return {"run": self.run, "kind": self.kind, "severity": self.severity, "title": self.title,
+                "evidence": {"numbers": self.numbers, "page": self.page, "query": self.query, "url": self.url},
+                "action": self.action, "source": self.source, "rule": self.rule}
+
+
+# Token drift's grouping radio binds its shown label to the URL (ui/glossary.DIMENSIONS; a test keeps them equal)
+TOKENS_DIM_LABELS = {"prob": "sampler probability exp(s)", "length": "response length", "lag": "staleness (lag)"}
+
+
+def _where(dim: str) -> tuple[str, dict]:
+    return TOKENS_WHERE[0], {**TOKENS_WHERE[1], "tokens_dim": TOKENS_DIM_LABELS[dim]}
+
+
+def _mass(df: pl.DataFrame) -> pl.DataFrame:
+    """Bucket rows with mass = n_tokens · kl_k3 (the bucket's Σ of k3 terms)."""
+    return df.with_columns(mass=pl.col("n_tokens").cast(pl.Float64) * pl.col("kl_k3"))
+
+
+def _spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    rx, ry = pl.Series(x).rank().to_numpy(), pl.Series(y).rank().to_numpy()
+    if rx.std() == 0 or ry.std() == 0:
+        return 0.0
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+# -- one rule per kind: each takes the run's tables and returns its findings -----------------------------------
+
+def _staleness(run, lag: pl.DataFrame, cause_sev) -> list[Finding]:
+    if lag.is_empty() or lag["bucket"].max() <= 0:
+        return []
+    lag = _mass(lag)
+    total = lag["mass"].sum()
+    stale, fresh = lag.filter(pl.col("bucket") > 0), lag.filter(pl.col("bucket") <= 0)
+    share = stale["mass"].sum() / total if total > 0 else 0.0
+    k_stale = stale["mass"].sum() / stale["n_tokens"].sum()
+    k_fresh = fresh["mass"].sum() / fresh["n_tokens"].sum() if fresh.height else 0.0
+    if share < CARRY_SHARE or (k_fresh > 0 and k_stale < CONCENTRATION * k_fresh):
+        return []
+    tok_share = stale["n_tokens"].sum() / lag["n_tokens"].sum()
+    ratio = k_stale / k_fresh if k_fresh > 0 else math.inf
+    page, query = _where("lag")
+    return [Finding(run, "staleness", cause_sev(share), f"Stale tokens (lag > 0, {tok_share:.0%} of tokens) carry "
+                    f"{share:.1%} of the mismatch: kl_k3 {k_stale:.3g} vs {k_fresh:.3g} at lag 0"
+                    + (f" ({ratio:.0f}×)" if math.isfinite(ratio) else ""),
+                    {"share_of_kl": share, "stale_token_share": tok_share, "kl_k3_lag_gt0": k_stale,
+                     "kl_k3_lag0": k_fresh, "max_lag": int(lag["bucket"].max())}, page, query, share)]
+
+
+def _routing(run, mism: pl.DataFrame, layers: pl.DataFrame, flip_rate, cause_sev) -> list[Finding]:
+    flipped, still = mism.filter(pl.col("flipped")), mism.filter(~pl.col("flipped"))
+    if flipped.is_empty():
+        return []
+    m = _mass(mism)
+    total = m["mass"].sum()
+    share = _mass(flipped)["mass"].sum() / total if total > 0 else 0.0
+    d_flip = flipped["log_ratio_abs_mean"][0]
+    d_still = still["log_ratio_abs_mean"][0] if still.height else 0.0
+    if share < CARRY_SHARE or (d_still > 0 and d_flip < CONCENTRATION * d_still):
+        return []
+    nums = {"share_of_kl": share, "token_any_flip_rate": flip_rate, "abs_delta_flipped": d_flip,
+            "abs_delta_unflipped": d_still}
+    depth = ""
+    if layers.height >= 2:
+        layers = layers.sort("layer")
+        first, last = layers["flip_rate"][0], layers["flip_rate"][-1]
+        rho = _spearman(layers["layer"].to_list(), layers["flip_rate"].to_list())
+        nums.update(flip_rate_first_layer=first, flip_rate_last_layer=last, depth_rank_corr=rho)
+        if rho > 0 and last > first:
+            depth = f"; flips rise with depth ({first:.2%} at layer {layers['layer'][0]} → {last:.2%} at layer " \
+                    f"{layers['layer'][-1]})"
+    return [Finding(run, "routing_flips", cause_sev(share),
+                    f"Tokens with a routing flip ({flip_rate:.1%} of tokens) carry {share:.1%} of the mismatch: "
+                    f"mean |Δ| {d_flip:.3g} vs {d_still:.3g} unflipped{depth}",
+                    nums, *ROUTING_TOKENS, share)]
+
+
+def _low_prob(run, prob: pl.DataFrame, cause_sev) -> list[Finding]:
+    if prob.height < 2:
+        return []
+    p = _mass(prob).sort("bucket")
+    total, n = p["mass"].sum(), p["n_tokens"].sum()
+    cum = (p["n_tokens"].cum_sum() / n).to_list()
+    k = max(1, sum(1 for c in cum if c <= LOW_P_TOKEN_SHARE))
+    if k >= p.height:
+        return []
+    low = p.head(k)
+    share, tok_share = low["mass"].sum() / total if total > 0 else 0.0, low["n_tokens"].sum() / n
+    if share < LOW_P_CARRY or share < CONCENTRATION * tok_share:
+        return []
+    edge = low["bucket_hi"][-1]
+    page, query = _where("prob")
+    return [Finding(run, "low_probability_tokens", cause_sev(share),
+                    f"Tokens with sampler probability < {edge:.3g} ({tok_share:.1%} of tokens) carry {share:.1%} of "
+                    f"the mismatch", {"share_of_kl": share, "token_share": tok_share, "prob_below": edge},
+                    page, query, share)]
+
+
+def _long(run, length: pl.DataFrame, row: dict, cause_sev) -> list[Finding]:
+    nums, parts, score = {}, [], 0.0
+    if length.height >= 2:
+        ln = length.sort("bucket")
+        short, long_ = ln["kl_k3"][0], ln["kl_k3"][-1]
+        if long_ > 0 and long_ >= LENGTH_RATIO * short:
+            nums.update(kl_k3_shortest=short, kl_k3_longest=long_, longest=ln["label"][-1], shortest=ln["label"][0])
+            parts.append(f"kl_k3 {long_:.3g} in responses of length {ln['label'][-1]} vs {short:.3g} at "
+                         f"{ln['label'][0]}")
+            score = 1.0 - short / long_
+    worst = row.get("seq_log_ratio_abs_max")
+    if worst is not None and worst >= SEQ_NEAR_CLAMP:
+        nums["seq_log_ratio_abs_max"] = worst
+        parts.append(f"a sequence with |ΣΔ| = {worst:.3g} (ratio e^{worst:.3g}; the clamp is 20)")
+        score = max(score, min(1.0, worst / 20.0))
+    if not parts:
+        return []
+    page, query = _where("length")
+    return [Finding(run, "long_sequences", cause_sev(score), "Mismatch grows with length: " + "; ".join(parts),
+                    nums, page, query, score)]
+
+
+def _spikes(run, steps: pl.DataFrame) -> list[Finding]:
+    if steps.height < 5:
+        return []
+    s = steps.sort("step")
+    kl, st_ = s["kl_k3"].to_list(), s["step"].to_list()
+    hits = []
+    for i, v in enumerate(kl):
+        nb = [kl[j] for j in range(max(0, i - 3), min(len(kl), i + 4)) if j != i]
+        med = float(np.median(nb))
+        if v >= KL_FLOOR and v > SPIKE_FACTOR * med:
+            hits.append((st_[i], v, v / med if med > 0 else math.inf))
+    if not hits:
+        return []
+    worst = max(hits, key=lambda h: h[2])
+    sev = "alert" if worst[2] > SPIKE_ALERT else "warn"
+    where = ", ".join(f"{a}" for a, _, _ in hits[:6]) + ("…" if len(hits) > 6 else "")
+    return [Finding(run, "spikes", sev, f"kl_k3 spikes at step{'s' if len(hits) > 1 else ''} {where}: "
+                    f"{worst[1]:.3g} at step {worst[0]}, "
+                    + (f"{worst[2]:.3g}× its neighbours" if math.isfinite(worst[2]) else "its neighbours at 0"),
+                    {"spike_steps": [a for a, _, _ in hits], "worst_step": worst[0], "worst_kl_k3": worst[1],
+                     "worst_factor": worst[2] if math.isfinite(worst[2]) else None},  # JSON has no inf
+                    *OVERVIEW, min(1.0, len(hits) / steps.height))]
+
+
+def _trend(store, run, steps: pl.DataFrame, cause_sev) -> list[Finding]:
+    if steps.height < TREND_MIN_STEPS:
+        return []
+    s = steps.sort("step")
+    halves = decomposition.thirds(s["step"].to_list())
+    a, b = halves
+    first = s.filter(pl.col("step").is_between(*a))["kl_k3"].median()
+    last = s.filter(pl.col("step").is_between(*b))["kl_k3"].median()
+    rho = _spearman(s["step"].to_list(), s["kl_k3"].to_list())
+    if not (last >= KL_FLOOR and last >= TREND_RATIO * first and rho >= TREND_RANK_CORR):
+        return []
+    terms = decomposition.decompose(store, run, a, b)
+    drivers = terms.filter(~pl.col("term").is_in(["A", "B"])).sort("value", descending=True)
+    top = drivers.row(0, named=True) if drivers.height else None
+    nums = {"median_kl_k3_first_third": first, "median_kl_k3_last_third": last, "rank_corr": rho,
+            "steps_first": list(a), "steps_last": list(b)}
+    nums.update({f"decomposition_{t}": v for t, v in zip(terms["term"], terms["value"])})
+    change = terms["value"][-1] - terms["value"][0]
+    lead = f"; {top['label']} accounts for {top['value'] / change:.0%} of the change" if top and change > 0 else ""
+    ratio = last / first if first > 0 else math.inf
+    return [Finding(run, "rising_trend", cause_sev(1.0), f"kl_k3 rises over the run: median {first:.3g} (steps "
+                    f"{a[0]}–{a[1]}) → {last:.3g} (steps {b[0]}–{b[1]}), ×{ratio:.3g}, Spearman {rho:.2f}{lead}",
+                    nums, *WATERFALL, 1.0)]
+
+
+def _step0(run, first_step, steps: pl.DataFrame, max_lag: int | None) -> list[Finding]:
+    row = steps.filter(pl.col("step") == first_step)
+    if row.is_empty():
+        return []
+    v = row["kl_k3"][0]
+    if v < KL_FLOOR or (max_lag is not None and max_lag > 0):
+        return []
+    return [Finding(run, "step0_mismatch", "info", f"kl_k3 = {v:.3g} already at step {first_step}, before any "
+                    "update: kernel non-determinism or precision, not training drift",
+                    {"step": first_step, "kl_k3": v}, *OVERVIEW, 0.0)]
+
+
+def _bands(run, gate_rows: pl.DataFrame) -> list[Finding]:
+    out = []
+    for g in gate_rows.filter(pl.col("passed") == False).iter_rows(named=True):  # noqa: E712 (null = unknown)
+        out.append(Finding(run, "band_violation", g["severity"], f"{g['metric']} = {g['value']:.4g} breaks "
+                           f"{g['gate']} ({g['band']})",
+                           {"metric": g["metric"], "value": g["value"], "band": g["band"], "gate": g["gate"]},
+                           *GATES, 0.0, action=f"Bring {g['metric']} back {g['band']}: see the cause findings "
+                           "above for what carries it", source=g["source"]))
+    return out
+
+
+def _noise(run, q: dict) -> list[Finding]:
+    out = []
+    for method, m in corrections.METHODS.items():
+        quantity = corrections.BAND_QUANTITY[method]
+        width = corrections.band_log_width(method)
+        p50, p99 = q[f"{quantity}_p50"], q[f"{quantity}_p99"]
+        if p99 is None or width >= p99:
+            continue
+        sev = "warn" if width < p50 else "info"
+        params = ", ".join(f"{k}={v:g}" for k, v in m.defaults.items())
+        out.append(Finding(run, "noise_floor", sev, f"{method} ({params}) reaches ±{width:.3g} in log units, "
+                           f"below the measured {corrections.QUANTITY_LABELS[quantity]} "
+                           f"{'p50' if sev == 'warn' else 'p99'} = {p50 if sev == 'warn' else p99:.3g}: it "
+                           f"{'masks noise' if method != 'tis' else 'truncates ordinary tokens'}",
+                           {"method": method, "band_log_width": width, "p50": p50, "p99": p99,
+                            "quantity": quantity}, *SIMULATOR, p99 and (1.0 - width / p99)))
+    return out
+
+
+# -- all kinds for several runs ---------------------------------------------------------------------------------
+
+def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | None = None,
+                  cap: float = 2.0, clip: float = 0.2) -> dict[str, list[Finding]]:
+    """{run: its ranked findings} for `runs` over the inclusive step range (None: every step)."""
+    runs = metrics.check_runs(runs)
+    if not runs:
+        return {}
+    tables = views.run_and_step_tables(store, runs, cap=cap, clip=clip, steps=steps)
+    summary, per_step = tables["run"], tables["step"]
+    gate_rows = gates.gate_table(summary, per_step, runs)
+    kinds = views.routing_kinds(store, runs)
+    both = [r for r in runs if kinds.get(r) == "both"]
+    flips = routing.flip_views(store, both, steps, views=("mismatch",))["mismatch"] if both else None
+    layers = routing.layer_profile(store, both, steps) if both else None
+    prob = buckets.mismatch_by(store, runs, "prob", cap=cap, clip=clip, steps=steps, metrics=["kl_k3"])
+    length = buckets.mismatch_by(store, runs, "length", n_bins=6, cap=cap, clip=clip, steps=steps,
+                                 metrics=["kl_k3"])
+    has_lag = buckets.has_column_data(store, runs, "sampler_version")
+    lag = buckets.mismatch_by(store, runs, "lag", cap=cap, clip=clip, steps=steps, metrics=["kl_k3"]) \
+        if has_lag else None
+    noise = corrections.log_ratio_quantiles(store, runs, by="run", steps=steps)
+    first_steps = _first_steps(store, runs, per_step, steps)
+    first_lag = _first_step_lags(store, runs, first_steps, steps) if has_lag else {}
+    out: dict[str, list[Finding]] = {}
+    for run in runs:
+        srow = summary.filter(pl.col("run") == run)
+        if srow.is_empty():
+            out[run] = []
+            continue
+        row = srow.row(0, named=True)
+        rsteps = per_step.filter(pl.col("run") == run)
+        rgates = gate_rows.filter(pl.col("run") == run)
+        alarming = bool(rgates.filter((pl.col("passed") == False) & (pl.col("severity") == "alert")).height)  # noqa
+
+        def cause_sev(share: float) -> str:
+            return "alert" if alarming and share >= 0.5 else "warn"
+
+        of = (lambda df: df.filter(pl.col("run") == run) if df is not None else pl.DataFrame())
+        found: list[Finding] = []
+        if row["kl_k3"] is not None and row["kl_k3"] >= KL_FLOOR:
+            if lag is not None:
+                found += _staleness(run, of(lag), cause_sev)
+            if run in both:
+                found += _routing(run, of(flips), of(layers), row.get("token_any_flip_rate"), cause_sev)
+            found += _low_prob(run, of(prob), cause_sev)
+            found += _long(run, of(length), row, cause_sev)
+            found += _spikes(run, rsteps)
+            found += _trend(store, run, rsteps, cause_sev)
+        first = first_steps.get(run)
+        if first is not None and (steps is None or steps[0] is None or steps[0] <= first):
+            found += _step0(run, first, rsteps, first_lag.get(run))
+        found += _bands(run, rgates)
+        qrow = of(noise)
+        if qrow.height:
+            found += _noise(run, qrow.row(0, named=True))
+        if not any(f.severity in ("alert", "warn") for f in found):
+            found.append(Finding(run, "healthy", "info", f"No cause found: kl_k3 = {row['kl_k3']:.3g}, "
+                                 f"mult_prob_error = {row['mult_prob_error']:.6g}, every published band passes"
+                                 if rgates["passed"].all() else
+                                 f"No cause found: kl_k3 = {row['kl_k3']:.3g}", {"kl_k3": row["kl_k3"],
+                                 "mult_prob_error": row["mult_prob_error"]}, *OVERVIEW, 0.0))
+        out[run] = rank(found)
+    return out
+
+
+def _first_steps(store: Store, runs: list[str], per_step: pl.DataFrame, steps) -> dict[str, int]:
+    """{run: its first logged step}: the per-step table's first step unless a range start hides earlier ones."""
+    if steps is None or steps[0] is None:
+        return dict(per_step.group_by("run").agg(pl.col("step").min()).iter_rows())
+    where, params = metrics.run_filter(runs)
+    return dict(store.rows(f"SELECT run, min(step) FROM tokens WHERE {where} GROUP BY run", params))
+
+
+def _first_step_lags(store: Store, runs: list[str], first_steps: dict, steps) -> dict[str, int]:
+    """{run: the largest lag among the tokens of its first step}: one lag grouping per distinct first step."""
+    out: dict[str, int] = {}
+    by_first: dict[int, list[str]] = {}
+    for run in runs:
+        first = first_steps.get(run)
+        if first is not None and (steps is None or steps[0] is None or steps[0] <= first):
+            by_first.setdefault(first, []).append(run)
+    for first, group in by_first.items():
+        lags = buckets.mismatch_by(store, group, "lag", steps=(first, first), metrics=["kl_k3"])
+        out.update(dict(lags.group_by("run").agg(pl.col("bucket").max()).iter_rows()))
+    return out
+
+
+def rank(found: list[Finding]) -> list[Finding]:
+    return sorted(found, key=lambda f: (SEVERITIES.index(f.severity), KINDS.index(f.kind), -(f.score or 0.0)))
+
+
+def findings(store: Store, run: str, steps: tuple[int, int] | None = None, cap: float = 2.0,
+             clip: float = 0.2) -> list[Finding]:
+    """One run's ranked findings (see findings_many)."""
+    return findings_many(store, [run], steps, cap, clip)[run]
+
+
+def findings_table(store: Store, runs: Sequence[str], steps: tuple[int, int] | None = None, cap: float = 2.0,
+                   clip: float = 0.2) -> list[dict]:
+    """findings_many as plain dicts (what the page caches and draws)."""
+    return [f.as_dict() for fs in findings_many(store, runs, steps, cap, clip).values() for f in fs]

@@ -1,0 +1,182 @@
+"""Findings: what carries each run's mismatch (ranked cards with their evidence), how kl_k3 changed between two
+step ranges (waterfall), what each off-policy correction would mask (simulator), and the published gates."""
+import streamlit as st
+
+from analysis import corrections, decomposition, findings, gates, inspect, views
+from ui import findings_charts, nav
+from ui import state as S
+
+st.title("Findings")
+st.caption("Each finding comes from a stated rule on this data, with the numbers behind it, a link to the view that "
+           "shows them, and what to try (with its source, so you can judge it). Severity: "
+           ":red-badge[alert] breaks a CI gate · :orange-badge[warn] a cause or band worth fixing · "
+           ":blue-badge[info] context.")
+
+sel = S.selection()
+S.require_runs(sel, what="findings")
+S.remember("findings_run", "findings_a", "findings_b", "findings_methods",
+           *(f"findings_{m}_{k}" for m, spec in corrections.METHODS.items() for k in spec.defaults))
+PAGES = {p.url: p for p in nav.ALL}
+TABS = ["Findings", *findings.FINDINGS_TABS]  # the evidence links of findings name the other three
+
+
+def _md(text: str) -> str:
+    """Text for st.markdown without its markup characters taking effect."""
+    for ch in "\\*_[]`#|$~":
+        text = text.replace(ch, "\\" + ch)
+    return text
+
+
+def _number(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, list):
+        return ", ".join(map(str, v[:8])) + ("…" if len(v) > 8 else "")
+    return str(v)
+
+
+def finding_card(group: list[dict]) -> None:
+    """One card: a finding, or all of a run's findings of one symptom kind (band violations, noise floors)."""
+    f = group[0]
+    ev = f["evidence"]
+    with st.container(border=True):
+        color = findings_charts.SEVERITY_COLORS[f["severity"]]
+        lines = [f":{color}-badge[{f['severity']}] `{f['kind']}` **{_md(f['title'])}**"]
+        lines += [f"- :{findings_charts.SEVERITY_COLORS[g['severity']]}[{g['severity']}] {_md(g['title'])} — "
+                  f"*{_md(g['source'])}*" for g in group[1:]]
+        numbers = " · ".join(f"{_md(k)} = {_md(_number(v))}" for k, v in ev["numbers"].items())
+        lines.append(f"**Try:** {_md(f['action'])} — *{_md(f['source'])}*  \n:gray[{numbers}. Rule: {_md(f['rule'])}]")
+        st.markdown("\n\n".join(lines))
+        page = PAGES.get(ev["page"])
+        if page is not None:
+            st.page_link(page.path, label="Open the evidence", icon=":material/open_in_new:",
+                         query_params=ev["query"], help=f"{page.title}: {ev['url']}")
+
+
+def grouped(items: list[dict]) -> list[list[dict]]:
+    """Findings in rank order, a run's band violations and noise floors each folded into one card."""
+    out: list[list[dict]] = []
+    seen: dict[str, list[dict]] = {}
+    for f in items:
+        if f["kind"] in ("band_violation", "noise_floor"):
+            if f["kind"] in seen:
+                seen[f["kind"]].append(f)
+                continue
+            seen[f["kind"]] = [f]
+            out.append(seen[f["kind"]])
+        else:
+            out.append([f])
+    return out
+
+
+
+def cards_tab() -> None:
+    with S.guard("find the causes"):
+        found = S.cached(findings.findings_table, sel.runs, steps=sel.steps, cap=sel.cap, clip=sel.clip)
+        colors = S.run_colors()
+        for run in sel.runs:
+            mine = [f for f in found if f["run"] == run]
+            S.run_badge(run, colors.get(run, "#888"), f"{len(mine)} finding{'s' if len(mine) != 1 else ''}")
+            if not mine:
+                st.caption("No tokens in this step range.")
+            main = [f for f in mine if f["severity"] != "info"] or mine[:1]
+            for group in grouped(main):
+                finding_card(group)
+            rest = [f for f in mine if f not in main]
+            if rest:
+                with st.expander(f"{len(rest)} more (info)"):
+                    for group in grouped(rest):
+                        finding_card(group)
+
+
+def pick_run() -> str:
+    S.keep_choice("findings_run", sel.runs)
+    return st.columns([2, 3])[0].selectbox("Run", sel.runs, key="findings_run",
+                                           help="The waterfall and the simulator show one run at a time.")
+
+
+def waterfall_tab() -> None:
+    run = pick_run()
+    with S.guard("decompose the change of kl_k3"):
+        steps = S.cached(inspect.run_steps, run)
+        if sel.steps:
+            steps = [s for s in steps if sel.steps[0] <= s <= sel.steps[1]]
+        halves = decomposition.thirds(steps)
+        if halves is None:
+            st.info("The decomposition needs at least two steps in the chosen range.")
+            return
+        lo, hi = steps[0], steps[-1]
+        for key, default in (("findings_a", halves[0]), ("findings_b", halves[1])):
+            value = st.session_state.get(key)
+            if not value or value[0] < lo or value[1] > hi:
+                st.session_state[key] = default
+        c1, c2 = st.columns(2)
+        a = c1.slider("Steps A (before)", lo, hi, key="findings_a")
+        b = c2.slider("Steps B (after)", lo, hi, key="findings_b")
+        terms = S.cached(decomposition.decompose, run, tuple(a), tuple(b))
+        if terms.is_empty():
+            st.info("One of the two ranges has no tokens.")
+            return
+        st.plotly_chart(findings_charts.waterfall(terms, a, b), key="findings_waterfall")
+        st.caption("How kl_k3 changed from steps A to steps B: the shift of tokens between buckets (response "
+                   "length, sampler probability decade, routing flip, staleness; switched in that order) and the "
+                   "drift of kl_k3 within buckets. The bars add up exactly; the split between mix terms depends on "
+                   "that order.")
+
+
+def simulator_tab() -> None:
+    run = pick_run()
+    st.caption("What each off-policy correction would do to this run's logged tokens, per step (METRICS.md, "
+               "Corrections). Rewards and advantages come from the `sequences` table where the trainer logged them.")
+    with S.guard("simulate the corrections"):
+        methods = list(corrections.METHODS)
+        S.keep_choices("findings_methods", methods, ["icepop", "geo_rs", "seq_rs"])  # as ui/prefetch.py warms
+        chosen = st.multiselect("Methods", methods, key="findings_methods",
+                                format_func=lambda m: f"{m}: {corrections.METHODS[m].rule}")
+        choices = []
+        if chosen:
+            for col, m in zip(st.columns(len(chosen)), chosen):
+                spec = corrections.METHODS[m]
+                col.markdown(f"**{m}** · {_md(spec.source)}")
+                params = {k: col.number_input(k, value=st.session_state.get(f"findings_{m}_{k}", default),
+                                              min_value=0.0, format="%g", key=f"findings_{m}_{k}")
+                          for k, default in spec.defaults.items()}
+                choices.append((m, params))
+        if not choices:
+            st.info("Pick at least one method.")
+            return
+        sim = S.cached(corrections.compare_methods, [run], choices, steps=sel.steps)
+        per_step, per_run = sim["step"], sim["run"]
+        st.plotly_chart(findings_charts.simulator_curves(per_step, [
+            ("masked_token_frac", "masked tokens"), ("masked_seq_frac", "masked sequences"),
+            ("ess_after", "ESS after")]), key="findings_sim_curves")
+        st.dataframe(per_run, hide_index=True, key="findings_sim_table", column_config=S.number_columns(per_run))
+        if per_run["masked_reward_mean"].null_count() == per_run.height and \
+                per_run["kept_reward_mean"].null_count() == per_run.height:
+            st.caption("This run logged no rewards: the reward columns stay empty.")
+        q = S.cached(corrections.log_ratio_quantiles, [run], by="step", steps=sel.steps)
+        bands = [(m, corrections.BAND_QUANTITY[m], corrections.band_log_width(m, p)) for m, p in choices]
+        st.plotly_chart(findings_charts.noise_vs_bands(q, bands, corrections.QUANTITY_LABELS), key="findings_noise")
+        st.caption("Measured p50 (solid) and p99 (dotted) of what each method acts on, per step, against how far its "
+                   "band reaches from Δ = 0 on its narrower side: a band below the p50 masks ordinary noise "
+                   "(verl-omni RFC #280).")
+
+
+def gates_tab() -> None:
+    with S.guard("check the gates"):
+        tables = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)
+        table = gates.gate_table(tables["run"], tables["step"], sel.runs)
+        st.plotly_chart(findings_charts.gates_matrix(table), key="findings_gates_matrix")
+        st.dataframe(table, hide_index=True, key="findings_gates",
+                     column_config={"passed": st.column_config.CheckboxColumn("pass"),
+                                    "value": st.column_config.NumberColumn("value", format="%.4g")})
+        st.caption("Published bands and CI gates (DIAGNOSIS.md), each with its source: prime-rl adds a model at mean "
+                   "mismatch KL < 0.015 over 20 steps; NeMo RL gates mult_prob_error < 1.05 / 1.1; slime's CI "
+                   "log_ratio_abs_mean ≤ 0.1; verl's rollout-correction warning bands.")
+
+
+# Four tabs; only the open one runs its queries (the findings' own evidence links open the other tabs)
+for tab, draw in zip(S.tabs(TABS, key="findings_tab"), (cards_tab, waterfall_tab, simulator_tab, gates_tab)):
+    if tab.open:
+        with tab:
+            draw()

@@ -1,0 +1,186 @@
+"""FolderWatcher in one process with a hand-driven clock: when a file is complete, what is never read, what is
+reported once, and that the command stops cleanly on SIGTERM. The real writer and watcher processes are in
+tests/test_watch_live.py."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from analysis.logger import DriftLogger
+from analysis.store import Store
+from analysis.watch import FolderWatcher, followable, scan
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def step_arrays(step: int, B: int = 2, T: int = 3):
+    rng = np.random.default_rng(step)
+    s = -rng.exponential(1.0, (B, T))
+    return s, np.minimum(s + rng.normal(0, 0.05, (B, T)), 0.0), np.ones((B, T), dtype=np.int64)
+
+
+def token_rows(df_path: Path) -> pl.DataFrame:
+    return pl.read_parquet(df_path).select("run", "step", "sample", "pos", "sampler_logprob", "trainer_logprob")
+
+
+@pytest.fixture()
+def watched(tmp_path):
+    store = Store(tmp_path / "db.duckdb")
+    clock = Clock()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    w = FolderWatcher(store, [logs], settle=1.0, clock=clock)
+    yield w, clock, logs, store
+    store.close()
+
+
+def stored_tokens(store: Store) -> pl.DataFrame:
+    return store.sql("SELECT run, step, sample, pos, sampler_logprob, trainer_logprob FROM tokens "
+                     "ORDER BY run, step, sample, pos")
+
+
+def test_a_file_is_taken_only_after_it_kept_its_size_and_time_for_the_settle_time(watched):
+    w, clock, logs, store = watched
+    log = DriftLogger(logs, run="r")
+    shard = log.log_step(0, *step_arrays(0))["tokens"]
+    assert w.poll() == []  # first sight
+    clock.t += 0.5
+    assert w.poll() == []  # unchanged, but not for a full second yet
+    clock.t += 0.5
+    [outcome] = w.poll()
+    assert outcome.status == "loaded" and outcome.runs == ["r"] and outcome.rows["tokens"] == 6
+    assert outcome.line().startswith("loaded tokens-step000000.parquet [parquet]: 6 tokens rows")
+    clock.t += 5
+    assert w.poll() == []  # handled: not read again
+    assert stored_tokens(store).equals(token_rows(shard))
+    assert w.runs == {"r"}
+
+
+def test_a_file_still_growing_is_never_read_half_written(watched):
+    w, clock, logs, store = watched
+    df = pl.DataFrame({"run": ["g"] * 6, "step": [0] * 6, "sample": [0] * 6, "pos": list(range(6)),
+                       "sampler_logprob": [-0.5] * 6, "trainer_logprob": [-0.25] * 6})
+    lines = df.write_ndjson().splitlines(keepends=True)
+    path = logs / "grow.jsonl"
+    with open(path, "w") as fp:
+        for line in lines:  # each line lands before the previous state settled: the watcher never takes it
+            fp.write(line)
+            fp.flush()  # the size changes with each line
+            assert w.poll() == []
+            clock.t += 0.9
+    assert w.poll() == []  # the last state is 0.9 s old
+    clock.t += 0.1
+    [outcome] = w.poll()
+    assert outcome.status == "loaded" and outcome.rows["tokens"] == 6  # every row: the complete file
+
+
+def test_hidden_temporary_and_database_names_are_never_read(watched, tmp_path):
+    w, clock, logs, store = watched
+    for name in (".tokens-step000001.parquet.tmp", "x.parquet.tmp", "drift.duckdb", "drift.duckdb.wal", "run.json",
+                 "upload.part", "notes.jsonl~"):
+        (logs / name).write_bytes(b"PAR1 garbage that would be refused as corrupt")
+    hidden = logs / ".cache"
+    hidden.mkdir()
+    (hidden / "a.csv").write_text("run,step\n")
+    assert scan([logs]) == {}
+    for _ in range(3):
+        assert w.poll() == []
+        clock.t += 2
+    assert followable("tokens-step000001.parquet") and not followable(".tokens-step000001.parquet.tmp")
+
+
+def test_a_corrupt_file_is_reported_once_skipped_and_retried_only_when_it_changes(watched):
+    w, clock, logs, store = watched
+    bad = logs / "bad.parquet"
+    bad.write_bytes(b"PAR1" + b"\0" * 40)  # a Parquet magic and no footer
+    (logs / "notes.txt").write_text("a note that is no log: passed over silently, as a folder ingest does\n")
+    DriftLogger(logs, run="r").log_step(0, *step_arrays(0))
+    w.poll()
+    clock.t += 1
+    outcomes = w.poll()
+    assert [o.status for o in outcomes] == ["refused", "loaded"] or [o.status for o in outcomes] == ["loaded",
+                                                                                                     "refused"]
+    refused = next(o for o in outcomes if o.status == "refused")
+    assert refused.line().startswith("refused bad.parquet: ") and "corrupt" in refused.line()
+    for _ in range(3):  # not re-reported on every poll
+        clock.t += 1
+        assert w.poll() == []
+    assert store.scalar("SELECT count(*) FROM tokens") == 6
+    bad.write_bytes(b"PAR1" + b"\1" * 41)  # changed: considered again (and refused again, once)
+    w.poll()
+    clock.t += 1
+    assert [o.status for o in w.poll()] == ["refused"]
+
+
+def test_a_restart_skips_what_was_loaded_and_loads_what_came_meanwhile(tmp_path):
+    logs = tmp_path / "logs"
+    db = tmp_path / "db.duckdb"
+    log = DriftLogger(logs, run="r")
+    log.log_step(0, *step_arrays(0))
+    clock = Clock()
+    with Store(db) as store:
+        w = FolderWatcher(store, [logs], settle=0.0, clock=clock)
+        assert w.poll() == []  # even with settle 0, two looks: the first only records the file
+        assert [o.status for o in w.poll()] == ["loaded"]
+    log.log_step(1, *step_arrays(1))
+    with Store(db) as store:
+        w = FolderWatcher(store, [logs], settle=0.0, clock=clock)
+        w.poll()
+        outcomes = {o.name: o.status for o in w.poll()}
+        assert outcomes == {"tokens-step000000.parquet": "skipped", "tokens-step000001.parquet": "loaded"}
+        got = stored_tokens(store)
+    want = pl.concat([token_rows(logs / "r" / f"tokens-step00000{i}.parquet") for i in (0, 1)])
+    assert got.equals(want)
+
+
+def test_a_folder_that_does_not_exist_yet_is_followed_once_it_appears(tmp_path):
+    with Store(tmp_path / "db.duckdb") as store:
+        clock = Clock()
+        w = FolderWatcher(store, [tmp_path / "later"], settle=0.0, clock=clock)
+        assert w.missing_folders() == [tmp_path / "later"] and w.poll() == []
+        DriftLogger(tmp_path / "later", run="r").log_step(0, *step_arrays(0))
+        w.poll()
+        assert [o.status for o in w.poll()] == ["loaded"]
+
+
+def test_the_command_stops_cleanly_on_sigterm_and_closes_the_database(tmp_path):
+    logs = tmp_path / "logs"
+    DriftLogger(logs, run="r").log_step(0, *step_arrays(0))
+    db = tmp_path / "db.duckdb"
+    proc = subprocess.Popen([sys.executable, "-m", "analysis", "watch", str(logs), "--db", str(db),
+                             "--interval", "0.2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        line = proc.stdout.readline()  # blocks until the first file is loaded
+        assert line.startswith("loaded tokens-step000000.parquet [parquet]: 6 tokens rows -> run r"), line
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert err.strip().endswith("stopped")
+    with Store(db, read_only=True) as store:  # the lock is released: another process can open it
+        assert store.scalar("SELECT count(*) FROM tokens") == 6
+
+
+def test_the_command_takes_folders_only(tmp_path, capsys):
+    from analysis.__main__ import main
+    f = tmp_path / "one.parquet"
+    f.write_bytes(b"PAR1")
+    assert main(["watch", str(f), "--db", str(tmp_path / "db.duckdb")]) == 2
+    assert "watch follows folders; load single files with `ingest`" in capsys.readouterr().err

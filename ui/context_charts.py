@@ -1,0 +1,57 @@
+"""Drift beside its context on one step axis: a drift metric, mean reward, response length and sequences per
+step, stacked with a shared x axis so that a rise in drift lines up with what changed in reward or length."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import polars as pl
+from plotly.subplots import make_subplots
+
+from ui.charts import _rgba, hover_format, layout, ordered_runs
+
+PANELS = ("drift", "mean reward", "response length (mean, band: min–max)", "sequences per step")
+
+
+def context_over_steps(per_step: pl.DataFrame, context: pl.DataFrame, metric: str,
+                       colors: dict[str, str]) -> go.Figure:
+    """per_step: [run, step, <metric>, ...] (views.step_metrics); context: analysis.context.step_context.
+    Four rows sharing x: the drift metric, reward_mean, response_length_mean with its min–max band, n_sequences.
+    A run without rewards draws no reward line (nothing to show rather than a line at zero)."""
+    titles = (metric,) + PANELS[1:]
+    fig = make_subplots(rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.06, subplot_titles=titles)
+    runs = ordered_runs(pl.concat([per_step.select("run"), context.select("run")]), colors)
+    for run in runs:
+        color = colors.get(run)
+        d = per_step.filter(pl.col("run") == run).sort("step")
+        c = context.filter(pl.col("run") == run).sort("step")
+        common = dict(legendgroup=run, name=run, line=dict(color=color, width=2), mode="lines+markers",
+                      marker=dict(size=4))
+        if metric in d.columns and d.height:
+            fig.add_trace(go.Scatter(x=d["step"].to_list(), y=d[metric].to_list(), showlegend=True, **common,
+                                     hovertemplate=f"{run}<br>step %{{x}}<br>{metric} "
+                                                   f"%{{y:{hover_format(metric)}}}<extra></extra>"), row=1, col=1)
+        if not c.height:
+            continue
+        x = c["step"].to_list()
+        rewarded = c.filter(pl.col("n_rewarded") > 0)
+        if rewarded.height:
+            fig.add_trace(go.Scatter(x=rewarded["step"].to_list(), y=rewarded["reward_mean"].to_list(),
+                                     showlegend=False, customdata=rewarded["n_rewarded"].to_list(), **common,
+                                     hovertemplate=f"{run}<br>step %{{x}}<br>mean reward %{{y:.4g}}"
+                                                   "<br>over %{customdata} sequences<extra></extra>"),
+                          row=2, col=1)
+        lo, hi = c["response_length_min"].to_list(), c["response_length_max"].to_list()
+        fig.add_trace(go.Scatter(x=x + x[::-1], y=hi + lo[::-1], fill="toself", fillcolor=_rgba(color, 0.15),
+                                 line=dict(width=0), hoverinfo="skip", showlegend=False, legendgroup=run),
+                      row=3, col=1)
+        fig.add_trace(go.Scatter(
+            x=x, y=c["response_length_mean"].to_list(), showlegend=False, **common,
+            customdata=list(zip(c["response_length_std"].to_list(), lo, hi)),
+            hovertemplate=f"{run}<br>step %{{x}}<br>mean length %{{y:.4g}} tokens<br>std %{{customdata[0]:.3g}}"
+                          "<br>min %{customdata[1]}, max %{customdata[2]}<extra></extra>"), row=3, col=1)
+        fig.add_trace(go.Scatter(x=x, y=c["n_sequences"].to_list(), showlegend=False, **common,
+                                 hovertemplate=f"{run}<br>step %{{x}}<br>%{{y}} sequences<extra></extra>"),
+                      row=4, col=1)
+    fig.update_xaxes(title_text="step", row=4, col=1)
+    for row in (3, 4):  # lengths and counts from zero: a change reads at its true size
+        fig.update_yaxes(rangemode="tozero", row=row, col=1)
+    return layout(fig, height=720)

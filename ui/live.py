@@ -1,0 +1,164 @@
+"""Live runs: the app follows the log folders its host names and redraws the open page in place as steps land.
+
+Which folders: only `DRIFT_WATCH_DIRS` (folders separated by os.pathsep, read from the server's environment when
+the database is opened). No widget, URL parameter or upload can name a folder, so a visitor of a hosted app
+cannot make it read a server path.
+
+One writer: DuckDB lets one process open a database file read-write, and while it does no other process may
+open it, not even read-only (benchmarks/RESULTS-live.md: 20 of 20 opens fail). So the app does not read a database that a
+separate `python -m analysis watch` fills; it runs the same watcher in a thread of its own and loads through its
+one Store, whose lock serialises the watcher's transactions with the Data page's; the pages keep reading
+through their own cursors meanwhile.
+
+Refresh: each load bumps the data version. A small fragment in the sidebar reruns every DRIFT_WATCH_INTERVAL
+seconds (st.fragment(run_every=...)): it redraws the runs' last step and file age, and only when the data
+version moved since the page was drawn does it rerun the script. That rerun happens inside the open page:
+the browser keeps it, the session keeps its widgets (runs, step range, tab in the URL) and the charts keep
+their zoom: ui/charts.py names each figure's view in plotly's uirevision, and ui/static/keep_view.js puts the
+user's axis ranges back on the redrawn chart (Streamlit mounts a new chart when the figure changes, so plotly
+alone would forget them). The "Follow live runs" toggle pauses it for the session;
+the watcher itself goes on loading.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import streamlit as st
+
+from analysis import watch
+from ui.auth import _md_escape as md_escape  # run names and file names are user text
+
+log = logging.getLogger("driftscope.live")
+
+WATCH_DIRS_ENV = "DRIFT_WATCH_DIRS"
+INTERVAL_ENV = "DRIFT_WATCH_INTERVAL"
+DEFAULT_INTERVAL = 0.5
+SETTLE_S = 1.0  # the least time a file keeps its size and time before it is read
+FOLLOW_KEY = "live_follow"
+_DRAWN = "_live_drawn_version"  # the data version the page on screen was drawn from
+_KEEP_VIEW_JS = (Path(__file__).parent / "static" / "keep_view.js").read_text(encoding="utf-8")
+
+
+def watch_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """The folders the host allows the app to follow: DRIFT_WATCH_DIRS, os.pathsep-separated; nothing else."""
+    env = os.environ if environ is None else environ
+    return [Path(p).expanduser() for p in env.get(WATCH_DIRS_ENV, "").split(os.pathsep) if p.strip()]
+
+
+def interval(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds between polls of the folders and between refreshes of the page (DRIFT_WATCH_INTERVAL, 0.2–60).
+    A poll of a folder of 2,000 files costs 0.04–0.1 s of one core (benchmarks/RESULTS-live.md)."""
+    env = os.environ if environ is None else environ
+    try:
+        value = float(env.get(INTERVAL_ENV, DEFAULT_INTERVAL))
+    except ValueError:
+        value = DEFAULT_INTERVAL
+    return min(60.0, max(0.2, value)) if value == value else DEFAULT_INTERVAL
+
+
+@dataclass
+class LiveWatcher:
+    """The app's watcher thread and what the sidebar shows of it."""
+    watcher: watch.FolderWatcher
+    interval: float
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    refused: deque = field(default_factory=lambda: deque(maxlen=5))  # the latest refusal lines
+    n_loaded: int = 0
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+
+_running: list[LiveWatcher] = []
+
+
+def start(app, environ: Mapping[str, str] | None = None) -> LiveWatcher | None:
+    """Start following the host's folders into `app.store` (an ui.state.AppDB); None when none are set."""
+    folders = watch_dirs(environ)
+    if not folders:
+        return None
+    every = interval(environ)
+    live = LiveWatcher(watch.FolderWatcher(app.store, folders, settle=max(SETTLE_S, every)), every)
+
+    def report(outcome) -> None:
+        log.info("%s", outcome.line())
+        if outcome.status == "loaded":
+            live.n_loaded += 1
+            app.changed()  # cached results are dropped; open pages redraw on their next tick
+        elif outcome.status == "refused":
+            live.refused.append(outcome.line())
+
+    def loop() -> None:
+        try:
+            live.watcher.run_forever(live.stop, every, report)
+        except Exception:  # the pages must go on even if following fails (e.g. the database went away)
+            log.exception("the live watcher stopped")
+
+    live.thread = threading.Thread(target=loop, name="driftscope-watch", daemon=True)
+    live.thread.start()
+    _running.append(live)
+    return live
+
+
+def stop_all() -> None:
+    """Stop every watcher this process started (tests)."""
+    while _running:
+        _running.pop().close()
+
+
+def _age(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def sidebar(app) -> None:
+    """Inside `with st.sidebar`: the follow toggle and the live status; reruns the page when new data landed."""
+    live: LiveWatcher | None = getattr(app, "watcher", None)
+    if live is None:
+        return
+    from ui import state as S
+    ss = st.session_state
+    ss[_DRAWN] = app.version
+    ss.setdefault(FOLLOW_KEY, True)
+    st.html(f"<script>{_KEEP_VIEW_JS}</script>", unsafe_allow_javascript=True)  # our constant code only
+    follow = st.toggle("Follow live runs", key=FOLLOW_KEY,
+                       help=f"Loads new files from the folders this server follows and redraws the page every "
+                            f"{live.interval:g} s, keeping your runs, tab and zoom. Off: the page stays as it is "
+                            "(the files are still loaded).")
+
+    @st.fragment(run_every=live.interval if follow else None)
+    def status() -> None:
+        if follow and ss.get(_DRAWN) != app.version:
+            st.rerun()  # new data: the page redraws in place
+        runs = sorted(live.watcher.runs)
+        waiting = live.watcher.missing_folders()
+        n = len(live.watcher.folders)
+        st.caption(f"Following {n} folder{'s' if n > 1 else ''} set by the host"
+                   + (f" ({len(waiting)} not there yet)" if waiting else "")
+                   + ("" if follow else " · **paused**"))
+        if runs:
+            df = S.cached(watch.last_files, runs)
+            stale = max(30.0, 10 * live.interval)
+            for row in df.iter_rows(named=True):
+                age = max(0.0, time.time() - row["last_file_at"])
+                mark = "🟢 live" if age < stale else "⚪ quiet"
+                st.caption(f"{mark} · **{md_escape(row['run'])}** · step {row['last_step']} · "
+                           f"last file {_age(age)} ago")
+        for line in list(live.refused)[-2:]:
+            st.caption(f"⚠️ {md_escape(line[:300])}")
+
+    status()
+
