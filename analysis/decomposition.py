@@ -16,13 +16,19 @@ from collections import defaultdict
 import polars as pl
 
 from analysis.metrics import kl3_sql, ratio_sql, run_filter
-from analysis.routing import _TOKEN_FLIPS
 from analysis.store import Store
 
 FACTORS = ("length", "prob", "flip", "stale")
 FACTOR_LABELS = {"length": "mix: response length", "prob": "mix: sampler probability",
                  "flip": "mix: routing flips", "stale": "mix: staleness", "within": "within-bucket drift"}
 PROB_FLOOR_DECADE = -8  # sampler probabilities below 1e-8 share the lowest decade
+
+# One row per token with the trainer's routing: whether any layer flipped (token-level, like the rest of the
+# decomposition: its cells cross length, probability, flip and staleness, which no summary holds jointly).
+_TOKEN_FLIPS = """
+    SELECT run, step, sample, pos, bool_or(flip) AS any_flip, count_if(flip)::BIGINT AS n_flipped,
+           min(layer) FILTER (WHERE flip) AS first_flip
+    FROM routing WHERE {where} AND flip IS NOT NULL GROUP BY run, step, sample, pos"""
 
 
 def kl_cells(store: Store, run: str, steps: tuple[int, int] | None = None) -> pl.DataFrame:
