@@ -100,8 +100,9 @@ def test_token_sample_keeps_uniform_share_worst_sequences_and_top_tokens(seeded,
         got = pl.from_arrow(kept).filter(pl.col("step") == rec["step"])
         assert rec["n_tokens"] == mine.height and rec["n_kept"] == got.height
         assert 0 < rec["n_uniform"] < mine.height  # a share, neither none nor all
-        # every token of the 16 worst sequences by |Σ Δ| (here: every sequence of the step) is kept
-        worst = mine.group_by("sample").agg(pl.col("d").sum().abs()).sort("d", descending=True).head(16)
+        # every token of the worst sequences by |Σ Δ| is kept
+        worst = mine.group_by("sample").agg(pl.col("d").sum().abs()).sort("d", descending=True)
+        worst = worst.head(partial.WORST_SEQUENCES)
         assert rec["n_worst_seq_tokens"] == mine.filter(pl.col("sample").is_in(worst["sample"].to_list())).height
         assert rec["n_top_tokens"] == min(256, mine.height)
         # kept rows are the logged rows, unchanged
@@ -161,6 +162,11 @@ def test_ingested_summaries_give_the_token_level_metrics(seeded, tmp_path):
     np.testing.assert_allclose(got["kl_k1"].to_numpy(), ref["k1"].to_numpy(), rtol=1e-12)
 
 
+def test_sample_sizes_are_driftloggers_defaults():
+    token_sample = pytest.importorskip("analysis.token_sample")  # needs torch
+    assert (partial.WORST_SEQUENCES, partial.TOP_TOKENS) == (token_sample.WORST_SEQUENCES, token_sample.TOP_TOKENS)
+
+
 def test_unknown_engine_and_empty_lake_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="no partitions"):
         summarize(str(tmp_path), tmp_path / "out", progress=False)
@@ -179,7 +185,7 @@ def _cli_csv(argv: list[str]) -> io.StringIO:
 
 def test_the_app_shows_a_summarized_lake(tmp_path, monkeypatch):
     """The app opens on a database that holds only summarize's files: the overview draws its curves, and the
-    token-level views say they read a sample and what it holds (40 sequences: more than the 16 kept whole)."""
+    token-level views say they read a sample and what it holds (40 sequences: more than the 4 kept whole)."""
     from streamlit.testing.v1 import AppTest
 
     from analysis import sampled
@@ -193,7 +199,7 @@ def test_the_app_shows_a_summarized_lake(tmp_path, monkeypatch):
     assert 0 < kept < tokens.height
     assert sampled.sample_label(store, ["s"]) == (
         f"tokens: {sampled.share_text(kept / tokens.height)} sample ({kept} of {tokens.height}); curves are exact"
-        " — a uniform 10% draw, plus per step the 16 worst sequences by |ΣΔ| and the 256 tokens of largest |Δ|")
+        " — a uniform 10% draw, plus per step the 4 worst sequences by |ΣΔ| and the 256 tokens of largest |Δ|")
     store.close()
     monkeypatch.setenv("DRIFT_DB", str(tmp_path / "s.duckdb"))
     monkeypatch.setenv("DRIFT_NO_DEMO", "1")
