@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", action="append", default=None, help="run name (repeatable; default: all runs)")
     p.add_argument("--steps", default=None, metavar="A:B", help="inclusive step range, e.g. 0:99")
     p.add_argument("--format", choices=("text", "json"), default="text")
+    from analysis.lake.cli import add_parser as add_summarize
+    add_summarize(sub)
     sub.add_parser("lab", help="run the torch drift lab (options: python -m analysis lab --help)", add_help=False)
     return parser
 
@@ -64,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         from analysis.lab.cli import main as lab_main
         return lab_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command == "summarize":  # reads a lake and writes files: no database
+        from analysis.lake.cli import main as summarize_main
+        return summarize_main(args)
     db = args.db or default_db_path()
     try:
         if args.command == "ingest":

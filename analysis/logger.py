@@ -102,9 +102,22 @@ class DriftLogger:
     for the share `token_sample` of its tokens (see analysis/token_sample.py for what a sample keeps)."""
 
     def __init__(self, out_dir: str | os.PathLike, run: str, config: dict | None = None, token_sample: float = 1.0,
-                 worst_sequences: int = WORST_SEQUENCES, top_tokens: int = TOP_TOKENS, seed: int = 0):
+                 worst_sequences: int = WORST_SEQUENCES, top_tokens: int = TOP_TOKENS, seed: int = 0,
+                 layout: str = "folder", rank: int = 0):
         self.run = safe_run_name(run)
         self.plan = SamplePlan(token_sample, worst_sequences, top_tokens, seed)
+        # layout="lake": every token of each step into out_dir/run=<run>/step=<n>/, one file per rank and kind
+        # (docs/SCHEMA.md, "Lake layout"); `python -m analysis summarize` computes the summaries from there
+        self.lake = None
+        if layout == "lake":
+            from analysis.lake.writer import LakeWriter
+            if token_sample != 1.0:
+                raise ValueError("layout='lake' keeps every token (token_sample=1.0): summarize --token-sample P "
+                                 "samples when it writes the summaries")
+            self.lake = LakeWriter(str(out_dir), self.run, rank, config)
+            return
+        if layout != "folder":
+            raise ValueError(f"layout: expected 'folder' or 'lake', got {layout!r}")
         self.dir = Path(out_dir) / self.run
         self.dir.mkdir(parents=True, exist_ok=True)
         text = json.dumps({"run": self.run, "config": config}, indent=2, sort_keys=True)
@@ -128,6 +141,10 @@ class DriftLogger:
         """
         x = self._checked(step, sampler_logprobs, trainer_logprobs, mask, token_ids, sampler_experts,
                           trainer_experts, sampler_version, trainer_version, sample_ids)
+        if self.lake is not None:  # full rows, no summaries: those come from summarize
+            rows = x.mask.reshape(-1).nonzero().squeeze(1)
+            routing = self._routing_rows(step, x, rows) if x.sampler_experts is not None else None
+            return self.lake.write_step(step, self._token_rows(step, x, rows), routing)
         keep, kept = select(x.delta, x.mask, self.plan, step_generator(self.plan.seed, self.run, step, x.device))
         tables = {"summary": (summary_files.build(self.run, step, summarise(x, kept, self.plan)),
                               None)}
