@@ -7,8 +7,8 @@ from typing import Sequence
 import polars as pl
 
 from analysis import schema
-from analysis.metrics import (SEQUENCE_METRICS, TOKEN_METRICS, cap_clip_params, check_cap_clip, check_runs,
-                              grouped_token_metrics_sql, kl3_sql, ratio_sql, run_filter, token_filter)
+from analysis.metrics import SEQUENCE_METRICS, TOKEN_METRICS, cap_clip_params, grouped_token_metrics_sql
+from analysis.sql import check_cap_clip, check_runs, kl3_sql, ratio_sql, run_filter, token_filter
 from analysis.store import Store
 from analysis.summaries.compute import bucket_params, bucket_sql
 from analysis.summaries.finalise import bucket_table_sql, summarised, threshold_params

@@ -69,7 +69,7 @@ def routing_rates(store: Store, runs: list[str], steps: tuple[int, int] | None =
 
 def deltas_table(table: pl.DataFrame, rates: pl.DataFrame, runs: list[str], baseline: str) -> pl.DataFrame:
     """`metric_deltas`' pivot from its parts: `table` one row per run (token metrics, with or without the
-    token flip columns, e.g. `views.run_summary`), `rates` from `routing_rates`. Flip columns that are null
+    token flip columns, e.g. `dashboard.run_summary`), `rates` from `routing_rates`. Flip columns that are null
     for every run (no trainer routing) are left out, as are the routing rates when `rates` is empty."""
     everyone = _everyone(runs, baseline)
     table = table.drop([c for c in ("token_any_flip_rate", "flipped_layers_per_token")

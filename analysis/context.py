@@ -6,7 +6,7 @@ from typing import Sequence
 
 import polars as pl
 
-from analysis.metrics import run_filter, token_filter
+from analysis.sql import run_filter, token_filter
 from analysis.store import Store
 
 CONTEXT_COLUMNS = ("n_sequences", "reward_mean", "n_rewarded", "response_length_mean", "response_length_std",

@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 import polars as pl
 
-from analysis.metrics import check_runs, clamp_log_ratio_sql, clamp_sql, ratio_sql, token_filter
+from analysis.sql import check_runs, clamp_log_ratio_sql, clamp_sql, ratio_sql, token_filter
 from analysis.store import Store
 
 ESS_CAP = 2.0  # C of the ESS weight clamp(r, 1/C, C) for the masking methods (METRICS.md: ess_after)

@@ -15,7 +15,7 @@ from collections import defaultdict
 
 import polars as pl
 
-from analysis.metrics import kl3_sql, ratio_sql, run_filter
+from analysis.sql import kl3_sql, ratio_sql, run_filter
 from analysis.store import Store
 
 FACTORS = ("length", "prob", "flip", "stale")

@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 
 from analysis import metrics
-from analysis.metrics import check_runs, run_filter, token_filter
+from analysis.sql import check_runs, run_filter, token_filter
 from analysis.store import Store
 from analysis.summaries import schema as S
 

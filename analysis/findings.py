@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 import numpy as np
 import polars as pl
 
-from analysis import buckets, corrections, decomposition, gates, metrics, routing, views
+from analysis import buckets, corrections, dashboard, decomposition, gates, routing, sql
 from analysis.store import Store
 
 SEVERITIES = ("alert", "warn", "info")
@@ -333,13 +333,13 @@ def _noise(run, q: dict) -> list[Finding]:
 def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | None = None,
                   cap: float = 2.0, clip: float = 0.2) -> dict[str, list[Finding]]:
     """{run: its ranked findings} for `runs` over the inclusive step range (None: every step)."""
-    runs = metrics.check_runs(runs)
+    runs = sql.check_runs(runs)
     if not runs:
         return {}
-    tables = views.run_and_step_tables(store, runs, cap=cap, clip=clip, steps=steps)
+    tables = dashboard.run_and_step_tables(store, runs, cap=cap, clip=clip, steps=steps)
     summary, per_step = tables["run"], tables["step"]
     gate_rows = gates.gate_table(summary, per_step, runs)
-    kinds = views.routing_kinds(store, runs)
+    kinds = dashboard.routing_kinds(store, runs)
     both = [r for r in runs if kinds.get(r) == "both"]
     flips = routing.flip_views(store, both, steps, views=("mismatch",))["mismatch"] if both else None
     layers = routing.layer_profile(store, both, steps) if both else None
@@ -398,7 +398,7 @@ def _first_steps(store: Store, runs: list[str], per_step: pl.DataFrame, steps) -
     """{run: its first logged step}: the per-step table's first step unless a range start hides earlier ones."""
     if steps is None or steps[0] is None:
         return dict(per_step.group_by("run").agg(pl.col("step").min()).iter_rows())
-    where, params = metrics.run_filter(runs)
+    where, params = sql.run_filter(runs)
     return dict(store.rows(f"SELECT run, min(step) FROM tokens WHERE {where} GROUP BY run", params))
 
 

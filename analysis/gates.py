@@ -65,7 +65,7 @@ def run_values(run_row: dict, steps_of_run: pl.DataFrame) -> dict[str, float | N
 
 
 def gate_table(summary: pl.DataFrame, per_step: pl.DataFrame, runs: Sequence[str]) -> pl.DataFrame:
-    """Pass/fail of every band per run, from `views.run_and_step_tables`' run and step frames.
+    """Pass/fail of every band per run, from `dashboard.run_and_step_tables`' run and step frames.
 
     Returns [run, framework, gate, metric, value, band, passed, severity, source]; a band whose metric is null
     (e.g. one token) gives passed = null.

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.metrics import check_runs
+from analysis.sql import check_runs
 from analysis.routing import routing_metrics
 from analysis.store import Store
 from analysis.summaries.read import token_table

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.metrics import check_runs, run_filter
+from analysis.sql import check_runs, run_filter
 from analysis.store import Store
 from analysis.summaries import finalise as F
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from analysis.metrics import check_runs, run_filter
+from analysis.sql import check_runs, run_filter
 from analysis.store import Store
 from analysis.summaries import read
 

@@ -110,7 +110,7 @@ def measure(db: Path, rounds: int, env: dict, think: float = 0.0) -> dict:
 def profile(db: Path) -> list[tuple[str, float]]:
     """Seconds of each analysis call behind the pages' default views (what a cold page waits for), run
     directly on the database (no app, no cache)."""
-    from analysis import views
+    from analysis import dashboard
     from analysis.store import Store
     from ui.prefetch import default_calls
     from ui.state import Selection
@@ -120,7 +120,7 @@ def profile(db: Path) -> list[tuple[str, float]]:
         runs = store.run_names()
         sel = Selection(runs=runs, steps=None, cap=2.0, clip=0.2)
         out = []
-        for fn, args, kwargs in default_calls(sel, views.routing_kinds(store, runs)):
+        for fn, args, kwargs in default_calls(sel, dashboard.routing_kinds(store, runs)):
             t0 = time.perf_counter()
             fn(store, *args, **kwargs)
             shown = ", ".join([repr(a) for a in args if isinstance(a, str) and a not in runs] +

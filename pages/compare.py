@@ -1,7 +1,7 @@
 """Compare: what differs between runs (configs), how much the mismatch changes, and the overlaid distributions."""
 import streamlit as st
 
-from analysis import compare, distributions, routing, views
+from analysis import compare, dashboard, distributions, routing
 from ui import auth, charts, glossary, routing_charts
 from ui import state as S
 
@@ -24,7 +24,7 @@ with S.guard("compare the configs"):
     else:
         st.dataframe(diff, hide_index=True, key="compare_cfg_table")
 
-both = [r for r, kind in S.cached(views.routing_kinds, sel.runs).items() if kind == "both"]
+both = [r for r, kind in S.cached(dashboard.routing_kinds, sel.runs).items() if kind == "both"]
 S.remember("compare_baseline", "compare_metrics")
 labels = ["Metric deltas", "Distributions"] + (["Routing"] if both else [])
 tabs = S.tabs(labels, key="compare_tab")  # only the open tab runs its queries
@@ -37,7 +37,7 @@ if tabs[0].open:
         deltas = None
         with S.guard("compute the metric deltas"):
             # the Overview's run summary (usually cached already) plus the routing rates, pivoted here in polars
-            summary = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip,
+            summary = S.cached(dashboard.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip,
                                steps=sel.steps)["run"]
             rates = S.cached(compare.routing_rates, sel.runs, steps=sel.steps)
             deltas = compare.deltas_table(summary, rates, sel.runs, baseline)
@@ -48,7 +48,7 @@ if tabs[0].open:
         if deltas is not None:
             with S.guard("chart the run-level metrics"):
                 others = [r for r in sel.runs if r != baseline]
-                values = views.run_values(deltas, [baseline] + others)  # the table's numbers, no second query
+                values = dashboard.run_values(deltas, [baseline] + others)  # the table's numbers, no second query
                 options = [c for c in values.columns if c != "run" and values[c].drop_nulls().len()]
                 default = ["kl_k3", "log_ratio_abs_max", "ratio_frac_high", "ess", "token_any_flip_rate", "chi2_token"]
                 S.keep_choices("compare_metrics", options, default)
@@ -69,7 +69,7 @@ if tabs[1].open:
             with right:
                 st.plotly_chart(charts.extreme_curve(hists["extreme"], colors), key="compare_extreme")
         with S.guard("compute the per-step kl_k3"):
-            per_step = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip,
+            per_step = S.cached(dashboard.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip,
                                 steps=sel.steps)["step"]
             st.plotly_chart(charts.step_curves(per_step, ["kl_k3", "ess"], colors), key="compare_steps")
 

@@ -5,7 +5,7 @@ import threading
 import streamlit as st
 from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
 
-from analysis import report, views
+from analysis import dashboard, report
 from analysis.store import Store
 from ui import access, auth, mapping_form
 from ui import state as S
@@ -126,14 +126,14 @@ if names and access.writable():
         cfg_run = st.selectbox("Run", names, key="data_cfg_run")
         if ss.get("_data_cfg_for") != cfg_run or "data_cfg_text" not in ss:
             with S.guard("read the config"):
-                ss["data_cfg_text"] = views.config_text(store.run_config(cfg_run))
+                ss["data_cfg_text"] = dashboard.config_text(store.run_config(cfg_run))
             ss["_data_cfg_for"] = cfg_run
         st.text_area("Config (JSON object)", key="data_cfg_text", height=240,
                      help="What changes numerics: dtypes, engine, logprob mode, temperature, top-p, batch size, "
                           "parallelism, mitigation switches. Shown on Overview and compared on Compare.")
         if st.button("Save config", key="data_cfg_save"):
             try:
-                config = views.parse_config(ss["data_cfg_text"])
+                config = dashboard.parse_config(ss["data_cfg_text"])
             except ValueError as e:
                 st.error(f"Config not saved: {e}")
             else:

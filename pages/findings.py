@@ -2,7 +2,7 @@
 step ranges (waterfall), what each off-policy correction would mask (simulator), and the published gates."""
 import streamlit as st
 
-from analysis import corrections, decomposition, findings, gates, inspect, views
+from analysis import corrections, dashboard, decomposition, drilldown, findings, gates
 from ui import auth, findings_charts, nav
 from ui import state as S
 
@@ -100,7 +100,7 @@ def pick_run() -> str:
 def waterfall_tab() -> None:
     run = pick_run()
     with S.guard("decompose the change of kl_k3"):
-        steps = S.cached(inspect.run_steps, run)
+        steps = S.cached(drilldown.run_steps, run)
         if sel.steps:
             steps = [s for s in steps if sel.steps[0] <= s <= sel.steps[1]]
         halves = decomposition.thirds(steps)
@@ -166,7 +166,7 @@ def simulator_tab() -> None:
 
 def gates_tab() -> None:
     with S.guard("check the gates"):
-        tables = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)
+        tables = S.cached(dashboard.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)
         table = gates.gate_table(tables["run"], tables["step"], sel.runs)
         st.plotly_chart(findings_charts.gates_matrix(table), key="findings_gates_matrix")
         st.dataframe(table, hide_index=True, key="findings_gates",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from analysis import views
+from analysis import dashboard
 from ui import access, auth, nav
 from ui import state as S
 
@@ -76,7 +76,7 @@ with S.guard("load the drift lab"):
     S.keep_choice("lab_device", devices)
     device = c5.selectbox("Device", devices, key="lab_device")
     names = S.run_names()
-    default_name = views.unique_run_name(names, f"lab-{preset}")
+    default_name = dashboard.unique_run_name(names, f"lab-{preset}")
     run_name = st.text_input("Run name", key="lab_run_name", placeholder=default_name,
                              help=f"Empty: {default_name}. Letters, digits and ._+=- only.")
     st.caption(f"{int(steps) * int(batch) * int(response_len):,} tokens; on 2 CPU cores a small run takes tens of "

@@ -1,7 +1,7 @@
 """Overview: headline mismatch numbers per run, per-step curves, and the runs' configs."""
 import streamlit as st
 
-from analysis import compare, context, views
+from analysis import compare, context, dashboard
 from ui import auth, charts, context_charts, glossary
 from ui import state as S
 
@@ -16,13 +16,13 @@ S.remember("overview_metrics", "overview_smooth", "overview_logy", "overview_cfg
            "overview_ctx_metric")  # kept across pages
 S.require_runs(sel, what="the overview")
 colors = S.run_colors()
-kinds = S.cached(views.routing_kinds, sel.runs)
+kinds = S.cached(dashboard.routing_kinds, sel.runs)
 
 
 st.subheader("Headline numbers")
 with S.guard("compute the run summary"):
-    # the run table and the per-step table below come from one pass (views.run_and_step_tables)
-    summary = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)["run"]
+    # the run table and the per-step table below come from one pass (dashboard.run_and_step_tables)
+    summary = S.cached(dashboard.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)["run"]
     if summary.is_empty():
         st.info("The chosen runs have no tokens in this step range: widen the **Step range** in the sidebar.")
     for run in sel.runs:
@@ -49,7 +49,7 @@ with S.guard("compute the run summary"):
 
 st.subheader("Per step")
 with S.guard("compute the per-step metrics"):
-    per_step = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)["step"]
+    per_step = S.cached(dashboard.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)["step"]
     options = [c for c in per_step.columns if c not in ("run", "step")
                and (c not in ("token_any_flip_rate", "flipped_layers_per_token") or per_step[c].drop_nulls().len())]
     default = ["kl_k3", "log_ratio_abs_max", "ratio_frac_high", "ess"]
@@ -65,14 +65,14 @@ with S.guard("compute the per-step metrics"):
     elif not chosen:
         st.info("Pick at least one metric to plot.")
     else:
-        shown = views.smooth(per_step, chosen, window)
+        shown = dashboard.smooth(per_step, chosen, window)
         st.plotly_chart(charts.step_curves(shown, chosen, colors, log_y=log_y), key="overview_curves")
         st.markdown("\n".join(f"- **{m}**: {glossary.describe(m)}" for m in chosen))
 
 st.subheader("Context over steps")
 with S.guard("compute the context per step"):
     ctx = S.cached(context.step_context, sel.runs, steps=sel.steps)
-    per_step = S.cached(views.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)["step"]
+    per_step = S.cached(dashboard.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)["step"]
     drift_options = [c for c in per_step.columns if c not in ("run", "step") and per_step[c].drop_nulls().len()]
     S.keep_choice("overview_ctx_metric", drift_options, "kl_k3")
     drift = st.selectbox("Drift metric", drift_options, key="overview_ctx_metric",

@@ -1,7 +1,7 @@
 """Routing: where the sampler's and the trainer's MoE routers pick different experts, and what that costs."""
 import streamlit as st
 
-from analysis import inspect, routing, views
+from analysis import dashboard, drilldown, routing
 from ui import auth, charts, glossary, routing_charts
 from ui import state as S
 
@@ -15,7 +15,7 @@ st.caption("For every response token and MoE layer, the top-k experts the sample
 sel = S.selection()
 S.require_runs(sel, what="routing")
 colors = S.run_colors()
-kinds = S.cached(views.routing_kinds, sel.runs)
+kinds = S.cached(dashboard.routing_kinds, sel.runs)
 routed = [r for r in sel.runs if kinds.get(r) != "none"]
 both = [r for r in sel.runs if kinds.get(r) == "both"]
 sampler_only = [r for r in sel.runs if kinds.get(r) == "sampler"]
@@ -44,7 +44,7 @@ def expert_load_section() -> None:
         c1, c2, c3 = st.columns(3)
         S.keep_choice("routing_load_run", routed)
         load_run = c1.selectbox("Run", routed, key="routing_load_run")
-        steps = S.cached(inspect.run_steps, load_run)
+        steps = S.cached(drilldown.run_steps, load_run)
         if sel.steps:
             steps = [s for s in steps if sel.steps[0] <= s <= sel.steps[1]] or steps
         S.keep_choice("routing_load_step", steps)

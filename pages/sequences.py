@@ -3,7 +3,7 @@ and its routing flips. Run, step and sample are in the URL (`?seq_run=…&seq_st
 the same sequence."""
 import streamlit as st
 
-from analysis import inspect, sampled, views
+from analysis import dashboard, drilldown, sampled
 from ui import auth, charts, routing_charts, sequence_view
 from ui import state as S
 
@@ -25,7 +25,7 @@ if ss.get("seq_run") is not None and ss["seq_run"] not in runs:
     ss.pop("seq_run")
 run = c1.selectbox("Run", runs, key="seq_run", bind="query-params")
 with S.guard("list the run's steps"):
-    steps = S.cached(inspect.run_steps, run)
+    steps = S.cached(drilldown.run_steps, run)
     if sel.steps and run in sel.runs:
         steps = [s for s in steps if sel.steps[0] <= s <= sel.steps[1]]
 if not steps:
@@ -54,7 +54,7 @@ bounds = sequence_view.reward_bounds(reward_filter, threshold)
 
 worst = None
 with S.guard("rank the sequences"):
-    worst = S.cached(inspect.worst_sequences, run, step, order=order, n=20, **bounds)
+    worst = S.cached(drilldown.worst_sequences, run, step, order=order, n=20, **bounds)
 st.subheader(f"Worst sequences at step {step}")
 sample_note = S.cached(sampled.sample_label, [run])  # this page reads token rows
 if sample_note:
@@ -83,13 +83,13 @@ if sample is None:
     st.stop()
 
 with S.guard("load the sequence"):
-    context = S.cached(inspect.sequence_context, run, step, sample)
+    context = S.cached(drilldown.sequence_context, run, step, sample)
     if context is None:
-        ids = S.cached(inspect.step_samples, run, step)
+        ids = S.cached(drilldown.step_samples, run, step)
         st.info(f"No sample {sample} at step {step} of {run}: its samples are "
                 f"{sequence_view.id_ranges(ids)}.")
         st.stop()
-    toks = S.cached(inspect.sequence_tokens, run, step, sample)
+    toks = S.cached(drilldown.sequence_tokens, run, step, sample)
     st.subheader(f"Sample {sample} at step {step}")
     left, right = st.columns([2, 3])
     with left:
@@ -121,10 +121,10 @@ with S.guard("load the sequence"):
                    "flipped_layers = MoE layers whose expert set differs at this token. Select cells and "
                    "Ctrl+C to copy.")
 
-kinds = S.cached(views.routing_kinds, [run])
+kinds = S.cached(dashboard.routing_kinds, [run])
 if kinds.get(run) == "both":
     with S.guard("load the sequence's routing"):
-        grid = S.cached(inspect.sequence_flip_grid, run, step, sample)
+        grid = S.cached(drilldown.sequence_flip_grid, run, step, sample)
         if not grid.is_empty():
             st.subheader("Routing flips in this sequence")
             st.plotly_chart(routing_charts.flip_grid(grid), key="seq_flip_grid")

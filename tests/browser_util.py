@@ -253,6 +253,16 @@ PAGES = [  # (sidebar label, page title h1, screenshot name)
 
 
 
+def screenshot_dir(scratch: Path) -> Path:
+    """Where a browser test saves its screenshots: the folder DRIFT_SCREENSHOTS names (relative to the repo;
+    `DRIFT_SCREENSHOTS=docs/screenshots` refreshes the tracked ones), else `scratch`: a plain test run never
+    rewrites tracked files."""
+    name = os.environ.get("DRIFT_SCREENSHOTS")
+    folder = ROOT / name if name else scratch / "shots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def full_screenshot(page, path: Path, width: int = 1400) -> None:
     """Screenshot of the whole page: Streamlit scrolls inside its main container, so grow the viewport first."""
     height = page.evaluate("""() => {

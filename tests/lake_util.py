@@ -55,7 +55,7 @@ def assert_same_summaries(got: dict, want: dict, rel: float = 1e-12) -> None:
     import numpy as np
     import pyarrow as pa
 
-    assert sorted(got) == sorted(want)
+    assert sorted(got) == sorted(want), (sorted(got), sorted(want))
     for name in want:
         g, w = got[name], want[name]
         assert g.column_names == w.column_names, name
@@ -105,6 +105,8 @@ def read_summary_file(path) -> dict:
 
 
 def of_run(tables: dict, run: str, only=None) -> dict:
-    """The rows of `run` in each table (of the tables named in `only`, when given)."""
+    """The rows of `run` in each table (of the tables named in `only`, when given); a table without rows of
+    `run` is left out (a summary file holds no routing tables for a run without routing)."""
     import pyarrow.compute as pc
-    return {t: d.filter(pc.equal(d.column("run"), run)) for t, d in tables.items() if only is None or t in only}
+    rows = {t: d.filter(pc.equal(d.column("run"), run)) for t, d in tables.items() if only is None or t in only}
+    return {t: d for t, d in rows.items() if d.num_rows}

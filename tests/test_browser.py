@@ -5,7 +5,6 @@ folder DRIFT_SCREENSHOTS names (README: `DRIFT_SCREENSHOTS=docs/screenshots` ref
 from __future__ import annotations
 
 import io
-import os
 import zipfile
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -56,8 +55,7 @@ def test_pages_render_and_upload_works(server):
     from playwright.sync_api import expect, sync_playwright
 
     url, root = server
-    SHOTS = bu.ROOT / os.environ["DRIFT_SCREENSHOTS"] if os.environ.get("DRIFT_SCREENSHOTS") else root / "shots"
-    SHOTS.mkdir(parents=True, exist_ok=True)
+    SHOTS = bu.screenshot_dir(root)
     with sync_playwright() as p:
         browser = bu.launch_chromium(p)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})

@@ -1,6 +1,6 @@
 """The Findings page in a real browser (headless Chromium) on the bundled demo: finding cards, the waterfall, the
 correction simulator, the gates, and a card's link that opens its evidence view (tab and grouping) on the Token
-drift page. Saves docs/screenshots/findings.png and findings-<tab>.png."""
+drift page. Saves findings.png and findings-<tab>.png where browser_util.screenshot_dir says."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 
 import browser_util as bu
-
-SHOTS = bu.ROOT / "docs" / "screenshots"
 
 pytestmark = pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHROMIUM} is not installed")
 
@@ -19,7 +17,7 @@ def server(tmp_path_factory):
     """`streamlit run app.py` on an empty database: the app loads the demo runs on start."""
     root = tmp_path_factory.mktemp("browser-findings")
     with bu.streamlit_server(root / "drift.duckdb", env={"DRIFT_PREFETCH": "0"}, log=root / "server.log") as url:
-        yield url
+        yield url, root
 
 
 def _no_errors(page, where: str) -> None:
@@ -31,7 +29,8 @@ def _no_errors(page, where: str) -> None:
 def test_findings_page_cards_waterfall_simulator_and_evidence_link(server):
     from playwright.sync_api import sync_playwright
 
-    SHOTS.mkdir(parents=True, exist_ok=True)
+    server, root = server
+    SHOTS = bu.screenshot_dir(root)
     with sync_playwright() as p:
         browser = bu.launch_chromium(p)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})

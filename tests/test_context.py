@@ -1,5 +1,5 @@
 """Reward, advantage, prompt and response beside the drift: analysis.context.step_context and the sequence
-context of analysis.inspect, against the seeded records they were loaded from."""
+context of analysis.drilldown, against the seeded records they were loaded from."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 from polars.testing import assert_frame_equal
 
-from analysis import context, inspect
+from analysis import context, drilldown
 from analysis.ingest import ingest_paths
 from analysis.store import Store
 from context_fixtures import make_sequences, write_sequence_jsonl
@@ -43,18 +43,18 @@ def test_step_context_matches_the_records(tmp_path):
 def test_worst_sequences_carry_reward_and_filter_by_it(tmp_path):
     seqs = make_sequences(12, steps=2, per_step=8)
     with _store(tmp_path, seqs) as store:
-        everything = inspect.worst_sequences(store, "ctx", 1, n=100)
+        everything = drilldown.worst_sequences(store, "ctx", 1, n=100)
         by_sample = {q["sample"]: q for q in seqs if q["step"] == 1}
         for row in everything.iter_rows(named=True):
             q = by_sample[row["sample"]]
             assert (row["reward"], row["response_length"]) == (q["reward"], len(q["s"]))
             assert math.isclose(row["advantage"], q["advantage"], abs_tol=1e-12)
-        correct = inspect.worst_sequences(store, "ctx", 1, n=100, reward_min=1.0)
-        wrong = inspect.worst_sequences(store, "ctx", 1, n=100, reward_max=0.5)
+        correct = drilldown.worst_sequences(store, "ctx", 1, n=100, reward_min=1.0)
+        wrong = drilldown.worst_sequences(store, "ctx", 1, n=100, reward_max=0.5)
         assert sorted(correct["sample"]) == sorted(s for s, q in by_sample.items() if q["reward"] >= 1)
         assert sorted(wrong["sample"]) == sorted(s for s, q in by_sample.items() if q["reward"] <= 0.5)
         assert correct.height + wrong.height == len(by_sample)
-        assert inspect.step_samples(store, "ctx", 1) == sorted(by_sample)
+        assert drilldown.step_samples(store, "ctx", 1) == sorted(by_sample)
 
 
 def test_sequence_context_without_stored_text(metrics_store_from):
@@ -63,12 +63,12 @@ def test_sequence_context_without_stored_text(metrics_store_from):
                            "token": ["c", "a", "b"], "sampler_logprob": [-0.1, -0.2, -0.3],
                            "trainer_logprob": [-0.1, -0.25, -0.3]})
     store = metrics_store_from(tokens)
-    ctx = inspect.sequence_context(store, "e", 0, 4)
+    ctx = drilldown.sequence_context(store, "e", 0, 4)
     got = (ctx["response"], ctx["response_from_tokens"], ctx["response_length"], ctx["n_tokens"])
     assert got == ("abc", True, 3, 3)
     assert ctx["reward"] is None and ctx["prompt"] is None
     assert math.isclose(ctx["seq_log_ratio"], -0.05, abs_tol=1e-12)
-    assert inspect.sequence_context(store, "e", 0, 5) is None
+    assert drilldown.sequence_context(store, "e", 0, 5) is None
     assert context.step_context(store, ["e"])["n_rewarded"].to_list() == [0]
 
 
@@ -82,6 +82,6 @@ def test_sequence_context_on_a_database_made_before_response(tmp_path):
     con.execute("ALTER TABLE sequences DROP COLUMN response")
     con.close()
     with Store(tmp_path / "d.duckdb", read_only=True) as store:
-        ctx = inspect.sequence_context(store, "ctx", 0, 1)
+        ctx = drilldown.sequence_context(store, "ctx", 0, 1)
     q = seqs[1]
     assert (ctx["response"], ctx["response_from_tokens"], ctx["prompt"]) == ("".join(q["tokens"]), True, q["prompt"])

@@ -225,8 +225,8 @@ def test_gates_at_their_boundaries():
 
 def test_demo_gates(demo):
     store, _ = demo
-    from analysis import views
-    t = views.run_and_step_tables(store, ["fp32", "bf16-async"])
+    from analysis import dashboard
+    t = dashboard.run_and_step_tables(store, ["fp32", "bf16-async"])
     g = gates.gate_table(t["run"], t["step"], ["fp32", "bf16-async"])
     assert g.filter(pl.col("run") == "fp32")["passed"].all()
     failed = set(g.filter((pl.col("run") == "bf16-async") & ~pl.col("passed"))["gate"])

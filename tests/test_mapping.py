@@ -7,7 +7,7 @@ import json
 import polars as pl
 import pytest
 
-from analysis import inspect
+from analysis import drilldown
 from analysis.__main__ import main
 from analysis.ingest import mapping
 from analysis.store import Store
@@ -49,7 +49,7 @@ def test_unmapped_board_dump_is_refused_then_loads_with_map(tmp_path, capsys):
         assert got["token"].to_list() == q["tokens"] and got["pos"].to_list() == list(range(len(q["s"])))
     with Store(db, read_only=True) as store:
         for q in seqs[:6]:
-            ctx = inspect.sequence_context(store, "board", q["step"], q["sample"])
+            ctx = drilldown.sequence_context(store, "board", q["step"], q["sample"])
             assert (ctx["prompt"], ctx["response"], ctx["reward"]) == (q["prompt"], q["response"], q["reward"])
             assert ctx["response_from_tokens"] is False and ctx["advantage"] is None
 

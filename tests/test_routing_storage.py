@@ -60,3 +60,23 @@ def test_a_database_with_the_earlier_routing_table_is_migrated(tmp_path):
     assert store.rows("SELECT * FROM routing ORDER BY ALL") == want
     differ = sum(r["trainer_experts"] != r["sampler_experts"] for r in rows)
     assert store.scalar(f"SELECT count(trainer_experts) FROM {schema.ROUTING_STORE}") == differ
+
+
+def test_a_trainer_column_of_nulls_only_loads_as_the_sampler_side(tmp_path):
+    """A routing file whose trainer_experts column exists but is null on every row (a replay dump written with
+    both columns) is the sampler side alone: it loads, with no flip columns, instead of failing on an empty
+    trainer matrix (a crash this once was, reported as an internal error)."""
+    tokens, rows = make_logs(seed=6, steps=1, samples=2, length=4, layers=2, k=2)
+    for r in rows:
+        r["trainer_experts"] = None
+    table = pa.Table.from_pylist(rows).cast(pa.Table.from_pylist(rows).schema.set(
+        pa.Table.from_pylist(rows).schema.get_field_index("trainer_experts"),
+        pa.field("trainer_experts", pa.list_(pa.int32()))))
+    pq.write_table(pa.table(tokens), tmp_path / "tokens.parquet")
+    pq.write_table(table, tmp_path / "routing.parquet")
+    store = Store(tmp_path / "d.duckdb")
+    out = ingest_paths(store, [tmp_path / "tokens.parquet", tmp_path / "routing.parquet"])
+    assert [o.status for o in out] == ["loaded", "loaded"], [o.line() for o in out]
+    assert store.scalar("SELECT count(*) FROM routing") == len(rows)
+    assert store.scalar("SELECT count(flip) + count(trainer_experts) FROM routing") == 0
+    assert store.routing_sides() == {tokens["run"][0]: False}

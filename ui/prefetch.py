@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable
 
-from analysis import buckets, compare, context, corrections, distributions, findings, inspect, routing, sampled, views
+from analysis import buckets, compare, context, corrections, dashboard, distributions, drilldown, findings, routing, sampled
 from ui import access, nav
 from ui import state as S
 
@@ -43,7 +43,7 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
     both = [r for r in runs if kinds.get(r) == "both"]
     pages: dict[str, list[Call]] = {
         nav.OVERVIEW.url: [
-            (views.run_and_step_tables, (runs,), dict(cap=cap, clip=clip, steps=steps)),
+            (dashboard.run_and_step_tables, (runs,), dict(cap=cap, clip=clip, steps=steps)),
             (context.step_context, (runs,), dict(steps=steps)),
         ],
         nav.TOKENS.url: [
@@ -60,10 +60,10 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
             (routing.layer_profile, (both,), dict(steps=steps)),
             (routing.flip_views, (both,), dict(steps=steps)),  # the page derives its three flip charts
         ] if both else [],
-        nav.SEQUENCES.url: [(inspect.run_steps, (first,), {}), (sampled.sample_label, ([first],), {})],
+        nav.SEQUENCES.url: [(drilldown.run_steps, (first,), {}), (sampled.sample_label, ([first],), {})],
         nav.COMPARE.url: [
             (compare.config_diff, (runs,), {}),
-            (views.run_and_step_tables, (runs,), dict(cap=cap, clip=clip, steps=steps)),
+            (dashboard.run_and_step_tables, (runs,), dict(cap=cap, clip=clip, steps=steps)),
             (compare.routing_rates, (runs,), dict(steps=steps)),
             (distributions.drift_histograms, (runs,), dict(n_bins=80, steps=steps)),
         ] if len(runs) > 1 else [],
@@ -169,7 +169,7 @@ def start(sel: S.Selection, page: str | None = None) -> None:
         if len(_started) > 256:
             _started.clear()
         _started.add(key)
-    kinds = S.cached(views.routing_kinds, sel.runs)
+    kinds = S.cached(dashboard.routing_kinds, sel.runs)
     _worker.submit(app, app.version, default_calls(sel, kinds, page))
 
 

@@ -204,8 +204,8 @@ def _check_routing(file: str, batch: Batch, out: dict) -> "RoutingMatrices":
                 common[rows[lo:hi]] = (Ss[lo:hi, :, None] == Ts[lo:hi, None, :]).sum(axis=(1, 2))
         if len(rows):  # a trainer_experts column of nulls only (sampler side alone) gives T of shape (0, 0)
             top1[rows] = S[rows, 0] != T[:, 0]
+            same[rows] = (S[rows] == T).all(axis=1)
         has_t[rows] = True
-        same[rows] = (S[rows] == T).all(axis=1)
     for name, side in (("sampler_weights", "sampler_experts"), ("trainer_weights", "trainer_experts")):
         if name in out:
             w = out[name]

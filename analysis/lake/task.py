@@ -95,7 +95,7 @@ def summarize_partition(lake: str, partition: Partition, token_sample: float = 0
                 unit.reader = with_partition_columns(unit.reader, partition.run, partition.step)
                 units.append(unit)
             for outcome in load_units(store, units, run=None, limits=None):
-                if outcome.status == "refused":
+                if outcome.status in ("refused", "error"):  # an internal error is reported like a refusal
                     result.refused = outcome.message
                     return result
         wrong = partial.first_row_outside(store, partition.run, partition.step)

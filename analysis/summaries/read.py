@@ -5,7 +5,7 @@ from typing import Sequence
 
 import polars as pl
 
-from analysis.metrics import check_cap_clip, check_runs, run_filter
+from analysis.sql import check_cap_clip, check_runs, run_filter
 from analysis.store import Store
 from analysis.summaries import finalise as F
 from analysis.summaries import schema as S

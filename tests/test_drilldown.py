@@ -1,17 +1,17 @@
-"""inspect.*: one step's sequences and one sequence's tokens against the files' own numbers."""
+"""drilldown.*: one step's sequences and one sequence's tokens against the files' own numbers."""
 from __future__ import annotations
 
 import numpy as np
 import polars as pl
 import pytest
 
-from analysis import inspect
+from analysis import drilldown
 from test_metrics_reference import assert_close, ratio, ref_routing_rows
 
 
 def test_worst_sequences_match_numpy(metrics_data):
     store, data = metrics_data
-    df = inspect.worst_sequences(store, "a", 1, n=3)
+    df = drilldown.worst_sequences(store, "a", 1, n=3)
     assert df.columns == ["sample", "n_tokens", "seq_log_ratio", "seq_log_ratio_abs", "max_log_ratio_abs", "kl_k3",
                           "n_flips", "reward", "advantage", "response_length"]
     step = data.tokens.filter((pl.col("run") == "a") & (pl.col("step") == 1))
@@ -30,15 +30,15 @@ def test_worst_sequences_match_numpy(metrics_data):
         for col, want in (("seq_log_ratio", sd), ("seq_log_ratio_abs", sa), ("max_log_ratio_abs", mx),
                           ("kl_k3", k3)):
             assert_close(row[col], want, col)
-    by_max = inspect.worst_sequences(store, "a", 1, order="max_log_ratio_abs")
+    by_max = drilldown.worst_sequences(store, "a", 1, order="max_log_ratio_abs")
     assert by_max["max_log_ratio_abs"].is_sorted(descending=True) and by_max.height == len(ref)
     with pytest.raises(ValueError, match="order must be one of"):
-        inspect.worst_sequences(store, "a", 1, order="random")
+        drilldown.worst_sequences(store, "a", 1, order="random")
 
 
 def test_sequence_tokens_and_flip_grid(metrics_data):
     store, data = metrics_data
-    df = inspect.sequence_tokens(store, "b", 2, 3)
+    df = drilldown.sequence_tokens(store, "b", 2, 3)
     assert df.columns == ["pos", "token_id", "token", "sampler_logprob", "trainer_logprob", "delta", "ratio",
                           "n_flipped_layers"]
     want = data.tokens.filter((pl.col("run") == "b") & (pl.col("step") == 2) & (pl.col("sample") == 3)).sort("pos")
@@ -46,7 +46,7 @@ def test_sequence_tokens_and_flip_grid(metrics_data):
     d = want["trainer_logprob"].to_numpy() - want["sampler_logprob"].to_numpy()
     assert np.array_equal(df["delta"].to_numpy(), d)
     assert np.allclose(df["ratio"].to_numpy(), ratio(d), rtol=1e-15)
-    grid = inspect.sequence_flip_grid(store, "b", 2, 3)
+    grid = drilldown.sequence_flip_grid(store, "b", 2, 3)
     assert grid.columns == ["pos", "layer", "flip"]
     rows = [r for r in ref_routing_rows(data.routing) if r[:3] == ("b", 2, 3)]
     assert grid.height == len(rows)
@@ -59,14 +59,14 @@ def test_without_routing_flips_are_null(metrics_store_from):
     tokens = pl.DataFrame({"run": ["e"] * 2, "step": [3] * 2, "sample": [0] * 2, "pos": [0, 1],
                            "sampler_logprob": [-0.1, -0.2], "trainer_logprob": [-0.1, -0.3]})
     store = metrics_store_from(tokens)
-    assert inspect.worst_sequences(store, "e", 3)["n_flips"].to_list() == [None]
-    assert inspect.sequence_tokens(store, "e", 3, 0)["n_flipped_layers"].to_list() == [None, None]
-    assert inspect.sequence_flip_grid(store, "e", 3, 0).height == 0
-    assert inspect.run_steps(store, "e") == [3]
-    assert inspect.worst_sequences(store, "e", 4).height == 0
+    assert drilldown.worst_sequences(store, "e", 3)["n_flips"].to_list() == [None]
+    assert drilldown.sequence_tokens(store, "e", 3, 0)["n_flipped_layers"].to_list() == [None, None]
+    assert drilldown.sequence_flip_grid(store, "e", 3, 0).height == 0
+    assert drilldown.run_steps(store, "e") == [3]
+    assert drilldown.worst_sequences(store, "e", 4).height == 0
 
 
 def test_run_steps(metrics_data):
     store, _ = metrics_data
-    assert inspect.run_steps(store, "a") == [0, 1, 2]
-    assert inspect.run_steps(store, "nope") == []
+    assert drilldown.run_steps(store, "a") == [0, 1, 2]
+    assert drilldown.run_steps(store, "nope") == []

@@ -1,9 +1,10 @@
-"""Single-sequence inspection: the worst sequences of a step, one sequence token by token, its flip grid."""
+"""Token-level drill-down: the worst sequences of a step, one sequence token by token with its context and
+its flip grid."""
 from __future__ import annotations
 
 import polars as pl
 
-from analysis.metrics import kl3_sql, ratio_sql
+from analysis.sql import kl3_sql, ratio_sql
 from analysis.store import Store
 
 ORDERS = ("seq_log_ratio_abs", "max_log_ratio_abs")
