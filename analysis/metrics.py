@@ -14,19 +14,14 @@ import polars as pl
 
 from analysis.sql import check_cap_clip, check_runs, clamp_log_ratio_sql, clamp_sql, token_filter
 from analysis.store import Store
+from analysis.summaries import finalise as F
 from analysis.summaries.compute import count_below_sql, expm1_sql, token_terms_sql
 from analysis.summaries.schema import TAUS
 
-TOKEN_METRICS = (
-    "n_tokens", "n_sequences", "kl_k1", "kl_k2", "kl_k3", "log_ratio_abs_mean", "log_ratio_abs_max",
-    "prob_abs_diff_mean", "prob_abs_diff_max", "prob_pearson", "ratio_mean", "ratio_std", "ratio_min",
-    "ratio_max", "chi2_token", "ratio_frac_high", "ratio_frac_low", "clip_frac", "ess", "ppl_ratio", "chi2_seq",
-    "seq_log_ratio_abs_max", "mult_prob_error", "kl_k3_reverse", "seq_geo_ratio_mean", "seq_geo_ratio_min",
-    "seq_geo_ratio_max",
-)
+# METRICS.md v2 token columns, written once in analysis/summaries/finalise.py
+TOKEN_METRICS = F.TOKEN_COLUMNS
 # the metrics of the per-sequence pass (averaged over sequences); n_sequences is counted there too
-SEQUENCE_METRICS = ("ppl_ratio", "chi2_seq", "seq_log_ratio_abs_max", "seq_geo_ratio_mean", "seq_geo_ratio_min",
-                    "seq_geo_ratio_max")
+SEQUENCE_METRICS = tuple(c for c in F.SEQUENCE_COLUMNS if c != "n_sequences")
 
 
 def cap_clip_params(cap: float, clip: float) -> dict:

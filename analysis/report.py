@@ -8,7 +8,6 @@ from analysis.routing import routing_metrics
 from analysis.store import Store
 from analysis.summaries.read import token_table
 
-FLIP_COLUMNS = ("token_any_flip_rate", "flipped_layers_per_token")
 
 
 def has_trainer_routing(store: Store, runs: list[str]) -> bool:
