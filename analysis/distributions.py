@@ -15,6 +15,7 @@ from analysis import metrics
 from analysis.sql import check_runs, run_filter, token_filter
 from analysis.store import Store
 from analysis.summaries import schema as S
+from analysis.summaries.finalise import edge_bin
 
 MAX_CELLS = 100_000  # most points a chart is ever sent
 
@@ -145,7 +146,7 @@ def extreme_from_bins(counts: pl.DataFrame, taus: list[float]) -> pl.DataFrame:
         x = math.log(tau)
         if x >= S.CLAMP:
             continue
-        c += (b > 2 * S.D_EDGES.index(x) + 1) | (b < 2 * S.D_EDGES.index(-x) + 1)
+        c += (b > edge_bin(x, S.D_EDGES)) | (b < edge_bin(-x, S.D_EDGES))
     return metrics.extreme_from_counts(counts.select("run", pl.Series("c", c), "n"), taus)
 
 

@@ -33,13 +33,12 @@ def cap_clip_params(cap: float, clip: float) -> dict:
             "ln_clip_lo": math.log1p(-clip) if clip < 1.0 else -math.inf}
 
 
-def token_aggregates(cap_param: str = "$cap", clip_param: str = "$clip") -> dict[str, str]:
+def token_aggregates(cap_param: str = "$cap") -> dict[str, str]:
     """name -> SQL aggregate of each per-token metric over a relation of summaries.compute.token_terms_sql
     (columns s, t, d, r, rm1 = r − 1, k3, k3r, mpe, qs, qt, adp, us = exp s, ut = exp t).
 
     The terms are the ones the summaries sum, in the same cancellation-free forms (r − 1 by expm1, k3 by its
-    series near 0, 1 − p); thresholds are compared on Δ (`cap_clip_params`; `clip_param` is unused and kept
-    for callers). Exactness on identical log-probs: Δ = 0 gives r = 1, rm1 = k3 = 0 exactly. Spreads that
+    series near 0, 1 − p); thresholds are compared on Δ (the parameters of `cap_clip_params`). Exactness on identical log-probs: Δ = 0 gives r = 1, rm1 = k3 = 0 exactly. Spreads that
     could come out as rounding noise are guarded with min = max.
     """
     w = clamp_sql("r", f"1.0 / {cap_param}", cap_param)
@@ -67,10 +66,10 @@ def token_aggregates(cap_param: str = "$cap", clip_param: str = "$clip") -> dict
     }
 
 
-def token_aggregates_sql(keys: Sequence[str], cap_param: str = "$cap", clip_param: str = "$clip",
+def token_aggregates_sql(keys: Sequence[str], cap_param: str = "$cap",
                          only: Sequence[str] | None = None) -> str:
     """Select-list: `keys`, then the per-token aggregates of `token_aggregates` (those in `only` if given)."""
-    aggs = [f"{sql} AS {name}" for name, sql in token_aggregates(cap_param, clip_param).items()
+    aggs = [f"{sql} AS {name}" for name, sql in token_aggregates(cap_param).items()
             if only is None or name in only]
     return ",\n        ".join([*keys, *aggs])
 

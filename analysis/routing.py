@@ -13,15 +13,6 @@ from analysis.sql import check_runs, run_filter
 from analysis.store import Store
 from analysis.summaries import finalise as F
 
-def _filter(store: Store, runs: list[str], steps: tuple[int, int] | None) -> tuple[str, dict]:
-    """run_filter for the routing table, without the run predicate when every run with routing is selected.
-
-    Comparing the VARCHAR run of 8M rows is most of a by-layer query's time; `Store.routing_sides` says
-    cheaply which runs have routing at all.
-    """
-    have = set(store.routing_sides())
-    return run_filter(runs, steps, by_run=not (runs and have <= set(runs)))
-
 
 def _check_by(by: str, allowed: tuple[str, ...]) -> None:
     if by not in allowed:
@@ -50,7 +41,7 @@ def routing_metrics(store: Store, runs: list[str], by: str = "layer",
     """
     _check_by(by, ("layer", "step", "run"))
     runs = check_runs(runs)
-    where, params = _filter(store, runs, steps)
+    where, params = run_filter(runs, steps)
     if by == "layer":
         return store.sql(F.routing_by_layer_sql(where), params)
     keys = ["run", "step"] if by == "step" else ["run"]
@@ -64,7 +55,7 @@ def layer_profile(store: Store, runs: list[str], steps: tuple[int, int] | None =
     Returns [run, layer, n_tokens, flip_rate, top1_flip_rate, overlap].
     """
     runs = check_runs(runs)
-    where, params = _filter(store, runs, steps)
+    where, params = run_filter(runs, steps)
     return store.sql(F.layer_profile_sql(where), params)
 
 
@@ -82,7 +73,7 @@ def flip_views(store: Store, runs: list[str], steps: tuple[int, int] | None = No
     if unknown or not views:
         raise ValueError(f"views must be some of {', '.join(FLIP_VIEWS)}, got {views!r}")
     runs = check_runs(runs)
-    where, params = _filter(store, runs, steps)
+    where, params = run_filter(runs, steps)
     sql = {"step": lambda: F.token_flip_sql(["run", "step"], where), "run": lambda: F.token_flip_sql(["run"], where),
            "first_flip": lambda: F.first_flip_sql(where), "mismatch": lambda: F.flip_mismatch_sql(where)}
     return {view: store.sql(sql[view](), params) for view in views}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from analysis.store import Store
+from analysis.summaries.compute import clamp_sql
 from analysis.summaries.schema import CLAMP
 
 
@@ -56,12 +57,6 @@ def check_cap_clip(cap: float, clip: float) -> None:
         raise ValueError(f"cap C must be > 1, got {cap}")
     if not clip > 0.0:
         raise ValueError(f"clip epsilon must be > 0, got {clip}")
-
-
-def clamp_sql(x: str, lo: str, hi: str) -> str:
-    """SQL for min(max(x, lo), hi) for a non-NaN x: a CASE, measured ~2x faster in DuckDB than least/greatest
-    (0.036 s against 0.053 s on 6M rows)."""
-    return f"(CASE WHEN {x} < {lo} THEN {lo} WHEN {x} > {hi} THEN {hi} ELSE {x} END)"
 
 
 def token_filter(store: Store, runs: Sequence[str], steps: tuple[int, int] | None = None,

@@ -191,10 +191,11 @@ class Store:
 
     def arrow(self, query: str, params: Sequence[Any] | dict | None = None):
         """Run a read query with bound parameters and return a pyarrow Table (picklable, unlike a reader)."""
-        try:
-            return self.cursor().sql(query, params=params).to_arrow_table()
-        except duckdb.Error as e:
-            raise StoreError(f"query failed: {e}") from None
+        with self._query() as cur:
+            try:
+                return cur.sql(query, params=params).to_arrow_table()
+            except duckdb.Error as e:
+                raise StoreError(f"query failed: {e}") from None
 
     def rows(self, query: str, params: Sequence[Any] | dict | None = None) -> list[tuple]:
         with self._query() as cur:

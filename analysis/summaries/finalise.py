@@ -29,7 +29,7 @@ def summarised(cap: float, clip: float) -> bool:
     return float(cap) in S.CAPS and float(clip) in S.CLIPS
 
 
-def _edge_bin(x: float, edges: Sequence[float]) -> int:
+def edge_bin(x: float, edges: Sequence[float]) -> int:
     """The odd bin id of the edge x (schema bin convention): 2·index + 1."""
     return 2 * list(edges).index(x) + 1
 
@@ -116,8 +116,8 @@ def threshold_sql(table: str, keys: Sequence[str], where: str, bin_col: str) -> 
 def threshold_params(cap: float, clip: float, edges: Sequence[float]) -> dict:
     """Bin ids of ln C, −ln C, ln(1+ε), ln(1−ε) on `edges` (schema.D_EDGES or BAND_EDGES), plus $cap."""
     cap, clip = float(cap), float(clip)
-    return {"cap": cap, "hi_bin": _edge_bin(math.log(cap), edges), "lo_bin": _edge_bin(-math.log(cap), edges),
-            "clip_hi_bin": _edge_bin(math.log1p(clip), edges), "clip_lo_bin": _edge_bin(math.log1p(-clip), edges)}
+    return {"cap": cap, "hi_bin": edge_bin(math.log(cap), edges), "lo_bin": edge_bin(-math.log(cap), edges),
+            "clip_hi_bin": edge_bin(math.log1p(clip), edges), "clip_lo_bin": edge_bin(math.log1p(-clip), edges)}
 
 
 def sequence_sql(keys: Sequence[str], where: str, length_bucket: str | None = None) -> str:
