@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import torch
 
 from analysis.ingest import summary_files
-from analysis.logger_summaries import SUMMARISED_KEY, StepTensors, summarise
+from analysis.logger_summaries import SUMMARISED_KEY, SUMMARISED_VALUE, StepTensors, summarise
 from analysis.routing_rows import routing_columns
 from analysis.run_names import safe_run_name
 from analysis.token_sample import TOP_TOKENS, WORST_SEQUENCES, SamplePlan, select, step_generator
@@ -126,9 +126,9 @@ class DriftLogger:
                               None)}
         if self.plan.rate > 0:  # token_sample=0 writes summaries only
             rows = keep.reshape(-1).nonzero().squeeze(1)  # row-major: sample, then position
-            tables["tokens"] = (self._token_rows(step, x, rows), {SUMMARISED_KEY: "1"})
+            tables["tokens"] = (self._token_rows(step, x, rows), {SUMMARISED_KEY: SUMMARISED_VALUE})
             if x.sampler_experts is not None:
-                tables["routing"] = (self._routing_rows(step, x, rows), {SUMMARISED_KEY: "1"})
+                tables["routing"] = (self._routing_rows(step, x, rows), {SUMMARISED_KEY: SUMMARISED_VALUE})
         # Everything is checked before the first write: bad input leaves no shard behind.
         written = {}
         for kind, (table, metadata) in tables.items():

@@ -19,7 +19,8 @@ import torch
 from analysis.summaries import schema as S
 from analysis.token_sample import Kept, SamplePlan
 
-SUMMARISED_KEY = S.SUMMARISED_KEY.decode()  # "1" on token/routing files whose summaries come in a summary file
+SUMMARISED_KEY = S.SUMMARISED_KEY.decode()  # on token/routing files whose summaries come in a summary file
+SUMMARISED_VALUE = S.SUMMARISED_VALUE.decode()
 SAMPLE_TABLE = "summary_sample"  # per (run, step): what the step's token rows are a sample of
 EXPERT_LOAD = "expert_load"  # per (run, step, layer, expert) routed-token counts, as ingest aggregates them
 CHUNK_TOKENS = 1 << 20  # positions per chunk of the token reductions: bounds their [n, columns] temporaries

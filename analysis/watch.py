@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from analysis.ingest import Outcome, ingest_paths
+from analysis.ingest.errors import NotALogFile
+from analysis.ingest.load import internal_error
 from analysis.store import Store, StoreError
 
 if TYPE_CHECKING:
@@ -135,11 +137,10 @@ class FolderWatcher:
     def _load(self, path: Path) -> list[Outcome]:
         try:
             outcomes = self.ingest(self.store, [path], run=self.run)
-        except Exception as e:  # a file removed mid-read, a reader bug: reported, and the watcher goes on
-            return [Outcome(path.name, "refused", message=f"{path.name}: could not be read "
-                                                          f"({type(e).__name__}: {str(e)[:300]})")]
+        except Exception as e:  # a bug outside the per-file guard of ingest: reported as one, and the watcher goes on
+            return [internal_error(path.name, e)]
         # A file that is no log at all (a checkpoint's notes, a plot) is passed over as a folder ingest does.
-        return [o for o in outcomes if not (o.status == "refused" and o.format is None and _not_a_log(o))]
+        return [o for o in outcomes if o.rule != NotALogFile.rule]
 
     def run_forever(self, stop: threading.Event, interval: float = 1.0,
                     report: Callable[[Outcome], None] = lambda o: None) -> None:
@@ -148,11 +149,6 @@ class FolderWatcher:
             self.poll(report, stop)
             if stop.wait(interval):
                 return
-
-
-def _not_a_log(outcome: Outcome) -> bool:
-    # ingest_paths reports a single file that sniffs as no log format with this wording (detect.NotALogFile)
-    return "not a recognised log file" in outcome.message or "the file is empty" in outcome.message
 
 
 def follow(db: str | Path, folders: Sequence[str | Path], run: str | None = None, interval: float = 1.0,

@@ -31,6 +31,7 @@ class UnknownFormat(IngestError):
 
 class NotALogFile(UnknownFormat):
     """Empty, or nothing like any accepted format: inside a folder such files are passed over, not refused."""
+    rule = "not a log file"
 
 
 class CorruptFile(IngestError):

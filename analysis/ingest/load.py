@@ -181,6 +181,7 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
     if fmt == "summary":
         return _load_summary(store, unit, sha, size, run, limits, config)
     rows = {"tokens": 0, "routing": 0, "sequences": 0}
+    summarised = summaries.tokens_summarised(unit.paths, fmt)  # DriftLogger's sample: its summaries come separately
     try:
         with store.transaction() as w:
             if store.is_loaded(sha, run):  # another session loaded it while we waited for the lock
@@ -198,7 +199,8 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
                     keys[batch.table].add(data)
                     if experts is not None:
                         # per-batch partial results go to the database, which spills: nothing here grows with the file
-                        yield STAGED_LOAD, expert_load(data, experts.S, experts.T, experts.t_rows)
+                        if not summarised:  # a sample's expert load comes in its summary file
+                            yield STAGED_LOAD, expert_load(data, experts.S, experts.T, experts.t_rows)
                         if keys["routing"].ordered:
                             yield STAGED_TOKENS, routing_tokens(data)
                     yield batch.table, data
@@ -207,8 +209,7 @@ def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits |
             insert_items(w, prefetch(whole_row_groups(prepared())), (STAGED_LOAD, STAGED_TOKENS), rows, fid,
                          _rows_reporter(unit, on_rows))
             _check_file(w, unit.name, fid, rows, keys)
-            summarised = summaries.tokens_summarised(unit.paths, fmt)
-            if rows["routing"] and not summarised:  # a sample's expert load comes in its summary file
+            if rows["routing"] and not summarised:
                 w.finish_expert_load(STAGED_LOAD, fid)  # the partial counts of every batch, summed
             w.drop_staged(STAGED_LOAD, STAGED_TOKENS)
             summaries.add_file(w, fid, summarised, unit.name)

@@ -24,7 +24,8 @@ from analysis.ingest.detect import Detected, detect
 from analysis.ingest.errors import (CorruptFile, IngestError, LengthMismatch, MissingColumn, UnknownFormat,
                                     WrongType)
 from analysis.ingest.limits import Limits
-from analysis.ingest.load import Outcome, Unit, load_units
+from analysis.ingest.load import load_units, refused
+from analysis.ingest.units import Outcome, Unit
 from analysis.ingest.sequences import parsed_lines, read_sequence_records
 from analysis.ingest.textio import iter_lines, open_text
 from analysis.ingest.validate import Batch, row_where
@@ -270,7 +271,7 @@ def _files(paths: Sequence[Path]) -> tuple[list[Path], list[Outcome]]:
         elif p.is_file():
             files.append(p)
         else:
-            missing.append(Outcome(str(p), "refused", message=f"{p}: no such file or folder"))
+            missing.append(Outcome(str(p), "refused", message=f"{p}: no such file or folder", rule="no such file"))
     return files, missing
 
 
@@ -286,7 +287,7 @@ def ingest_mapped(store: Store, paths: Sequence[str | Path], mapping: dict[str, 
         try:
             units.append(mapped_unit(f, mapping, name))
         except IngestError as e:
-            outcomes.append(Outcome(name, "refused", message=str(e)))
+            outcomes.append(refused(name, e))
     return outcomes + load_units(store, units, run, limits)
 
 

@@ -34,10 +34,6 @@ TABLES: dict[str, tuple[S.Col, ...]] = {
 FIX = "write summary files with DriftLogger (analysis/logger.py); docs/SCHEMA.md, 'Summary files', lists the rules"
 
 
-def keys(table: str) -> list[str]:
-    return [c.name for c in TABLES[table] if S.merge_kind(c.name) == "key"]
-
-
 def is_summary_file(metadata: dict | None) -> bool:
     return bool(metadata) and SUMMARY_KEY in metadata
 
@@ -150,4 +146,4 @@ def _check(name: str, table: str, c: S.Col, col: pa.ChunkedArray, row) -> None:
         refuse((values < 0) | (values > 1), "a share must be in [0, 1], got {v}")
 
 
-__all__ = ["build", "read", "is_summary_file", "TABLES", "SUMMARY_KEY", "TABLE_COLUMN", "keys"]
+__all__ = ["build", "read", "is_summary_file", "TABLES", "SUMMARY_KEY", "TABLE_COLUMN"]
