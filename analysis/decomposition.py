@@ -26,8 +26,7 @@ PROB_FLOOR_DECADE = -8  # sampler probabilities below 1e-8 share the lowest deca
 # One row per token with the trainer's routing: whether any layer flipped (token-level, like the rest of the
 # decomposition: its cells cross length, probability, flip and staleness, which no summary holds jointly).
 _TOKEN_FLIPS = """
-    SELECT run, step, sample, pos, bool_or(flip) AS any_flip, count_if(flip)::BIGINT AS n_flipped,
-           min(layer) FILTER (WHERE flip) AS first_flip
+    SELECT run, step, sample, pos, bool_or(flip) AS any_flip
     FROM routing WHERE {where} AND flip IS NOT NULL GROUP BY run, step, sample, pos"""
 
 

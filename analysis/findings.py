@@ -344,13 +344,13 @@ def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | No
     flips = routing.flip_views(store, both, steps, views=("mismatch",))["mismatch"] if both else None
     layers = routing.layer_profile(store, both, steps) if both else None
     prob = buckets.mismatch_by(store, runs, "prob", cap=cap, clip=clip, steps=steps, metrics=["kl_k3"])
-    length = buckets.mismatch_by(store, runs, "length", n_bins=6, cap=cap, clip=clip, steps=steps,
+    length = buckets.mismatch_by(store, runs, "length", cap=cap, clip=clip, steps=steps,
                                  metrics=["kl_k3"])
     has_lag = buckets.has_column_data(store, runs, "sampler_version")
     lag = buckets.mismatch_by(store, runs, "lag", cap=cap, clip=clip, steps=steps, metrics=["kl_k3"]) \
         if has_lag else None
     noise = corrections.log_ratio_quantiles(store, runs, by="run", steps=steps)
-    first_steps = _first_steps(store, runs, per_step, steps)
+    first_steps = _first_steps(store, runs)
     first_lag = _first_step_lags(store, runs, first_steps, steps) if has_lag else {}
     out: dict[str, list[Finding]] = {}
     for run in runs:
@@ -394,12 +394,10 @@ def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | No
     return out
 
 
-def _first_steps(store: Store, runs: list[str], per_step: pl.DataFrame, steps) -> dict[str, int]:
-    """{run: its first logged step}: the per-step table's first step unless a range start hides earlier ones."""
-    if steps is None or steps[0] is None:
-        return dict(per_step.group_by("run").agg(pl.col("step").min()).iter_rows())
-    where, params = sql.run_filter(runs)
-    return dict(store.rows(f"SELECT run, min(step) FROM tokens WHERE {where} GROUP BY run", params))
+def _first_steps(store: Store, runs: list[str]) -> dict[str, int]:
+    """{run: its first logged step}, from the summaries (Store.runs), whatever step range is selected."""
+    first = dict(store.runs().select("run", "first_step").iter_rows())
+    return {run: first[run] for run in runs if first.get(run) is not None}
 
 
 def _first_step_lags(store: Store, runs: list[str], first_steps: dict, steps) -> dict[str, int]:

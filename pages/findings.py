@@ -4,6 +4,7 @@ import streamlit as st
 
 from analysis import corrections, dashboard, decomposition, drilldown, findings, gates
 from ui import auth, findings_charts, nav
+from ui.auth import md_escape
 from ui import state as S
 
 auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
@@ -22,13 +23,6 @@ PAGES = {p.url: p for p in nav.ALL}
 TABS = ["Findings", *findings.FINDINGS_TABS]  # the evidence links of findings name the other three
 
 
-def _md(text: str) -> str:
-    """Text for st.markdown without its markup characters taking effect."""
-    for ch in "\\*_[]`#|$~":
-        text = text.replace(ch, "\\" + ch)
-    return text
-
-
 def _number(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
@@ -43,11 +37,11 @@ def finding_card(group: list[dict]) -> None:
     ev = f["evidence"]
     with st.container(border=True):
         color = findings_charts.SEVERITY_COLORS[f["severity"]]
-        lines = [f":{color}-badge[{f['severity']}] `{f['kind']}` **{_md(f['title'])}**"]
-        lines += [f"- :{findings_charts.SEVERITY_COLORS[g['severity']]}[{g['severity']}] {_md(g['title'])} — "
-                  f"*{_md(g['source'])}*" for g in group[1:]]
-        numbers = " · ".join(f"{_md(k)} = {_md(_number(v))}" for k, v in ev["numbers"].items())
-        lines.append(f"**Try:** {_md(f['action'])} — *{_md(f['source'])}*  \n:gray[{numbers}. Rule: {_md(f['rule'])}]")
+        lines = [f":{color}-badge[{f['severity']}] `{f['kind']}` **{md_escape(f['title'])}**"]
+        lines += [f"- :{findings_charts.SEVERITY_COLORS[g['severity']]}[{g['severity']}] {md_escape(g['title'])} — "
+                  f"*{md_escape(g['source'])}*" for g in group[1:]]
+        numbers = " · ".join(f"{md_escape(k)} = {md_escape(_number(v))}" for k, v in ev["numbers"].items())
+        lines.append(f"**Try:** {md_escape(f['action'])} — *{md_escape(f['source'])}*  \n:gray[{numbers}. Rule: {md_escape(f['rule'])}]")
         st.markdown("\n\n".join(lines))
         page = PAGES.get(ev["page"])
         if page is not None:
@@ -139,7 +133,7 @@ def simulator_tab() -> None:
         if chosen:
             for col, m in zip(st.columns(len(chosen)), chosen):
                 spec = corrections.METHODS[m]
-                col.markdown(f"**{m}** · {_md(spec.source)}")
+                col.markdown(f"**{m}** · {md_escape(spec.source)}")
                 params = {k: col.number_input(k, value=st.session_state.get(f"findings_{m}_{k}", default),
                                               min_value=0.0, format="%g", key=f"findings_{m}_{k}")
                           for k, default in spec.defaults.items()}

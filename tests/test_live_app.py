@@ -16,7 +16,7 @@ from analysis.store import Store
 from test_pages import TIMEOUT, _NavigationOnly
 from test_watch import step_arrays
 from ui import live
-from ui.auth import _md_escape as md_escape
+from ui.auth import md_escape
 
 APP = str(bu.ROOT / "app.py")
 

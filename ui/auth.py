@@ -125,7 +125,8 @@ def access_granted() -> bool:
 
 
 # -- the gate --------------------------------------------------------------------------------------------
-def _md_escape(text: str) -> str:
+def md_escape(text: str) -> str:
+    """User text for st.markdown with its markup characters shown as text, never taking effect."""
     return re.sub(r"([\\`*_{}\[\]()#+\-.!<>|~$])", r"\\\1", text)
 
 
@@ -152,14 +153,14 @@ def require_login() -> None:
     name = str(user.get("name") or user.get("email") or "signed-in user")
     if not allow.admits(user):
         st.title("Driftscope")
-        st.error(f"{_md_escape(str(user.get('email') or name))} is not allowed to use this Driftscope. Sign out and "
+        st.error(f"{md_escape(str(user.get('email') or name))} is not allowed to use this Driftscope. Sign out and "
                  "use another account, or ask the host to add you.", icon=":material/block:")
         if st.button("Sign out", key="auth_denied_logout"):
             st.logout()
         st.stop()
     with st.sidebar:
         c1, c2 = st.columns([3, 2], vertical_alignment="center")
-        c1.caption(f"Signed in as **{_md_escape(name)}**")
+        c1.caption(f"Signed in as **{md_escape(name)}**")
         if c2.button("Log out", key="auth_logout", icon=":material/logout:"):
             st.logout()  # the browser is sent to /auth/logout; draw nothing more for this session
             st.stop()

@@ -156,15 +156,14 @@ def histogram(df: pl.DataFrame, colors: dict[str, str], x_title: str, log_y: boo
     for run in ordered_runs(df, colors):
         part = df.filter(pl.col("run") == run).sort("bin_lo")
         lo, hi, val, cnt = (part[c].to_list() for c in ("bin_lo", "bin_hi", y, "count"))
-        shown_lo = lo
+        shown_lo, shown_hi = lo, hi  # hover shows the bins' own edges whatever the axis
         if signed_log_x:
             lo, hi = [signed_log(v) for v in lo], [signed_log(v) for v in hi]
         color = colors.get(run)
         for k, (a, b) in enumerate(_segments(lo, hi)):
             xs = np.array(lo[a:b] + [hi[b - 1]], dtype=np.float64)  # arrays: plotly skips its per-value checks
             ys = np.array(val[a:b] + [val[b - 1]], dtype=np.float64)
-            true_hi = part["bin_hi"].to_list()
-            custom = np.column_stack([true_hi[a:b] + [true_hi[b - 1]], cnt[a:b] + [cnt[b - 1]],
+            custom = np.column_stack([shown_hi[a:b] + [shown_hi[b - 1]], cnt[a:b] + [cnt[b - 1]],
                                       shown_lo[a:b] + [shown_lo[b - 1]]]).astype(np.float64)
             fig.add_trace(go.Scatter(
                 x=xs, y=ys, mode="lines", line_shape="hv", name=run, legendgroup=run, showlegend=k == 0,

@@ -33,7 +33,7 @@ from typing import Mapping
 import streamlit as st
 
 from analysis import watch
-from ui.auth import _md_escape as md_escape  # run names and file names are user text
+from ui.auth import md_escape  # run names and file names are user text
 
 log = logging.getLogger("driftscope.live")
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from analysis.sampled import count_text
 from analysis.summaries.schema import CAPS, CLIPS
 
 from ui import access, live, nav
@@ -11,17 +12,10 @@ from ui import state as S
 _BOUNDS = S.BOUNDS_KEY
 
 
-def _human(n: int) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return str(n)
-
-
 def _status(app: S.AppDB, runs) -> None:
     n_tokens = int(runs["n_tokens"].sum()) if runs.height else 0
     mode = " · **viewer mode**" if access.read_only() else ""
-    st.caption(f"Database `{app.store.path.name}` · {runs.height} runs · {_human(n_tokens)} tokens{mode}",
+    st.caption(f"Database `{app.store.path.name}` · {runs.height} runs · {count_text(n_tokens)} tokens{mode}",
                help=f"DuckDB file: {app.store.path} (set DRIFT_DB to open another)")
     if app.demo_error:
         st.warning(f"The demo data could not be loaded: {app.demo_error}")
