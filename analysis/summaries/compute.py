@@ -254,13 +254,21 @@ def _add_routing(writer, file_id: int) -> None:
 
 
 def unsummarised_files(cur) -> list[int]:
-    """Files with token or routing rows but no summary rows (loaded before summaries existed), token files first."""
-    return [r[0] for r in cur.execute("""
-        SELECT file_id FROM (SELECT DISTINCT file_id, 0 AS o FROM tokens
-                             UNION SELECT DISTINCT file_id, 1 FROM routing)
+    """Files with token or routing rows but no summary rows (loaded before summaries existed), token files first.
+
+    Every open of a writable database asks this, so the candidates come from the small `files` table, and each
+    is checked with one LIMIT 1 probe per table rather than a DISTINCT over every token and routing row."""
+    candidates = [r[0] for r in cur.execute("""
+        SELECT file_id FROM files
         WHERE file_id NOT IN (SELECT file_id FROM summary_step UNION SELECT file_id FROM summary_layer
                               UNION SELECT file_id FROM summary_skip)
-        GROUP BY file_id ORDER BY min(o), file_id""").fetchall()]
+        ORDER BY file_id""").fetchall()]
+
+    def holds(table: str, fid: int) -> bool:
+        return bool(cur.execute(f"SELECT 1 FROM {table} WHERE file_id = ? LIMIT 1", [fid]).fetchall())
+
+    with_tokens = [f for f in candidates if holds("tokens", f)]
+    return with_tokens + [f for f in candidates if f not in with_tokens and holds("routing", f)]
 
 
 def backfill(store) -> int:
