@@ -40,21 +40,31 @@ def is_summary_file(metadata: dict | None) -> bool:
 
 def build(run: str, step: int, tables: dict[str, dict[str, list]]) -> pa.Table:
     """The summary file's table for one step: `tables` maps a table to its columns (without run and step)."""
+    typed = {}
+    for name, cols in tables.items():
+        n = len(next(iter(cols.values()), []))
+        types = {c.name: ARROW[c.sql_type] for c in TABLES[name]}
+        data = {"run": pa.repeat(pa.scalar(run), n), "step": pa.repeat(pa.scalar(step, pa.int64()), n)}
+        data |= {k: pa.array(v, types[k]) for k, v in cols.items()}  # numpy columns convert without a copy
+        typed[name] = pa.table(data)
+    return from_tables(typed)
+
+
+def from_tables(tables: dict[str, pa.Table]) -> pa.Table:
+    """The rows of several summary tables as one summary-file table: the union of their columns (nulls where a
+    table has no such column) and the `summary` column naming each row's table."""
     fields = {TABLE_COLUMN: pa.string()}
     for name in tables:
         fields |= {c.name: ARROW[c.sql_type] for c in TABLES[name]}
     parts = []
-    for name, cols in tables.items():
-        n = len(next(iter(cols.values()), []))
-        if n == 0:
-            continue
-        data = {TABLE_COLUMN: pa.repeat(pa.scalar(name), n), "run": pa.repeat(pa.scalar(run), n),
-                "step": pa.repeat(pa.scalar(step, pa.int64()), n)}
-        data |= {k: pa.array(v, fields[k]) for k, v in cols.items()}  # numpy columns convert without a copy
-        parts.append(pa.table({f: data[f] if f in data else pa.nulls(n, t) for f, t in fields.items()}))
+    for name, rows in tables.items():
+        n = rows.num_rows
+        if n:
+            cols = {TABLE_COLUMN: pa.repeat(pa.scalar(name), n)}
+            parts.append(pa.table({f: cols[f] if f in cols else rows.column(f).cast(t) if f in rows.column_names
+                                   else pa.nulls(n, t) for f, t in fields.items()}))
     schema = pa.schema(fields).with_metadata({SUMMARY_KEY: FORMAT_VERSION})
-    table = pa.concat_tables(parts) if parts else schema.empty_table()
-    return table.replace_schema_metadata(schema.metadata)
+    return (pa.concat_tables(parts) if parts else schema.empty_table()).replace_schema_metadata(schema.metadata)
 
 
 def read(fp: BinaryIO, name: str, limits: Limits, run: str | None = None) -> Iterator[tuple[str, pa.Table]]:
@@ -146,4 +156,4 @@ def _check(name: str, table: str, c: S.Col, col: pa.ChunkedArray, row) -> None:
         refuse((values < 0) | (values > 1), "a share must be in [0, 1], got {v}")
 
 
-__all__ = ["build", "read", "is_summary_file", "TABLES", "SUMMARY_KEY", "TABLE_COLUMN"]
+__all__ = ["build", "from_tables", "read", "is_summary_file", "TABLES", "SUMMARY_KEY", "TABLE_COLUMN"]
