@@ -161,10 +161,21 @@ def top_tokens(store: Store, run: str, n: int = 20, min_count: int = 5, steps: t
         ORDER BY {order} DESC, n_tokens DESC, token_id, token LIMIT $n""", params)
 
 
+# Optional token columns whose presence a bucket dimension of the summaries records (a token with entropy has an
+# entropy bucket, one with both versions a lag bucket): asked of summary_bucket, a few rows per step, not the tokens.
+_SUMMARISED_COLUMNS = {"sampler_entropy": "entropy", "sampler_version": "lag", "trainer_version": "lag"}
+
+
 def has_column_data(store: Store, runs: list[str], column: str) -> bool:
-    """Whether any token of `runs` has a non-null value in the optional tokens column `column`."""
+    """Whether any token of `runs` has a non-null value in the optional tokens column `column` (for the version
+    columns: both versions, which is what the lag dimension needs)."""
     if column not in schema.names("tokens"):
         raise ValueError(f"unknown tokens column {column!r}; expected one of {', '.join(schema.names('tokens'))}")
-    where, params = token_filter(store, check_runs(runs), None)
+    runs = check_runs(runs)
+    if column in _SUMMARISED_COLUMNS:
+        where, params = run_filter(runs)
+        return bool(store.scalar(f"SELECT EXISTS (SELECT 1 FROM summary_bucket WHERE {where} AND dim = $dim)",
+                                 params | {"dim": _SUMMARISED_COLUMNS[column]}))
+    where, params = token_filter(store, runs, None)
     return bool(store.scalar(f"SELECT EXISTS (SELECT 1 FROM tokens WHERE {where} AND {column} IS NOT NULL)",
                              params))

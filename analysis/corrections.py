@@ -235,9 +235,10 @@ def log_ratio_quantiles(store: Store, runs: Sequence[str] | str, by: str = "run"
                         steps: tuple[int, int] | None = None) -> pl.DataFrame:
     """p50 and p99 (linear interpolation, as numpy's default) of token |Δ|, per-sequence |mean Δ| and
     per-sequence |ΣΔ|, per run or per (run, step): the measured noise a correction's band is set against.
-    From the summaries (analysis/quantiles.py): exact, at a cost that does not grow with the tokens; the token
-    quantiles of a run whose token rows are a sample are interpolated inside one histogram bin.
-    Returns [run, (step,) token_p50, token_p99, seq_mean_p50, seq_mean_p99, seq_sum_p50, seq_sum_p99]."""
+    From the summaries (analysis/quantiles.py): sequence quantiles exact; token quantiles exact up to
+    quantiles.EXACT_TOKENS selected tokens with complete rows, else interpolated inside one histogram bin
+    (token_exact says which).
+    Returns [run, (step,) token_p50, token_p99, token_exact, seq_mean_p50, seq_mean_p99, seq_sum_p50, seq_sum_p99]."""
     if by not in ("step", "run"):
         raise ValueError(f"by must be 'step' or 'run', got {by!r}")
     runs = check_runs(runs)

@@ -319,12 +319,14 @@ def _noise(run, q: dict) -> list[Finding]:
             continue
         sev = "warn" if width < p50 else "info"
         params = ", ".join(f"{k}={v:g}" for k, v in m.defaults.items())
+        approx = quantity == "token" and not q.get("token_exact", True)
         out.append(Finding(run, "noise_floor", sev, f"{method} ({params}) reaches ±{width:.3g} in log units, "
                            f"below the measured {corrections.QUANTITY_LABELS[quantity]} "
-                           f"{'p50' if sev == 'warn' else 'p99'} = {p50 if sev == 'warn' else p99:.3g}: it "
+                           f"{'p50' if sev == 'warn' else 'p99'} {'≈' if approx else '='} "
+                           f"{p50 if sev == 'warn' else p99:.3g}{' (within one histogram bin)' if approx else ''}: it "
                            f"{'masks noise' if method != 'tis' else 'truncates ordinary tokens'}",
                            {"method": method, "band_log_width": width, "p50": p50, "p99": p99,
-                            "quantity": quantity}, *SIMULATOR, p99 and (1.0 - width / p99)))
+                            "quantity": quantity, "exact": not approx}, *SIMULATOR, p99 and (1.0 - width / p99)))
     return out
 
 

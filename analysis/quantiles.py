@@ -4,9 +4,11 @@ Sequence quantiles (|mean Δ| and |ΣΔ| over a group's sequences) read `summary
 so they are exact and cost what the sequences cost. Token |Δ| quantiles need order statistics of the tokens
 themselves; the fixed Δ histogram (`summary_hist`) says which bin holds each wanted rank, and one pass over the
 token rows, filtered to those few bins, ranks only the tokens inside them (about one bin's share of the tokens
-instead of all of them, and no sort of the rest). Where a run's token rows are a sample (DriftLogger with
-`token_sample < 1`) the histogram counts every token but the rows do not: the value is then interpolated
-log-linearly inside the bin, within one bin width (10 bins per decade of |Δ|) of the true quantile.
+instead of all of them, and no sort of the rest). That pass still reads the selection's token rows (about 1 s per
+20M tokens here), so above EXACT_TOKENS selected tokens, and where a run's token rows are a sample (DriftLogger
+with `token_sample < 1`: the histogram counts every token, the rows do not), the value is interpolated
+log-linearly inside its bin instead: within one bin width (10 bins per decade of |Δ|) of the true quantile.
+Column `token_exact` says which way each row was computed.
 
 Quantiles follow numpy's default ("linear"): rank h = (n − 1)·p, value x₍⌊h⌋₎ + (h − ⌊h⌋)(x₍⌊h⌋+1₎ − x₍⌊h⌋₎).
 """
@@ -22,6 +24,7 @@ from analysis.store import Store
 from analysis.summaries import read
 from analysis.summaries import schema as S
 
+EXACT_TOKENS = 4_000_000  # above this many selected tokens, token quantiles come from the histogram alone
 Cell = tuple[float, float]  # |Δ| interval of a fine bin: (lo, hi) open, or (x, x) for the values exactly on edge x
 
 
@@ -58,18 +61,23 @@ def _interpolated(lo: float, hi: float, offset: int, count: int) -> float:
 
 
 def token_abs_quantiles(store: Store, runs: Sequence[str], keys: Sequence[str], steps: tuple[int, int] | None,
-                        probs: Sequence[float]) -> pl.DataFrame:
-    """[keys..., token_p<100p>...] per group of `keys` (("run",) or ("run", "step")) over the tokens of `runs`."""
+                        probs: Sequence[float], exact: bool | None = None) -> pl.DataFrame:
+    """[keys..., token_p<100p>..., token_exact] per group of `keys` (("run",) or ("run", "step")) over the tokens
+    of `runs`. exact: None = from the token rows up to EXACT_TOKENS selected tokens; True = always where the
+    rows are complete; False = from the histogram alone."""
     keys = list(keys)
     where, params = run_filter(runs, steps)
     counts = store.sql(f"SELECT {', '.join(keys)}, bin, sum(n_tokens)::BIGINT AS n FROM summary_hist "
                        f"WHERE {where} GROUP BY ALL HAVING sum(n_tokens) > 0", params)
     names = [f"token_p{round(p * 100)}" for p in probs]
     schema = {k: (pl.String if k == "run" else pl.Int64) for k in keys} | {c: pl.Float64 for c in names}
+    schema["token_exact"] = pl.Boolean
     if counts.is_empty():
         return pl.DataFrame(schema=schema)
     cov = read.coverage(store, runs)
     exact_runs = set(cov.filter(pl.col("complete"))["run"].to_list())
+    if exact is False or (exact is None and int(counts["n"].sum()) > EXACT_TOKENS):
+        exact_runs = set()
     cells = abs_cells()
     per_group: dict[tuple, dict[Cell, int]] = {}
     for row in counts.iter_rows():
@@ -102,7 +110,7 @@ def token_abs_quantiles(store: Store, runs: Sequence[str], keys: Sequence[str], 
     if wanted:
         for (group, col, weight, _, _), value in zip(wanted, _order_statistics(store, runs, keys, steps, wanted)):
             out[group][col] += weight * value
-    rows = [(*group, *vals) for group, vals in sorted(out.items())]
+    rows = [(*group, *vals, group[0] in exact_runs) for group, vals in sorted(out.items())]
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 

@@ -14,6 +14,7 @@ from analysis.corrections import log_ratio_quantiles
 from analysis.ingest import ingest_paths
 from analysis.logger import DriftLogger
 from analysis.store import Store
+from analysis.summaries import read
 from analysis.summaries import schema as S
 
 PROBS = (0.5, 0.99)
@@ -72,13 +73,28 @@ def _numpy(store: Store, keys: list[str], steps=None) -> dict[tuple, dict[str, f
 @pytest.mark.parametrize("by,steps", [("run", None), ("step", None), ("run", (1, 2))])
 def test_quantiles_equal_numpy_over_every_token(store, by, steps):
     keys = ["run", "step"] if by == "step" else ["run"]
+    cov = read.coverage(store)
+    assert cov.rows() == store.rows("SELECT run, count(*), count(*), true FROM tokens GROUP BY run ORDER BY run")
     got = log_ratio_quantiles(store, ["a", "b"], by=by, steps=steps)
     want = _numpy(store, keys, steps)
     assert got.height == len(want) and got.columns[:len(keys)] == keys
     for row in got.iter_rows(named=True):
         ref = want[tuple(row[k] for k in keys)]
+        assert row["token_exact"] is True
         for col, value in ref.items():
             assert row[col] == pytest.approx(value, rel=1e-12, abs=0), (row, col)
+
+
+def test_above_the_exact_budget_token_quantiles_come_from_the_histogram(store, monkeypatch):
+    exact = log_ratio_quantiles(store, ["a", "b"], by="run")
+    monkeypatch.setattr(Q, "EXACT_TOKENS", 10)
+    approx = log_ratio_quantiles(store, ["a", "b"], by="run")
+    assert not approx["token_exact"].any()
+    assert approx.drop("token_p50", "token_p99", "token_exact").equals(exact.drop("token_p50", "token_p99", "token_exact"))
+    step = 10 ** 0.1
+    for e, a in zip(exact.iter_rows(named=True), approx.iter_rows(named=True)):
+        for col in ("token_p50", "token_p99"):
+            assert e[col] / step <= a[col] <= e[col] * step or e[col] == a[col] == 0.0
 
 
 def test_ranks_on_edges_and_ties_are_exact(store):
@@ -113,7 +129,11 @@ def test_a_sampled_run_is_interpolated_within_its_bin(tmp_path):
     try:
         assert all(o.status == "loaded" for o in ingest_paths(store, [tmp_path / "logs"]))
         assert store.scalar("SELECT count(*) FROM tokens") < 3 * 16 * 64  # a sample
+        cov = read.coverage(store).row(0, named=True)  # from the summaries: equals a count of the rows
+        assert (cov["n_tokens"], cov["n_token_rows"], cov["complete"]) == (
+            3 * 16 * 64, store.scalar("SELECT count(*) FROM tokens"), False)
         row = log_ratio_quantiles(store, ["smp"], by="run").row(0, named=True)
+        assert row["token_exact"] is False
         x = np.concatenate(all_d)
         step = 10 ** 0.1  # one display bin: 10 per decade of |Δ|
         for p in PROBS:
@@ -134,6 +154,6 @@ def test_identical_logprobs_give_zero_quantiles(tmp_path):
     try:
         assert [o.status for o in ingest_paths(store, [tmp_path / "same.parquet"])] == ["loaded"]
         row = log_ratio_quantiles(store, ["same"], by="run").row(0, named=True)
-        assert all(row[c] == 0.0 for c in row if c != "run")
+        assert all(row[c] == 0.0 for c in row if c not in ("run", "token_exact"))
     finally:
         store.close()
