@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 import polars as pl
 
 from analysis.sql import check_runs, clamp_log_ratio_sql, clamp_sql, ratio_sql, token_filter
-from analysis import quantiles
+from analysis import quantiles, sampled
 from analysis.store import Store
 
 ESS_CAP = 2.0  # C of the ESS weight clamp(r, 1/C, C) for the masking methods (METRICS.md: ess_after)
@@ -165,16 +165,21 @@ def corrections_by_step_and_run(store: Store, runs: Sequence[str] | str, method:
 
 
 def compare_methods(store: Store, runs: Sequence[str] | str, choices: Sequence[tuple[str, Mapping[str, float]]],
-                    steps: tuple[int, int] | None = None) -> dict[str, pl.DataFrame]:
+                    steps: tuple[int, int] | None = None, only_steps: Sequence[int] | None = None,
+                    thin: bool = False) -> dict[str, pl.DataFrame]:
     """`corrections_by_step_and_run` of several (method, params) choices, stacked: {"step": ..., "run": ...}
     with one row per (method, run, step) / (method, run), methods in the order chosen (the simulator's tables).
-    One query for all of them: the tokens are read once."""
-    parts = _grouped(store, runs, choices, steps)
+    One query for all of them: the tokens are read once. only_steps: read these steps only (sampled.thin_steps,
+    for selections too large to read whole; the per-run rows are then over those steps); thin=True: the steps
+    `sampled.thin_steps` chooses for this selection (every step unless it is large)."""
+    if thin:
+        only_steps = sampled.thin_steps(store, check_runs(runs), [steps]).steps
+    parts = _grouped(store, runs, choices, steps, only_steps)
     return {by: pl.concat([x[by] for x in parts], how="vertical_relaxed") for by in ("step", "run")} if parts else {}
 
 
 def _grouped(store: Store, runs, choices: Sequence[tuple[str, Mapping[str, float] | None]],
-             steps) -> list[dict[str, pl.DataFrame]]:
+             steps, only_steps: Sequence[int] | None = None) -> list[dict[str, pl.DataFrame]]:
     """Per choice, {"step": ..., "run": ...}, all from one query (the per-step groups cost little next to the
     per-sequence pass)."""
     if not choices:
@@ -182,6 +187,9 @@ def _grouped(store: Store, runs, choices: Sequence[tuple[str, Mapping[str, float
     resolved = [(m, resolve_params(m, p)) for m, p in choices]
     runs = check_runs(runs)
     where, qp = token_filter(store, runs, steps)
+    if only_steps is not None:
+        qp["only_steps"] = [int(x) for x in only_steps]
+        where += " AND step IN (SELECT unnest($only_steps))"
     for i, (_, values) in enumerate(resolved):
         qp.update({f"m{i}_{k}": v for k, v in values.items()})
     df = store.sql(f"""

@@ -12,6 +12,7 @@ decomposition the split depends on the order (stated here and in the chart); the
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Sequence
 
 import polars as pl
 
@@ -23,35 +24,43 @@ FACTOR_LABELS = {"length": "mix: response length", "prob": "mix: sampler probabi
                  "flip": "mix: routing flips", "stale": "mix: staleness", "within": "within-bucket drift"}
 PROB_FLOOR_DECADE = -8  # sampler probabilities below 1e-8 share the lowest decade
 
-# One row per token with the trainer's routing: whether any layer flipped (token-level, like the rest of the
-# decomposition: its cells cross length, probability, flip and staleness, which no summary holds jointly).
-_TOKEN_FLIPS = """
-    SELECT run, step, sample, pos, bool_or(flip) AS any_flip
-    FROM routing WHERE {where} AND flip IS NOT NULL GROUP BY run, step, sample, pos"""
+# The tokens with a flip at some MoE layer (token-level, like the rest of the decomposition: its cells cross
+# length, probability, flip and staleness, which no summary holds jointly). Tokens without the trainer's routing,
+# or without a flip, are unflipped.
+_FLIPPED_TOKENS = "SELECT DISTINCT step, sample, pos FROM routing WHERE {where} AND flip"
 
 
-def kl_cells(store: Store, run: str, steps: tuple[int, int] | None = None) -> pl.DataFrame:
+def kl_cells(store: Store, run: str, steps: tuple[int, int] | None = None,
+             only_steps: Sequence[int] | None = None) -> pl.DataFrame:
     """Per (step, cell): n_tokens and kl_sum = Σ of the tokens' k3 terms r − 1 − Δ.
 
     Cells: length = ⌊log2(response length)⌋ (length = max pos + 1 of the sequence), prob = ⌊log10 exp(s)⌋
     (decade of the sampler probability, p = 1 counted in the top decade, floor 1e-8), flip = some MoE layer
     flipped (false without the trainer's routing), stale = trainer_version > sampler_version (false without
-    versions). Returns [step, length, prob, flip, stale, n_tokens, kl_sum].
+    versions). only_steps: read these steps only (sampled.thin_steps). Returns [step, length, prob, flip, stale,
+    n_tokens, kl_sum].
     """
     where, params = run_filter([run], steps)
     rwhere, rparams = run_filter([run], steps, prefix="r_")
     params.update(rparams)
+    if only_steps is not None:
+        params["only_steps"] = [int(x) for x in only_steps]
+        where += " AND step IN (SELECT unnest($only_steps))"
+        rwhere += " AND step IN (SELECT unnest($only_steps))"
+    # a sequence's length from its summary rows (every token counted, also where the token rows are a sample)
     return store.sql(f"""
-        WITH tok AS (SELECT step, sample, pos, sampler_logprob AS s, trainer_logprob - sampler_logprob AS d,
-                            max(pos) OVER (PARTITION BY step, sample) + 1 AS len,
+        WITH sq AS (SELECT step, sample, max(max_pos) + 1 AS len FROM summary_seq WHERE {where}
+                    GROUP BY step, sample HAVING sum(n_tokens) > 0),
+             tok AS (SELECT step, sample, pos, sampler_logprob AS s, trainer_logprob - sampler_logprob AS d,
                             trainer_version - sampler_version AS lag
                      FROM tokens WHERE {where}),
-             fl AS ({_TOKEN_FLIPS.format(where=rwhere)})
-        SELECT tok.step, floor(log2(len))::INTEGER AS length,
+             fl AS ({_FLIPPED_TOKENS.format(where=rwhere)})
+        SELECT tok.step, floor(log2(sq.len))::INTEGER AS length,
                greatest(least(floor(s / ln(10)), -1), {PROB_FLOOR_DECADE})::INTEGER AS prob,
-               coalesce(fl.any_flip, false) AS flip, coalesce(lag > 0, false) AS stale,
+               fl.pos IS NOT NULL AS flip, coalesce(lag > 0, false) AS stale,
                count(*)::BIGINT AS n_tokens, sum({kl3_sql(ratio_sql('d'))}) AS kl_sum
-        FROM tok LEFT JOIN fl ON fl.step = tok.step AND fl.sample = tok.sample AND fl.pos = tok.pos
+        FROM tok JOIN sq USING (step, sample)
+             LEFT JOIN fl ON fl.step = tok.step AND fl.sample = tok.sample AND fl.pos = tok.pos
         GROUP BY ALL ORDER BY ALL""", params)
 
 
@@ -113,10 +122,12 @@ def shift_share(cells: pl.DataFrame, a: tuple[int, int], b: tuple[int, int]) -> 
     return pl.DataFrame(terms, schema={"term": pl.String, "label": pl.String, "value": pl.Float64}, orient="row")
 
 
-def decompose(store: Store, run: str, a: tuple[int, int], b: tuple[int, int]) -> pl.DataFrame:
-    """`shift_share` of one run between step ranges `a` and `b` (one query for both ranges)."""
+def decompose(store: Store, run: str, a: tuple[int, int], b: tuple[int, int],
+              only_steps: Sequence[int] | None = None) -> pl.DataFrame:
+    """`shift_share` of one run between step ranges `a` and `b` (one query for both ranges); only_steps: read
+    these steps of the ranges only (sampled.thin_steps, for runs too large to read whole)."""
     lo, hi = min(a[0], b[0]), max(a[1], b[1])
-    return shift_share(kl_cells(store, run, (lo, hi)), a, b)
+    return shift_share(kl_cells(store, run, (lo, hi), only_steps), a, b)
 
 
 def thirds(steps: list[int]) -> tuple[tuple[int, int], tuple[int, int]] | None:

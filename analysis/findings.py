@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 import numpy as np
 import polars as pl
 
-from analysis import buckets, corrections, dashboard, decomposition, gates, routing, sql
+from analysis import buckets, corrections, dashboard, decomposition, gates, routing, sampled, sql
 from analysis.store import Store
 
 SEVERITIES = ("alert", "warn", "info")
@@ -272,14 +272,17 @@ def _trend(store, run, steps: pl.DataFrame, cause_sev) -> list[Finding]:
     rho = _spearman(s["step"].to_list(), s["kl_k3"].to_list())
     if not (last >= KL_FLOOR and last >= TREND_RATIO * first and rho >= TREND_RANK_CORR):
         return []
-    terms = decomposition.decompose(store, run, a, b)
+    thinning = sampled.thin_steps(store, [run], [a, b])
+    terms = decomposition.decompose(store, run, a, b, thinning.steps)
     drivers = terms.filter(~pl.col("term").is_in(["A", "B"])).sort("value", descending=True)
     top = drivers.row(0, named=True) if drivers.height else None
     nums = {"median_kl_k3_first_third": first, "median_kl_k3_last_third": last, "rank_corr": rho,
-            "steps_first": list(a), "steps_last": list(b)}
+            "steps_first": list(a), "steps_last": list(b), "decomposition_step_stride": thinning.stride}
     nums.update({f"decomposition_{t}": v for t, v in zip(terms["term"], terms["value"])})
     change = terms["value"][-1] - terms["value"][0]
     lead = f"; {top['label']} accounts for {top['value'] / change:.0%} of the change" if top and change > 0 else ""
+    if lead and thinning.label():
+        lead += f" ({thinning.label()})"
     ratio = last / first if first > 0 else math.inf
     return [Finding(run, "rising_trend", cause_sev(1.0), f"kl_k3 rises over the run: median {first:.3g} (steps "
                     f"{a[0]}–{a[1]}) → {last:.3g} (steps {b[0]}–{b[1]}), ×{ratio:.3g}, Spearman {rho:.2f}{lead}",

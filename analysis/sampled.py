@@ -3,6 +3,8 @@
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Sequence
 
 from analysis.sql import check_runs, run_filter
@@ -51,4 +53,49 @@ def sample_parts(store: Store, runs: Sequence[str]) -> str:
             f"and the {top} tokens of largest |Δ|")
 
 
-__all__ = ["sample_label", "sample_parts", "count_text", "share_text"]
+# -- thinning: token-level what-ifs on large selections read every k-th step -----------------------------------
+
+THIN_TOKENS = 4_000_000  # a token-level what-if (decomposition, correction simulator) reads about this many tokens
+
+
+@dataclass(frozen=True)
+class StepThinning:
+    """Which steps a token-level what-if reads: all (stride 1, steps None) or every stride-th step of each range."""
+    stride: int
+    steps: tuple[int, ...] | None
+    n_total: int  # tokens the summaries count in the selection
+    n_read: int  # of those, tokens of the steps read
+
+    def label(self) -> str | None:
+        """'estimated from every 10th step (4.0M of 40.0M tokens)'; None when every step is read."""
+        if self.steps is None:
+            return None
+        return (f"estimated from every {_ordinal(self.stride)} step ({count_text(self.n_read)} of "
+                f"{count_text(self.n_total)} tokens)")
+
+
+def _ordinal(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def thin_steps(store: Store, runs: Sequence[str], ranges: Sequence[tuple[int, int] | None],
+               budget: int = THIN_TOKENS) -> StepThinning:
+    """Steps of `runs` to read so that a token-level what-if over the step `ranges` (inclusive; None = all steps)
+    reads about `budget` tokens: every step when the selection holds no more, else every k-th step of each range
+    from its first step, k = ⌈tokens / budget⌉ (each range keeps at least one step; the token count per step comes
+    from the summaries, so choosing costs nothing)."""
+    where, params = run_filter(check_runs(runs))
+    per_step = dict(store.rows(f"SELECT step, sum(n_tokens)::BIGINT FROM summary_step WHERE {where} "
+                               f"GROUP BY step HAVING sum(n_tokens) > 0 ORDER BY step", params))
+    chosen = [[st for st in per_step if r is None or ((r[0] is None or st >= r[0]) and (r[1] is None or st <= r[1]))]
+              for r in ranges]
+    union = sorted({st for c in chosen for st in c})
+    total = sum(per_step[st] for st in union)
+    stride = max(1, math.ceil(total / budget)) if budget > 0 else 1
+    if stride == 1:
+        return StepThinning(1, None, total, total)
+    kept = sorted({st for c in chosen for st in c[::stride]})
+    return StepThinning(stride, tuple(kept), total, sum(per_step[st] for st in kept))
+
+
+__all__ = ["sample_label", "sample_parts", "count_text", "share_text", "thin_steps", "StepThinning", "THIN_TOKENS"]

@@ -2,7 +2,7 @@
 step ranges (waterfall), what each off-policy correction would mask (simulator), and the published gates."""
 import streamlit as st
 
-from analysis import corrections, dashboard, decomposition, drilldown, findings, gates
+from analysis import corrections, dashboard, decomposition, drilldown, findings, gates, sampled
 from ui import auth, findings_charts, nav
 from ui.auth import md_escape
 from ui import state as S
@@ -109,11 +109,15 @@ def waterfall_tab() -> None:
         c1, c2 = st.columns(2)
         a = c1.slider("Steps A (before)", lo, hi, key="findings_a")
         b = c2.slider("Steps B (after)", lo, hi, key="findings_b")
-        terms = S.cached(decomposition.decompose, run, tuple(a), tuple(b))
+        thin = S.cached(sampled.thin_steps, [run], (tuple(a), tuple(b)))
+        terms = S.cached(decomposition.decompose, run, tuple(a), tuple(b), thin.steps)
         if terms.is_empty():
             st.info("One of the two ranges has no tokens.")
             return
         st.plotly_chart(findings_charts.waterfall(terms, a, b), key="findings_waterfall")
+        if thin.label():
+            st.caption(f"The decomposition reads token rows: on a run this large it is {thin.label()} of each "
+                       "range, to stay interactive.")
         st.caption("How kl_k3 changed from steps A to steps B: the shift of tokens between buckets (response "
                    "length, sampler probability decade, routing flip, staleness; switched in that order) and the "
                    "drift of kl_k3 within buckets. The bars add up exactly; the split between mix terms depends on "
@@ -141,8 +145,12 @@ def simulator_tab() -> None:
         if not choices:
             st.info("Pick at least one method.")
             return
-        sim = S.cached(corrections.compare_methods, [run], choices, steps=sel.steps)
+        thin = S.cached(sampled.thin_steps, [run], (sel.steps,))
+        sim = S.cached(corrections.compare_methods, [run], choices, steps=sel.steps, thin=True)
         per_step, per_run = sim["step"], sim["run"]
+        if thin.label():
+            st.caption(f"The simulator reads token rows: on a run this large it is {thin.label()}, and the "
+                       "per-run table is over those steps.")
         st.plotly_chart(findings_charts.simulator_curves(per_step, [
             ("masked_token_frac", "masked tokens"), ("masked_seq_frac", "masked sequences"),
             ("ess_after", "ESS after")]), key="findings_sim_curves")

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from polars.testing import assert_frame_equal
 
 from analysis import decomposition as D
 from analysis import findings as F
@@ -202,6 +203,47 @@ def test_decompose_matches_token_metrics(synthetic):
             assert t[side] == pytest.approx(want, rel=1e-12)
         assert sum(df["value"][1:-1]) == pytest.approx(t["B"] - t["A"], rel=1e-9, abs=1e-15)
     assert D.decompose(store, "flips", (0, 1), (50, 60)).is_empty()
+
+
+def test_thinned_decomposition_reads_exactly_the_chosen_steps(synthetic):
+    from analysis import sampled
+    store, _ = synthetic
+    a, b = (0, 2), (3, 5)
+    n_step = dict(store.rows("SELECT step, count(*) FROM tokens WHERE run = 'flips' GROUP BY step"))
+    whole = sum(n_step[s] for s in range(6))
+    th = sampled.thin_steps(store, ["flips"], [a, b], budget=(whole + 1) // 2)
+    assert th.stride == 2 and th.steps == (0, 2, 3, 5)  # every 2nd step of each range, from its first
+    assert (th.n_total, th.n_read) == (whole, sum(n_step[s] for s in th.steps))
+    assert th.label() == f"estimated from every 2nd step ({sampled.count_text(th.n_read)} of " \
+                         f"{sampled.count_text(whole)} tokens)"
+    assert sampled.thin_steps(store, ["flips"], [a, b], budget=whole).steps is None  # fits: every step
+    # the filter reaches the token and the routing rows alike: same as the cells of those steps
+    cells = D.kl_cells(store, "flips", (0, 5))
+    assert cells["flip"].any()
+    want = D.shift_share(cells.filter(pl.col("step").is_in(list(th.steps))), a, b)
+    got = D.decompose(store, "flips", a, b, th.steps)
+    assert_frame_equal(got, want)
+    for side, steps in (("A", [0, 2]), ("B", [3, 5])):
+        ref = metrics.token_metrics(store, ["flips"], by="step", steps=(min(steps), max(steps)))
+        ref = ref.filter(pl.col("step").is_in(steps))
+        kl = (ref["kl_k3"] * ref["n_tokens"]).sum() / ref["n_tokens"].sum()
+        assert dict(got.select("term", "value").iter_rows())[side] == pytest.approx(kl, rel=1e-12)
+
+
+def test_thinned_simulator_equals_the_simulator_over_those_steps(synthetic):
+    from analysis import corrections as C
+    store, _ = synthetic
+    choices = [("icepop", {"alpha": 0.9, "beta": 1.1}), ("tis", {"C": 1.05})]
+    full = C.compare_methods(store, ["stale"], choices)
+    thin = C.compare_methods(store, ["stale"], choices, only_steps=[1, 4])
+    assert_frame_equal(thin["step"], full["step"].filter(pl.col("step").is_in([1, 4])))
+    steps = full["step"].filter(pl.col("step").is_in([1, 4]))
+    for row in thin["run"].iter_rows(named=True):  # per-run rows over those two steps only
+        mine = steps.filter(pl.col("method") == row["method"])
+        masked = (mine["masked_token_frac"] * mine["n_tokens"]).sum() / mine["n_tokens"].sum()
+        assert row["masked_token_frac"] == pytest.approx(masked, rel=1e-12)
+    assert thin["run"]["n_tokens"].to_list() == [int(full["step"].filter(
+        pl.col("step").is_in([1, 4]) & (pl.col("method") == m))["n_tokens"].sum()) for m, _ in choices]
 
 
 # -- gates ------------------------------------------------------------------------------------------------

@@ -70,7 +70,9 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
         nav.FINDINGS.url: [
             (findings.findings_table, (runs,), dict(steps=steps, cap=cap, clip=clip)),
             (corrections.compare_methods, ([first], [(m, dict(corrections.METHODS[m].defaults))
-                                                     for m in ("icepop", "geo_rs", "seq_rs")]), dict(steps=steps)),
+                                                     for m in ("icepop", "geo_rs", "seq_rs")]),
+             dict(steps=steps, thin=True)),
+            (sampled.thin_steps, ([first], (steps,)), {}),
             (corrections.log_ratio_quantiles, ([first],), dict(by="step", steps=steps)),
         ],
     }
