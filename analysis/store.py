@@ -15,6 +15,7 @@ import duckdb
 import polars as pl
 
 from analysis import schema
+from analysis.summaries import migrate
 from analysis.summaries import schema as summary_schema
 
 DEFAULT_DB = Path(__file__).resolve().parent.parent / "data" / "drift.duckdb"
@@ -105,9 +106,16 @@ class Store:
                 for stmt in _ddl():
                     self._con.execute(stmt)
                 _compact_routing(self._con)
+                migrate.to_layout2(self._con)  # summaries of layout 1 (band key in the wide rows)
             # a database loaded before summaries existed gets them once, here (later loads add their own)
             from analysis.summaries.compute import backfill
             backfill(self)
+        elif migrate.is_layout1(self._con):
+            self._con.close()
+            raise StoreError(f"database {self.path} holds summaries of an older layout (layout 1) that this version "
+                             "converts when it opens the database for writing: open it once in the app with "
+                             "editing allowed, or run `python -m analysis ingest <a log it holds> --db "
+                             f"{self.path}` (files already loaded are skipped)")
 
     def close(self) -> None:
         for cur in list(self._cursors):

@@ -257,7 +257,8 @@ def test_a_step_split_across_files_equals_one_file(tmp_path, data):
     rfiles = [(f"routing{i}.parquet", both.filter((pl.col("pos") % 2) == i)) for i in range(2)]
     one = _load(tmp_path, "whole", [("tokens.parquet", tokens), ("routing.parquet", both)])
     many = _load(tmp_path, "split", files + rfiles)
-    for table in ("summary_step", "summary_seq", "summary_hist", "summary_bucket", "summary_layer"):
+    for table in ("summary_step", "summary_seq", "summary_seq_band", "summary_hist", "summary_bucket",
+                  "summary_bucket_band", "summary_layer"):
         a, b = _summary_rows(one, table), _summary_rows(many, table)
         assert a.select(pl.col(pl.Int64, pl.Int32, pl.Int16, pl.String)).equals(
             b.select(pl.col(pl.Int64, pl.Int32, pl.Int16, pl.String))), table

@@ -37,21 +37,9 @@ def edge_bin(x: float, edges: Sequence[float]) -> int:
 def merged(table: str, keys: Sequence[str], where: str, source: str | None = None) -> str:
     """SELECT keys, merged columns FROM table WHERE where GROUP BY keys (sums add, minima and maxima merge).
     `source`: a subquery with the table's columns (and the keys) to read instead of the table itself."""
-    outs = []
-    for c in S.columns(table):
-        kind = S.merge_kind(c)
-        if kind == "key":
-            continue
-        if kind == "sum":
-            outs.append(f"fsum({c}) AS {c}" if _is_double(table, c) else f"sum({c})::BIGINT AS {c}")
-        else:
-            outs.append(f"{kind}({c}) AS {c}")
+    outs = [f"{S.merge_sql(table, c)} AS {c}" for c in S.columns(table) if S.merge_kind(c) != "key"]
     src = f"({source}) src_" if source else table
     return f"SELECT {', '.join(keys)}, {', '.join(outs)} FROM {src} WHERE {where} GROUP BY {', '.join(keys)}"
-
-
-def _is_double(table: str, col: str) -> bool:
-    return next(c for c in S.TABLES[table] if c.name == col).sql_type == "DOUBLE"
 
 
 def token_sql(keys: Sequence[str]) -> str:
@@ -122,7 +110,7 @@ def threshold_params(cap: float, clip: float, edges: Sequence[float]) -> dict:
 
 def sequence_sql(keys: Sequence[str], where: str, length_bucket: str | None = None) -> str:
     """Per group of `keys` (a subset of run, step, and `bucket` with length_bucket): the sequence columns over
-    whole sequences (a sequence's rows from every file and band merged first). length_bucket: SQL of the
+    whole sequences (a sequence's rows from every file merged first). length_bucket: SQL of the
     bucket of a sequence's response length `length` (= 1 + its max pos)."""
     c = float(S.CLAMP)
     cs = f"(CASE WHEN sum_d < -{c} THEN -{c} WHEN sum_d > {c} THEN {c} ELSE sum_d END)"
@@ -270,26 +258,30 @@ def layer_profile_sql(where: str) -> str:
 
 def bucket_table_sql(dim: str, where: str, length_bucket: str) -> str:
     """The token columns per (run, bucket) of one bucket dimension: from summary_bucket, or for "length" from
-    the sequence rows (a token's length bucket is its sequence's). Cap/clip columns from the ratio bands
-    (parameters: `threshold_params` on BAND_EDGES, and $dim). Sequence columns only for "length" (a bucket
-    of another property splits sequences: those need the token rows)."""
+    the sequence rows (a token's length bucket is its sequence's). Cap/clip columns from the ratio bands of
+    summary_bucket_band / summary_seq_band (parameters: `threshold_params` on BAND_EDGES, and $dim). Sequence
+    columns only for "length" (a bucket of another property splits sequences: those need the token rows)."""
     keys = ["run", "bucket"]
     on = lambda a, b: " AND ".join(f"{a}.{k} = {b}.{k}" for k in keys)
     if dim == "length":
-        src = f"""SELECT q.*, {length_bucket} AS bucket FROM summary_seq q
-                  JOIN (SELECT run, step, sample, max(max_pos) + 1 AS length FROM summary_seq WHERE {where}
-                        GROUP BY run, step, sample HAVING sum(n_tokens) > 0) l USING (run, step, sample)
-                  WHERE q.n_tokens > 0"""
-        rel = f"({src})"
+        # each sequence's length bucket, from its rows of every file
+        lengths = f"""SELECT run, step, sample, {length_bucket} AS bucket FROM (
+                          SELECT run, step, sample, max(max_pos) + 1 AS length FROM summary_seq WHERE {where}
+                          GROUP BY run, step, sample HAVING sum(n_tokens) > 0) l_"""
+        src = (f"SELECT q.*, l.bucket FROM summary_seq q JOIN ({lengths}) l USING (run, step, sample) "
+               "WHERE q.n_tokens > 0")
+        band_src = f"SELECT q.*, l.bucket FROM summary_seq_band q JOIN ({lengths}) l USING (run, step, sample)"
         seq = f"q AS ({sequence_sql(keys, where, length_bucket)})"
         seq_cols = ", ".join(f"q.{c}" for c in SEQUENCE_COLUMNS)
         seq_join = f"JOIN q ON {on('m', 'q')}"
+        table = "summary_seq"
     else:
-        src = f"SELECT * FROM summary_bucket WHERE dim = $dim"
-        rel = f"({src})"
+        src = "SELECT * FROM summary_bucket WHERE dim = $dim"
+        band_src = "SELECT * FROM summary_bucket_band WHERE dim = $dim"
         seq, seq_cols, seq_join = "", ", ".join(f"NULL AS {c}" for c in SEQUENCE_COLUMNS), ""
-    m = merged("summary_seq" if dim == "length" else "summary_bucket", keys, where, source=src)
-    h = threshold_sql(f"{rel} b_", keys, where, "band")
+        table = "summary_bucket"
+    m = merged(table, keys, where, source=src)
+    h = threshold_sql(f"({band_src}) b_", keys, where, "band")
     return f"""
     WITH m AS ({m} HAVING sum(n_tokens) > 0), h AS ({h}){', ' + seq if seq else ''}
     SELECT {', '.join(keys)}, {', '.join(TOKEN_COLUMNS)} FROM (

@@ -23,7 +23,7 @@ or d < ln(1−ε); F(τ) counts |cd| > ln τ. The token-level SQL (analysis/metr
 so counts from summaries and from token rows agree exactly.
 
 Bin conventions (fixed, global, the same for every run and every writer):
-  * "Δ bins" (`summary_hist.bin`, and `band` in summary_bucket / summary_seq) index a sorted edge list E
+  * "Δ bins" (`summary_hist.bin`, and `band` in summary_bucket_band / summary_seq_band) index a sorted edge list E
     (`D_EDGES` resp. `BAND_EDGES`) as  bin = 2·#{i: E[i] < d} + (1 if d == E[#{i: E[i] < d}] else 0):
     even bins are open intervals (E[k−1], E[k]) (bin 0 = (−∞, E[0]), bin 2·len(E) = (E[-1], ∞)), odd bins hold
     a value exactly on an edge. Strict and non-strict thresholds at any edge are then both exact.
@@ -137,6 +137,19 @@ TOKEN_FLIP_SUMS = (
 KEY = (Col("run", "VARCHAR", "run name"), Col("step", "BIGINT", "trainer step"))
 FILE = Col("file_id", "INTEGER", "the file (or summary file) that brought the row; delete_run and provenance")
 
+BUCKET_KEY = (
+    Col("dim", "VARCHAR", "bucket dimension: prob | position | entropy | lag (see BUCKET_DIMENSIONS)"),
+    Col("bucket", "BIGINT", "bucket index in that dimension"),
+)
+# The ratio-band split of a sequence's or a bucket's tokens: all that the cap/clip columns
+# (finalise.threshold_sql) read. Kept apart from the wide rows so those carry no band key (layout 2).
+BAND_SUMS = (
+    Col("band", "SMALLINT", "ratio band on BAND_EDGES (bin convention above)"),
+    Col("n_tokens", "BIGINT", "tokens in the band"),
+    Col("sum_rm1", "DOUBLE", "Σ (r − 1) of those tokens"),
+    Col("sum_rm1_sq", "DOUBLE", "Σ (r − 1)²"),
+)
+
 TABLES: dict[str, tuple[Col, ...]] = {
     # one row per (run, step, file): every by=step token column, and the per-step routing columns
     "summary_step": KEY + TOKEN_SUMS + TOKEN_FLIP_SUMS + (FILE,),
@@ -151,15 +164,16 @@ TABLES: dict[str, tuple[Col, ...]] = {
         Col("sum_common", "BIGINT", "Σ |E_s ∩ E_t| over rows with both sides (overlap = sum_common / (k·n_both))"),
         Col("n_first_flip", "BIGINT", "tokens whose lowest flipped layer is this one"),
         FILE),
-    # one row per (run, step, sample, band, file): a sequence's tokens in one ratio band (BAND_EDGES); a
-    # sequence's rows merge by GROUP BY (run, step, sample) for the sequence metrics and the length buckets
+    # one row per (run, step, sample, file): a sequence's tokens in one file; a sequence's rows merge by
+    # GROUP BY (run, step, sample) for the sequence metrics and the length buckets
     "summary_seq": KEY + (
         Col("sample", "BIGINT", "sequence id within (run, step)"),
-        Col("band", "SMALLINT", "ratio band of these tokens on BAND_EDGES (bin convention above)"),
         Col("max_pos", "INTEGER", "max pos of these tokens (length = 1 + max over the sequence's rows)"),
     ) + TOKEN_SUMS + (
         Col("n_flip_tokens", "BIGINT", "tokens of this sequence with a flip at some layer (routing files)"),
         FILE),
+    # one row per (run, step, sample, band, file) with n_tokens > 0: the cap/clip counts of the length buckets
+    "summary_seq_band": KEY + (Col("sample", "BIGINT", "sequence id within (run, step)"),) + BAND_SUMS + (FILE,),
     # one row per (run, step, bin, file): Δ histogram on D_EDGES; also every cap/clip/τ threshold count
     "summary_hist": KEY + (
         Col("bin", "SMALLINT", "fine Δ bin on D_EDGES (bin convention above)"),
@@ -167,12 +181,10 @@ TABLES: dict[str, tuple[Col, ...]] = {
         Col("sum_rm1", "DOUBLE", "Σ (r − 1) of those tokens (ess for any allowed C)"),
         Col("sum_rm1_sq", "DOUBLE", "Σ (r − 1)²"),
         FILE),
-    # one row per (run, step, dim, bucket, band, file): where the mismatch lives, on fixed bucket edges
-    "summary_bucket": KEY + (
-        Col("dim", "VARCHAR", "bucket dimension: prob | position | entropy | lag (see BUCKET_DIMENSIONS)"),
-        Col("bucket", "BIGINT", "bucket index in that dimension"),
-        Col("band", "SMALLINT", "ratio band on BAND_EDGES (makes cap/clip columns exact per bucket)"),
-    ) + TOKEN_SUMS + (FILE,),
+    # one row per (run, step, dim, bucket, file): where the mismatch lives, on fixed bucket edges
+    "summary_bucket": KEY + BUCKET_KEY + TOKEN_SUMS + (FILE,),
+    # one row per (run, step, dim, bucket, band, file) with n_tokens > 0: the cap/clip counts per bucket
+    "summary_bucket_band": KEY + BUCKET_KEY + BAND_SUMS + (FILE,),
     # files whose token rows are not summarised here (their summaries came in a summary file)
     "summary_skip": (FILE,),
     # one row per (run, step, file) of a DriftLogger summary file: what the step's token rows are a sample of.
@@ -206,6 +218,18 @@ def merge_kind(col: str) -> str:
     if col.startswith("max_"):
         return "max"
     return "key"
+
+
+def merge_sql(table: str, col: str) -> str:
+    """SQL merging the partial rows' values of a non-key column of `table` (GROUP BY the key): fsum of DOUBLE
+    sums (compensated), sum of counts in the column's type, MIN of min_*, MAX of max_*."""
+    kind = merge_kind(col)
+    if kind == "key":
+        raise ValueError(f"{table}.{col} is a key column")
+    if kind == "sum":
+        sql_type = next(c.sql_type for c in TABLES[table] if c.name == col)
+        return f"fsum({col})" if sql_type == "DOUBLE" else f"sum({col})::{sql_type}"
+    return f"{kind}({col})"
 
 
 def columns(table: str) -> list[str]:
