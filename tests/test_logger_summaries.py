@@ -19,7 +19,8 @@ from analysis.logger import DriftLogger
 from analysis.store import Store
 from analysis.summaries import schema as S
 
-COMPARED = ("summary_step", "summary_seq", "summary_hist", "summary_bucket", "summary_layer", "expert_load")
+COMPARED = ("summary_step", "summary_seq", "summary_seq_band", "summary_hist", "summary_bucket", "summary_bucket_band",
+            "summary_layer", "expert_load")
 
 
 def make_step(B=12, T=30, L=3, K=2, E=6, seed=0, dtype=torch.float32, routing="both"):
@@ -171,9 +172,10 @@ def test_chunked_reduction_equals_reference(tmp_path, monkeypatch):
 
 def test_every_summary_column_is_written():
     """A column added to the summary format (analysis/summaries/schema.py) must be computed here too."""
-    from analysis.logger_summaries import token_terms
+    from analysis.logger_summaries import EXTREMES, WIDE, token_terms
+    assert set(WIDE) | set(EXTREMES) | {"max_abs_d"} == {c.name for c in S.TOKEN_SUMS}
     terms = token_terms(torch.tensor([-1.0], dtype=torch.float64), torch.tensor([-0.5], dtype=torch.float64))
-    assert set(terms.row) | {"n_tokens"} >= {c.name for c in S.TOKEN_SUMS}
+    assert terms.V.shape == (len(WIDE), 1) and terms.X.shape == (len(EXTREMES), 1)
 
 
 @pytest.mark.slow  # several databases built through ingest
@@ -190,3 +192,25 @@ def test_a_step_logged_by_two_ranks_merges_to_the_whole(tmp_path):
     assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
     for table in COMPARED:
         assert_same_rows(merged(both, table), merged(whole, table), table)
+
+
+def test_mask_with_holes_and_empty_rows(tmp_path, monkeypatch):
+    """Trained positions anywhere in a row (not a prefix), rows with none, NaN at padding, 3 rows per chunk:
+    padding adds nothing to any sum, extreme, position bucket or max_pos."""
+    from analysis import logger_summaries
+    data = make_step(B=8, T=16, seed=13)
+    g = torch.Generator().manual_seed(4)
+    mask = torch.rand(8, 16, generator=g) < 0.6
+    mask[2] = False
+    mask[5, 0] = False
+    data["mask"] = mask
+    for side in ("sampler_logprobs", "trainer_logprobs"):  # finite where trained, NaN elsewhere
+        lp = data[side].nan_to_num(-1.0)
+        lp[~mask] = float("nan")
+        data[side] = lp
+    ref = reference_store(tmp_path, data)
+    monkeypatch.setattr(logger_summaries, "CHUNK_TOKENS", 48)
+    got = logger_store(tmp_path, data, 0.0)
+    for table in COMPARED:
+        assert_same_rows(merged(got, table), merged(ref, table), table)
+    assert 2 * 3 + 100 not in {r["sample"] for r in merged(got, "summary_seq")}

@@ -74,7 +74,7 @@ def test_run_override(tmp_path, summary_table):
     ("n_sampler", "expert_load", -2, "column 'n_sampler': a count must be >= 0, got -2"),
     ("sample", "summary_seq", None, "column 'sample': key value is missing (null)"),
     ("layer", "summary_layer", None, "column 'layer': key value is missing (null)"),
-    ("band", "summary_seq", 500, "band must be in [0, 63)"),
+    ("band", "summary_seq_band", 500, "band must be in [0, 63)"),
     ("bin", "summary_hist", -1, "bin must be in [0, 703)"),
     ("sum_k3", "summary_step", float("nan"), "column 'sum_k3': value must be finite, got nan"),
     ("dim", "summary_bucket", "colour", "unknown bucket dimension 'colour'"),
