@@ -68,13 +68,17 @@ class StepTensors:
         return self.s.device
 
 
-def _series_k3(x: torch.Tensor) -> torch.Tensor:
-    """e^x − 1 − x by its Taylor series to x^8, evaluated as compute.series_k3_sql does (same Horner order)."""
-    coefs = [2, 6, 24, 120, 720, 5040, 40320]
-    inner = torch.full_like(x, 1.0 / coefs[-1])
-    for c in reversed(coefs[:-1]):
-        inner.mul_(x).add_(1.0 / c)
-    return inner.mul_(x).mul_(x)
+def _series_k3_pair(d: torch.Tensor, d2: torch.Tensor, even: torch.Tensor,
+                    odd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e^d − 1 − d, e^−d − 1 + d) by their Taylor series to d^8 (compute.series_k3_sql's terms), from d and
+    d² = d·d: the even powers E and the odd powers O are summed once, k3 = E + O and k3r = E − O (|O| < |E|/100
+    below SERIES_BELOW, so neither cancels; they differ from the SQL's Horner order by a few ulps). Written into
+    `even` (k3r) and `odd` (k3)."""
+    even.copy_(d2).mul_(1.0 / 40320).add_(1.0 / 720).mul_(d2).add_(1.0 / 24).mul_(d2).add_(0.5).mul_(d2)
+    odd.copy_(d2).mul_(1.0 / 5040).add_(1.0 / 120).mul_(d2).add_(1.0 / 6).mul_(d2).mul_(d)
+    odd.add_(even)
+    even.mul_(2.0).sub_(odd)  # 2E − (E + O) = E − O
+    return odd, even
 
 
 @dataclass
@@ -87,37 +91,64 @@ class Terms:
         return self.V[_W[name]]
 
 
-def token_terms(s: torch.Tensor, t: torch.Tensor, mask: torch.Tensor | None = None) -> Terms:
+class Workspace:
+    """Buffers of the term blocks, reused from chunk to chunk and step to step: writing into fresh pages (the
+    allocator maps blocks this large anew each time) measured costlier than the arithmetic itself."""
+
+    def __init__(self):
+        self._buffers: dict[tuple, torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A contiguous tensor of `shape` (contents undefined), on storage kept under `name`."""
+        n = math.prod(shape)
+        buf = self._buffers.get((name, dtype, device))
+        if buf is None or buf.numel() < n:
+            buf = self._buffers[(name, dtype, device)] = torch.empty(n, dtype=dtype, device=device)
+        return buf[:n].view(shape)
+
+
+def token_terms(s: torch.Tensor, t: torch.Tensor, mask: torch.Tensor | None = None,
+                work: Workspace | None = None) -> Terms:
     """Per-position terms of summaries/schema.py for float64 s, t of any shape; where `mask` is False (padding,
     any value there, NaN included) every sum term is 0 and every extreme −inf."""
-    shape = s.shape
-    V = torch.empty((len(WIDE),) + shape, dtype=torch.float64, device=s.device)
-    X = torch.empty((len(EXTREMES),) + shape, dtype=torch.float64, device=s.device)
+    work = work or Workspace()
+    shape, dev, f64 = s.shape, s.device, torch.float64
+
+    def buf(name: str, dtype=f64) -> torch.Tensor:
+        return work.get(name, tuple(shape), dtype, dev)
+    V = work.get("V", (len(WIDE),) + tuple(shape), f64, dev)
+    X = work.get("X", (len(EXTREMES),) + tuple(shape), f64, dev)
     r = {c: V[j] for c, j in _W.items()}
     full = mask is None or bool(mask.all())
     if full:
         r["n_tokens"].fill_(1.0)
     else:  # s = t = 0 makes every term 0 but the probabilities exp s, exp t, masked below
-        zero = torch.zeros((), dtype=torch.float64, device=s.device)
-        s, t = torch.where(mask, s, zero), torch.where(mask, t, zero)
+        zero = torch.zeros((), dtype=f64, device=dev)
+        s, t = torch.where(mask, s, zero, out=buf("s")), torch.where(mask, t, zero, out=buf("t"))
         r["n_tokens"].copy_(mask)
     # compute.token_terms_sql's forms: two expm1 per token, the other terms from them without cancellation
     d = torch.sub(t, s, out=r["sum_d"])
-    cd = d.clamp(-S.CLAMP, S.CLAMP)
-    rm1 = torch.expm1(cd, out=r["sum_rm1"])
-    em = torch.exp(cd).reciprocal_().mul_(rm1).neg_()  # expm1(−cd) = −(r − 1)/r
-    torch.mul(d, d, out=r["sum_d2"])
     abs_d = torch.abs(d, out=r["sum_abs_d"])
-    small = abs_d < S.SERIES_BELOW
-    torch.where(small, _series_k3(d), (rm1 - d).clamp_(min=0.0), out=r["sum_k3"])
-    torch.where(small, _series_k3(-d), em.add(d).clamp_(min=0.0), out=r["sum_k3r"])
+    clamped = bool(abs_d.max() > S.CLAMP) if d.numel() else False  # cd = d unless some |Δ| > CLAMP
+    cd = torch.clamp(d, -S.CLAMP, S.CLAMP, out=buf("cd")) if clamped else d
+    rm1 = torch.expm1(cd, out=r["sum_rm1"])
+    em = torch.neg(cd, out=buf("em")).expm1_()  # expm1(−cd) = 1/r − 1 (the SQL's −(r − 1)/r, to an ulp)
+    d2 = torch.mul(d, d, out=r["sum_d2"])
+    small = torch.lt(abs_d, S.SERIES_BELOW, out=buf("small", torch.bool))
+    k3_series, k3r_series = _series_k3_pair(d, d2, buf("even"), buf("odd"))
+    k3 = torch.sub(rm1, d, out=r["sum_k3"]).clamp_(min=0.0)
+    torch.where(small, k3_series, k3, out=k3)
+    k3r = torch.add(em, d, out=r["sum_k3r"]).clamp_(min=0.0)
+    torch.where(small, k3r_series, k3r, out=k3r)
     torch.mul(rm1, rm1, out=r["sum_rm1_sq"])
-    torch.where(cd >= 0, rm1, em, out=r["sum_mpe"])  # expm1(|cd|)
+    torch.maximum(rm1, em, out=r["sum_mpe"])  # expm1(|cd|): the non-negative one of r − 1 and 1/r − 1
     ps, pt = torch.exp(s, out=r["sum_ps"]), torch.exp(t, out=r["sum_pt"])
     if not full:
         ps.mul_(r["n_tokens"])
         pt.mul_(r["n_tokens"])
-    dp = torch.where(d == cd, ps * rm1, pt - ps)  # exp t − exp s: exp s · (r − 1) unless Δ is clamped
+    dp = torch.mul(ps, rm1, out=buf("dp"))  # exp t − exp s = exp s · (r − 1) while Δ is not clamped
+    if clamped:
+        torch.where(d == cd, dp, pt - ps, out=dp)
     qs = torch.expm1(s, out=r["sum_qs"]).neg_()
     qt = torch.sub(qs, dp, out=r["sum_qt"])
     adp = torch.abs(dp, out=r["sum_adp"])
@@ -304,7 +335,8 @@ def _band_rows(dim: str, block: torch.Tensor, offset: int = 0) -> dict:
                   "band": ids % S.N_BANDS} | rows)
 
 
-def summarise(x: StepTensors, kept: Kept, plan: SamplePlan) -> dict[str, dict[str, list]]:
+def summarise(x: StepTensors, kept: Kept, plan: SamplePlan,
+              work: Workspace | None = None) -> dict[str, dict[str, list]]:
     """Summary table name -> the step's rows of that table, as columns (no run/step/file_id).
 
     Tokens are reduced in chunks of whole rows (about CHUNK_TOKENS positions), which bounds the temporaries
@@ -334,13 +366,14 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan) -> dict[str, dict[st
     positions = torch.arange(T, device=dev)
     seq_parts, band_parts, flip_parts = [], [], []
     rows_per_chunk = max(1, CHUNK_TOKENS // max(T, 1))
+    work = work or Workspace()
     for r0 in range(0, B, rows_per_chunk):
         r1 = min(B, r0 + rows_per_chunk)
         m = x.mask[r0:r1]
         if not bool(m.any()):
             continue
         b = r1 - r0
-        terms = token_terms(x.s[r0:r1], x.t[r0:r1], m)
+        terms = token_terms(x.s[r0:r1], x.t[r0:r1], m, work)
         V, X = terms.V, terms.X
         # sequences: contiguous reductions of each row
         row_sums, row_top = V.sum(-1), X.amax(-1)  # [WIDE, b], [EXTREMES, b]
@@ -432,4 +465,4 @@ def sample_record(kept: Kept, plan: SamplePlan) -> dict[str, list]:
             "n_top_tokens": [kept.n_top_tokens]}
 
 
-__all__ = ["StepTensors", "summarise", "token_terms", "bin_of", "SUMMARISED_KEY", "SAMPLE_TABLE", "EXPERT_LOAD"]
+__all__ = ["StepTensors", "Workspace", "summarise", "token_terms", "bin_of", "SUMMARISED_KEY", "SAMPLE_TABLE", "EXPERT_LOAD"]
