@@ -294,7 +294,8 @@ class _Lags:
     lo: int  # smallest lag of a trained token
     n: int  # lags lo .. lo + n − 1
     per_row: torch.Tensor | None  # [B] lag − lo
-    per_token: torch.Tensor | None  # [B, T] lag − lo, clamped into [0, n) at padding
+    per_token: torch.Tensor | None  # [B, T] lag − lo
+    # (both clamped into [0, n): a row or position without trained tokens adds nothing wherever it goes)
 
     @staticmethod
     def of(x: StepTensors) -> "_Lags | None":
@@ -310,9 +311,8 @@ class _Lags:
         if not len(trained):
             return None
         lo, hi = int(trained.min()), int(trained.max())
-        if lag.ndim == 1:
-            return _Lags(lo, hi - lo + 1, lag - lo, None)
-        return _Lags(lo, hi - lo + 1, None, (lag - lo).clamp_(0, hi - lo))
+        lag = (lag - lo).clamp_(0, hi - lo)
+        return _Lags(lo, hi - lo + 1, lag, None) if lag.ndim == 1 else _Lags(lo, hi - lo + 1, None, lag)
 
 
 def _host(values: dict[str, torch.Tensor | list]) -> dict[str, np.ndarray | list]:

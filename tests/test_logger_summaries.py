@@ -203,6 +203,7 @@ def test_mask_with_holes_and_empty_rows(tmp_path, monkeypatch):
     mask = torch.rand(8, 16, generator=g) < 0.6
     mask[2] = False
     mask[5, 0] = False
+    data["sampler_version"][2] = 100  # the empty row's lag lies outside the step's lags
     data["mask"] = mask
     for side in ("sampler_logprobs", "trainer_logprobs"):  # finite where trained, NaN elsewhere
         lp = data[side].nan_to_num(-1.0)
