@@ -71,11 +71,16 @@ class StepTensors:
 def _series_k3_pair(d: torch.Tensor, d2: torch.Tensor, even: torch.Tensor,
                     odd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(e^d − 1 − d, e^−d − 1 + d) by their Taylor series to d^8 (compute.series_k3_sql's terms), from d and
-    d² = d·d: the even powers E and the odd powers O are summed once, k3 = E + O and k3r = E − O (|O| < |E|/100
-    below SERIES_BELOW, so neither cancels; they differ from the SQL's Horner order by a few ulps). Written into
-    `even` (k3r) and `odd` (k3)."""
-    even.copy_(d2).mul_(1.0 / 40320).add_(1.0 / 720).mul_(d2).add_(1.0 / 24).mul_(d2).add_(0.5).mul_(d2)
-    odd.copy_(d2).mul_(1.0 / 5040).add_(1.0 / 120).mul_(d2).add_(1.0 / 6).mul_(d2).mul_(d)
+    d² = d·d: the even powers E and the odd powers O are summed once (Horner in d², one fused c + E·d² pass per
+    coefficient), k3 = E + O and k3r = E − O (|O| < |E|/100 below SERIES_BELOW, so neither cancels; they
+    differ from the SQL's Horner order by a few ulps). Written into `odd` (k3) and `even` (k3r)."""
+    def c(x: float) -> torch.Tensor:
+        return torch.tensor(x, dtype=d.dtype, device=d.device)
+    torch.add(c(1.0 / 720), d2, alpha=1.0 / 40320, out=even)
+    torch.addcmul(c(1.0 / 24), even, d2, out=even)
+    torch.addcmul(c(0.5), even, d2, out=even).mul_(d2)  # E = d²/2! + d⁴/4! + d⁶/6! + d⁸/8!
+    torch.add(c(1.0 / 120), d2, alpha=1.0 / 5040, out=odd)
+    torch.addcmul(c(1.0 / 6), odd, d2, out=odd).mul_(d2).mul_(d)  # O = d³/3! + d⁵/5! + d⁷/7!
     odd.add_(even)
     even.mul_(2.0).sub_(odd)  # 2E − (E + O) = E − O
     return odd, even
@@ -359,8 +364,10 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan,
     band_of_bin = _band_of_bin(dev)
     prob = _Acc(S.PROB_BINS, dev)
     cells = _Acc(S.N_BINS * S.PROB_BINS * n_pos, dev, narrow=True)  # joint (Δ bin, prob, position bucket)
-    pos_sums = torch.zeros(nW, T, dtype=torch.float64, device=dev)
-    pos_top = torch.full((len(EXTREMES), T), -math.inf, dtype=torch.float64, device=dev)
+    # position bucket k holds the positions [2^(k−1), 2^k) (k = 0: position 0), a contiguous range of columns
+    ranges = [(0 if k == 0 else 1 << (k - 1), min(T, 1 << k)) for k in range(n_pos)]
+    pos_wide = torch.zeros(nW, n_pos, dtype=torch.float64, device=dev)
+    pos_max = torch.full((len(EXTREMES), n_pos), -math.inf, dtype=torch.float64, device=dev)
     if lags is not None:
         lag_wide, lag_band = _Acc(lags.n, dev), _Acc(lags.n * NB, dev, narrow=True)
     positions = torch.arange(T, device=dev)
@@ -376,7 +383,11 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan,
         terms = token_terms(x.s[r0:r1], x.t[r0:r1], m, work)
         V, X = terms.V, terms.X
         # sequences: contiguous reductions of each row
-        row_sums, row_top = V.sum(-1), X.amax(-1)  # [WIDE, b], [EXTREMES, b]
+        # one pass over the block: each row's sums and maxima per position bucket, from which both the
+        # sequence rows and the position buckets follow
+        part_sums = torch.stack([V[:, :, lo:hi].sum(-1) for lo, hi in ranges], -1)  # [WIDE, b, n_pos]
+        part_top = torch.stack([X[:, :, lo:hi].amax(-1) for lo, hi in ranges], -1)
+        row_sums, row_top = part_sums.sum(-1), part_top.amax(-1)  # [WIDE, b], [EXTREMES, b]
         ids, seq = _rows(row_sums, row_top)
         seq["max_pos"] = torch.where(m, positions, -1).amax(1)[ids]
         seq["sample"] = x.samples[r0 + ids]
@@ -393,8 +404,8 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan,
         cells.scatter(((dbin * S.PROB_BINS + pb) * n_pos + pos_bucket).view(1, -1), narrow)
         # buckets: prob by a scatter of each position's terms, position from the per-position sums
         prob.scatter(pb.view(1, -1), V.view(nW, -1), X.view(len(EXTREMES), -1))
-        pos_sums += V.sum(1)
-        torch.maximum(pos_top, X.amax(1), out=pos_top)
+        pos_wide += part_sums.sum(1)
+        torch.maximum(pos_max, part_top.amax(1), out=pos_max)
         if lags is not None and lags.per_row is not None:  # group the rows by their lag
             lag = lags.per_row[r0:r1]
             lag_wide.sums.index_add_(1, lag, row_sums)
@@ -428,9 +439,6 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan,
         return out.index_add_(1, band_of_bin, block).transpose(1, 2)
     bins, hist = _rows(narrow_cells.sum((2, 3)), None)
     tables["summary_hist"] = _host({"bin": bins} | hist)
-    pos_wide = torch.zeros(nW, n_pos, dtype=torch.float64, device=dev).index_add_(1, pos_bucket, pos_sums)
-    pos_max = torch.full((len(EXTREMES), n_pos), -math.inf, dtype=torch.float64, device=dev)
-    pos_max.scatter_reduce_(1, pos_bucket.expand(len(EXTREMES), -1), pos_top, "amax")
     wide = [_bucket_rows("prob", *prob.rows()), _bucket_rows("position", *_rows(pos_wide, pos_max))]
     narrow = [_band_rows("prob", by_band(narrow_cells.sum(3))), _band_rows("position", by_band(narrow_cells.sum(2)))]
     if lags is not None:
