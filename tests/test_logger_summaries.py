@@ -136,7 +136,11 @@ def test_widths_and_routing_sides(tmp_path, dtype, routing):
         assert_same_rows(merged(got, table), merged(ref, table), table)
 
 
-def test_lag_buckets_from_per_token_versions(tmp_path):
+@pytest.mark.parametrize("chunk_rows", [None, 2])
+def test_lag_buckets_from_per_token_versions(tmp_path, monkeypatch, chunk_rows):
+    from analysis import logger_summaries
+    if chunk_rows:
+        monkeypatch.setattr(logger_summaries, "CHUNK_TOKENS", 9 * chunk_rows)
     data = make_step(B=5, T=9, seed=5, routing=None)
     g = torch.Generator().manual_seed(9)
     data["sampler_version"] = torch.randint(0, 4, (5, 9), generator=g)  # per token, and lags of both signs
