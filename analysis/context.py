@@ -6,7 +6,7 @@ from typing import Sequence
 
 import polars as pl
 
-from analysis.sql import run_filter, token_filter
+from analysis.sql import run_filter
 from analysis.store import Store
 
 CONTEXT_COLUMNS = ("n_sequences", "reward_mean", "n_rewarded", "response_length_mean", "response_length_std",
@@ -14,7 +14,8 @@ CONTEXT_COLUMNS = ("n_sequences", "reward_mean", "n_rewarded", "response_length_
 
 
 def step_context(store: Store, runs: Sequence[str], steps: tuple[int, int] | None = None) -> pl.DataFrame:
-    """One row per (run, step) with tokens.
+    """One row per (run, step) with tokens, read from the per-sequence summaries (one row per sequence and file,
+    so the cost does not grow with the tokens, and a run logged with a token sample still counts every token).
 
     n_sequences = sequences with at least one token; response length L of a sequence = its recorded
     `response_length`, else its number of tokens; response_length_mean / _std (sample standard deviation, null
@@ -25,11 +26,11 @@ def step_context(store: Store, runs: Sequence[str], steps: tuple[int, int] | Non
     """
     if not runs:
         return pl.DataFrame(schema={"run": pl.String, "step": pl.Int64, **{c: pl.Float64 for c in CONTEXT_COLUMNS}})
-    where_t, params = token_filter(store, runs, steps)
+    where_t, params = run_filter(runs, steps)
     where_q, params_q = run_filter(runs, steps, prefix="q_")
     return store.sql(f"""
-        WITH t AS (SELECT run, step, sample, count(*) AS n_tokens FROM tokens WHERE {where_t}
-                   GROUP BY run, step, sample),
+        WITH t AS (SELECT run, step, sample, sum(n_tokens)::BIGINT AS n_tokens FROM summary_seq WHERE {where_t}
+                   GROUP BY run, step, sample HAVING sum(n_tokens) > 0),
              q AS (SELECT run, step, sample, reward, response_length FROM sequences WHERE {where_q})
         SELECT run, step, count(*) AS n_sequences, avg(q.reward) AS reward_mean,
                count(q.reward) AS n_rewarded,

@@ -9,8 +9,9 @@ file per poll works on every filesystem and costs 19–55 µs a file (benchmarks
 
 A file is complete when it has looked the same (size and modification time) on polls at least `settle` seconds
 apart. Hidden names (`.name.tmp`, which DriftLogger writes before renaming into place) are never read. A file
-refused once is not tried again until it changes; a file that looks like no log at all is passed over, as a
-folder ingest does. Restarting loses nothing: every file is considered again and the content hash already in the
+refused once is not tried again until it changes, with one exception: a routing file refused because its tokens are
+not loaded yet (the writer may finish it first) is tried again, unreported, after each poll that loads a file, until
+it loads or changes. A file that looks like no log at all is passed over, as a folder ingest does. Restarting loses nothing: every file is considered again and the content hash already in the
 database skips what was loaded.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from analysis.ingest import Outcome, ingest_paths
-from analysis.ingest.errors import NotALogFile
+from analysis.ingest.errors import NotALogFile, OrphanRouting
 from analysis.ingest.load import internal_error
 from analysis.store import Store, StoreError
 
@@ -92,6 +93,7 @@ class FolderWatcher:
         self.clock = clock
         self._pending: dict[str, _Pending] = {}
         self._done: dict[str, Signature] = {}  # loaded, skipped, refused or not a log: until it changes
+        self._early: set[str] = set()  # of those, routing refused for tokens not loaded yet: retried after loads
         self.runs: set[str] = set()  # runs that got rows from a file this watcher loaded
 
     def missing_folders(self) -> list[Path]:
@@ -115,6 +117,7 @@ class FolderWatcher:
             del self._pending[path]
         for path in set(self._done) - set(seen):  # gone: memory stays bounded by the files present
             del self._done[path]
+        self._early &= {p for p, sig in self._done.items() if seen.get(p) == sig}  # changed files start afresh
         return [Path(p) for p in sorted(ready, key=lambda p: (seen[p][1], p))]
 
     def poll(self, report: Callable[[Outcome], None] | None = None,
@@ -122,17 +125,37 @@ class FolderWatcher:
         """Load what is ready now, one file at a time; each Outcome goes to `report` as soon as it is known, and
         all are returned (files that are no log at all are passed over silently)."""
         outcomes = []
-        for path in self.ready():
+        ready = self.ready()
+        for path in ready:
             if stop is not None and stop.is_set():
-                break  # the rest stays pending; a restart finds it again
+                return outcomes  # the rest stays pending; a restart finds it again
             self._done[str(path)] = self._pending.pop(str(path)).signature
-            for outcome in self._load(path):
-                outcomes.append(outcome)
-                if outcome.status == "loaded":
-                    self.runs = self.runs | set(outcome.runs)  # a new set: the app's pages read it meanwhile
-                if report is not None:
-                    report(outcome)
+            outcomes += self._handle(path, report, retry=False)
+        if any(o.status == "loaded" for o in outcomes):  # tokens may have come for routing refused earlier
+            for path in sorted(self._early):
+                if stop is not None and stop.is_set():
+                    break
+                outcomes += self._handle(Path(path), report, retry=True)
         return outcomes
+
+    def _handle(self, path: Path, report: Callable[[Outcome], None] | None, retry: bool) -> list[Outcome]:
+        """Load one file; its outcomes, reported unless a retry of early routing is refused again."""
+        out = []
+        for outcome in self._load(path):
+            early = outcome.status == "refused" and outcome.rule == OrphanRouting.rule
+            if early:
+                self._early.add(str(path))
+                if retry:
+                    continue  # said once already
+                outcome.message += "; it will be tried again as more files load"
+            else:
+                self._early.discard(str(path))
+            if outcome.status == "loaded":
+                self.runs = self.runs | set(outcome.runs)  # a new set: the app's pages read it meanwhile
+            out.append(outcome)
+            if report is not None:
+                report(outcome)
+        return out
 
     def _load(self, path: Path) -> list[Outcome]:
         try:

@@ -39,7 +39,9 @@ ROUTED_LEN, LAYERS, K, EXPERTS = 1250, 32, 8, 64  # per step 1,250 tokens × 32 
 FILE_STEPS = 10                               # steps per summarised "file"
 COMPUTED_FILES = 4  # files summarised by the ingest hook (timed); their summary rows are then repeated with
 # shifted steps to cover all STEPS (a 2-core shared machine summarises ~0.2M tokens/s: 40M would take minutes)
-BUILD_VERSION = "1"
+SUMMARY_TABLES = ("summary_step", "summary_seq", "summary_seq_band", "summary_hist", "summary_bucket",
+                  "summary_bucket_band", "summary_layer")
+BUILD_VERSION = "2"  # 2: summary layout 2 (band tables)
 
 
 def build(path: Path) -> dict:
@@ -92,7 +94,7 @@ def build(path: Path) -> dict:
     block = COMPUTED_FILES * FILE_STEPS
     with store.transaction() as w:  # repeat the computed block's summary rows over the other steps
         for j in range(1, STEPS // block):
-            for table in ("summary_step", "summary_seq", "summary_hist", "summary_bucket", "summary_layer"):
+            for table in SUMMARY_TABLES:
                 w.execute(f"INSERT INTO {table} SELECT * REPLACE (step + {j * block} AS step, "
                           f"file_id + {j * COMPUTED_FILES} AS file_id) FROM {table} WHERE step < {block}")
     con.execute(f"CREATE OR REPLACE TABLE build_info AS SELECT '{BUILD_VERSION}' AS version")
@@ -133,7 +135,7 @@ def main() -> None:
         n_tok = s.scalar("SELECT sum(n_tokens)::BIGINT FROM summary_step")
         n_rout = s.scalar("SELECT count(*) FROM routing")
         rows = {t: s.scalar(f"SELECT count(*) FROM {t}") for t in
-                ("summary_step", "summary_seq", "summary_hist", "summary_bucket", "summary_layer")}
+                SUMMARY_TABLES}
     res = {}
     res["startup"] = best(lambda: subprocess.run([sys.executable, "-c", "import analysis.report"], check=True),
                           args.repeat)

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import lake_util as lu
-from analysis import metrics, report
+from analysis import buckets, metrics, report
 from analysis.__main__ import main
 from analysis.ingest import ingest_paths
 from analysis.lake import partial
@@ -152,6 +152,10 @@ def test_ingested_summaries_give_the_token_level_metrics(seeded, tmp_path):
             lu.assert_same_frames(got.select(want.columns).sort(keys), want.sort(keys))
         lu.assert_same_frames(report.metrics_table(summaries_only, runs, by="layer"),
                               report.metrics_table(direct, runs, by="layer"))
+        for dim in buckets.DIMENSIONS:  # bucket tables and their cap/clip columns (the *_band tables)
+            chosen = None if dim == "length" else ["n_tokens", "kl_k3", "ratio_frac_high", "clip_frac", "ess"]
+            got = buckets.mismatch_by(summaries_only, runs, dim, cap=1.5, clip=0.1, metrics=chosen)
+            lu.assert_same_frames(got, buckets.mismatch_by(direct, runs, dim, cap=1.5, clip=0.1, metrics=chosen))
     finally:
         summaries_only.close()
         direct.close()

@@ -14,8 +14,8 @@ from analysis.logger import DriftLogger
 from analysis.store import Store
 from test_logger_summaries import make_step
 
-TABLES = ("summary_step", "summary_seq", "summary_hist", "summary_bucket", "summary_layer", "expert_load",
-          "summary_sample")
+TABLES = ("summary_step", "summary_seq", "summary_seq_band", "summary_hist", "summary_bucket", "summary_bucket_band",
+          "summary_layer", "expert_load", "summary_sample")
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def summary_table(tmp_path_factory) -> pa.Table:
 
 
 def write(table: pa.Table, path) -> None:
-    pq.write_table(table.replace_schema_metadata({summary_files.SUMMARY_KEY: b"1"}), path)
+    pq.write_table(table.replace_schema_metadata({summary_files.SUMMARY_KEY: summary_files.FORMAT_VERSION}), path)
 
 
 def set_value(table: pa.Table, column: str, table_name: str, value) -> tuple[pa.Table, int]:
@@ -75,6 +75,7 @@ def test_run_override(tmp_path, summary_table):
     ("sample", "summary_seq", None, "column 'sample': key value is missing (null)"),
     ("layer", "summary_layer", None, "column 'layer': key value is missing (null)"),
     ("band", "summary_seq_band", 500, "band must be in [0, 63)"),
+    ("band", "summary_bucket_band", -1, "band must be in [0, 63)"),
     ("bin", "summary_hist", -1, "bin must be in [0, 703)"),
     ("sum_k3", "summary_step", float("nan"), "column 'sum_k3': value must be finite, got nan"),
     ("dim", "summary_bucket", "colour", "unknown bucket dimension 'colour'"),

@@ -4,9 +4,13 @@ metrics."""
 from __future__ import annotations
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from analysis import buckets, report
+from analysis.ingest import ingest_paths
+from analysis.ingest import summary_files
 from analysis.store import Store, StoreError
 from analysis.summaries import compute
 from analysis.summaries import schema as S
@@ -108,6 +112,7 @@ def test_a_layout1_database_opens_with_the_same_metrics(tmp_path, loaded):
         cur.execute(sql)
     _layout1_rows(cur)
     n_band_rows = store.scalar("SELECT count(*) FROM summary_seq WHERE n_tokens > 0")
+    _layout1_summary_file(store, tmp_path / "layout1-summary.parquet")
     assert n_band_rows > store.scalar("SELECT count(DISTINCT (run, step, sample, file_id)) FROM summary_seq")
     # the conversion reads summary rows only: without token rows (a DriftLogger run's may be a sample) it
     # must give the same metrics
@@ -126,3 +131,23 @@ def test_a_layout1_database_opens_with_the_same_metrics(tmp_path, loaded):
         assert_frames_close(got[key], df)
     store.close()
     Store(path, read_only=True).close()  # converted once: read-only opens work again
+    # a summary file of layout 1 (DriftLogger before layout 2) loads into the same tables
+    fresh = Store(tmp_path / "from-file.duckdb")
+    (outcome,) = ingest_paths(fresh, [tmp_path / "layout1-summary.parquet"])
+    assert outcome.status == "loaded", outcome.line()
+    assert fresh.scalar("SELECT count(*) FROM summary_seq_band") == n_band_rows
+    got = _views(fresh)
+    for key, df in want.items():
+        assert_frames_close(got[key], df)
+    fresh.close()
+
+
+def _layout1_summary_file(store: Store, path) -> None:
+    """The database's summary rows as a layout-1 summary file (format version 1, band key in summary_seq and
+    summary_bucket rows)."""
+    parts = []
+    for table in ("summary_step", "summary_seq", "summary_hist", "summary_bucket", "summary_layer", "expert_load"):
+        rows = store.arrow(f"SELECT * EXCLUDE (file_id) FROM {table}")
+        parts.append(rows.append_column(summary_files.TABLE_COLUMN, pa.array([table] * rows.num_rows, pa.string())))
+    table = pa.concat_tables(parts, promote_options="permissive")
+    pq.write_table(table.replace_schema_metadata({summary_files.SUMMARY_KEY: summary_files.LAYOUT1}), path)

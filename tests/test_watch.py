@@ -126,6 +126,34 @@ def test_a_corrupt_file_is_reported_once_skipped_and_retried_only_when_it_change
     assert [o.status for o in w.poll()] == ["refused"]
 
 
+def test_routing_that_lands_before_its_tokens_is_loaded_once_they_come(watched, tmp_path):
+    w, clock, logs, store = watched
+    staging = tmp_path / "staging"  # a step written elsewhere, moved into the folder file by file
+    rng = np.random.default_rng(7)
+    order = rng.random((2, 3, 2, 8)).argsort(-1)  # distinct experts per top-k
+    paths = DriftLogger(staging, run="r").log_step(0, *step_arrays(0), sampler_experts=order[..., :2],
+                                                   trainer_experts=order[..., 1:3])
+    assert {"tokens", "routing"} <= set(paths)
+    paths["routing"].rename(logs / paths["routing"].name)  # routing first: its tokens are not loaded yet
+    w.poll()
+    clock.t += 1
+    [early] = w.poll()
+    assert early.status == "refused" and "no token with this" in early.message and "tried again" in early.message
+    clock.t += 1
+    assert w.poll() == []  # nothing new loaded: not retried, not re-reported
+    for name in ("tokens", "summary"):
+        if name in paths:
+            paths[name].rename(logs / paths[name].name)
+    w.poll()
+    clock.t += 1
+    outcomes = w.poll()
+    assert all(o.status == "loaded" for o in outcomes), [o.line() for o in outcomes]
+    assert outcomes[-1].name == paths["routing"].name and outcomes[-1].rows["routing"] == 2 * 3 * 2
+    assert store.scalar("SELECT count(*) FROM routing") == 2 * 3 * 2
+    clock.t += 1
+    assert w.poll() == []  # loaded: never again
+
+
 def test_a_restart_skips_what_was_loaded_and_loads_what_came_meanwhile(tmp_path):
     logs = tmp_path / "logs"
     db = tmp_path / "db.duckdb"

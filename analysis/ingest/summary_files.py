@@ -2,7 +2,8 @@
 
 One Parquet file per logged step (`summary-step000012.parquet`) holds that step's rows of every summary table
 (analysis/summaries/schema.py) plus `expert_load`, in the union of their columns; the column `summary` names the
-table of each row. The file is recognised by content: its schema metadata holds SUMMARY_KEY. Rows carry no
+table of each row. The file is recognised by content: its schema metadata holds SUMMARY_KEY (the format version:
+2 = summary layout 2; layout-1 files are still read). Rows carry no
 file_id (ingest adds the summary file's). A file is checked whole before any row is stored: every row names a
 known table, has its key columns, counts are ≥ 0, bins and bands are on the global edges, values are finite.
 """
@@ -18,9 +19,12 @@ import pyarrow.parquet as pq
 from analysis.ingest.errors import BadValue, CorruptFile, MissingColumn, UnknownFormat, WrongType
 from analysis.ingest.limits import Limits
 from analysis.summaries import schema as S
+from analysis.summaries.migrate import BANDED
 
 SUMMARY_KEY = b"driftscope.summary"
-FORMAT_VERSION = b"1"
+FORMAT_VERSION = b"2"  # summary layout 2 (schema.py): the ratio-band split in summary_seq_band / summary_bucket_band
+LAYOUT1 = b"1"  # read too: its summary_seq / summary_bucket rows carry a band key, split here as the database's
+#                 migration does (analysis/summaries/migrate.py)
 TABLE_COLUMN = "summary"
 ARROW = {"VARCHAR": pa.string(), "BIGINT": pa.int64(), "INTEGER": pa.int32(), "SMALLINT": pa.int16(),
          "DOUBLE": pa.float64()}
@@ -75,9 +79,9 @@ def read(fp: BinaryIO, name: str, limits: Limits, run: str | None = None) -> Ite
     except (pa.ArrowException, OSError) as e:
         raise CorruptFile(name, None, f"not a readable Parquet file ({e})", "re-export the file") from None
     version = (pf.schema_arrow.metadata or {}).get(SUMMARY_KEY)
-    if version != FORMAT_VERSION:
+    if version not in (FORMAT_VERSION, LAYOUT1):
         raise UnknownFormat(name, None, f"summary file format {version!r} is not known (this version reads "
-                            f"{FORMAT_VERSION!r})", "log with the DriftLogger of this version")
+                            f"{FORMAT_VERSION!r} and {LAYOUT1!r})", "log with the DriftLogger of this version")
     present = set(pf.schema_arrow.names)
     for col in (TABLE_COLUMN, "run", "step"):
         if col not in present:
@@ -85,14 +89,14 @@ def read(fp: BinaryIO, name: str, limits: Limits, run: str | None = None) -> Ite
     offset = 0
     try:
         for rb in pf.iter_batches(batch_size=limits.batch_rows):
-            yield from _split(name, pa.Table.from_batches([rb]), offset, present, run)
+            yield from _split(name, pa.Table.from_batches([rb]), offset, present, run, version == LAYOUT1)
             offset += rb.num_rows
     except (pa.ArrowException, OSError) as e:
         raise CorruptFile(name, f"after row {offset}", f"Parquet data cannot be read ({e})",
                           "the file is corrupt or truncated; re-export it") from None
 
 
-def _split(name: str, batch: pa.Table, offset: int, present: set[str], run: str | None):
+def _split(name: str, batch: pa.Table, offset: int, present: set[str], run: str | None, layout1: bool = False):
     which = batch.column(TABLE_COLUMN)
     unknown = pc.invert(pc.fill_null(pc.is_in(which, pa.array(list(TABLES))), False))
     if pc.any(unknown).as_py():
@@ -102,23 +106,34 @@ def _split(name: str, batch: pa.Table, offset: int, present: set[str], run: str 
     for table in pc.unique(which).to_pylist():
         rows = np.flatnonzero(pc.equal(which, table).to_numpy(zero_copy_only=False))
         part = batch.take(pa.array(rows))
-        out = {}
-        for c in TABLES[table]:
-            where = f"table {table}, column '{c.name}'"
-            if c.name not in present:
-                if S.merge_kind(c.name) == "key":
-                    raise MissingColumn(name, None, f"{where} is missing", FIX)
-                continue
-            try:
-                col = pc.cast(part.column(c.name), ARROW[c.sql_type], safe=True)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-                raise WrongType(name, where, f"expected {ARROW[c.sql_type]}, got {part.column(c.name).type}",
-                                FIX) from None
-            _check(name, table, c, col, lambda i: f"row {offset + int(rows[i]) + 1}")
-            out[c.name] = col
-        if run is not None:
-            out["run"] = pa.array([run] * len(rows), pa.string())
-        yield table, pa.table(out)
+        yield table, _typed(name, table, part, lambda i: f"row {offset + int(rows[i]) + 1}", present, run)
+        if layout1 and table in BANDED:
+            # a layout-1 row per (key, band): its band's n_tokens, sum_rm1, sum_rm1_sq go to the band table (the
+            # wide rows of a key, one per band, merge like rows of several files)
+            banded = np.flatnonzero(pc.fill_null(part.column("n_tokens"), 0).to_numpy(zero_copy_only=False) > 0)
+            yield BANDED[table], _typed(name, BANDED[table], part.take(pa.array(banded)),
+                                        lambda i: f"row {offset + int(rows[banded[i]]) + 1}", present, run)
+
+
+def _typed(name: str, table: str, part: pa.Table, row, present: set[str], run: str | None) -> pa.Table:
+    """The columns of `table` from the file's rows `part`, cast to the stored types and checked."""
+    out = {}
+    for c in TABLES[table]:
+        where = f"table {table}, column '{c.name}'"
+        if c.name not in present:
+            if S.merge_kind(c.name) == "key":
+                raise MissingColumn(name, None, f"{where} is missing", FIX)
+            continue
+        try:
+            col = pc.cast(part.column(c.name), ARROW[c.sql_type], safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            raise WrongType(name, where, f"expected {ARROW[c.sql_type]}, got {part.column(c.name).type}",
+                            FIX) from None
+        _check(name, table, c, col, row)
+        out[c.name] = col
+    if run is not None:
+        out["run"] = pa.array([run] * part.num_rows, pa.string())
+    return pa.table(out)
 
 
 def _first(mask: pa.Array | pa.ChunkedArray) -> int:

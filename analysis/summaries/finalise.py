@@ -37,21 +37,9 @@ def edge_bin(x: float, edges: Sequence[float]) -> int:
 def merged(table: str, keys: Sequence[str], where: str, source: str | None = None) -> str:
     """SELECT keys, merged columns FROM table WHERE where GROUP BY keys (sums add, minima and maxima merge).
     `source`: a subquery with the table's columns (and the keys) to read instead of the table itself."""
-    outs = []
-    for c in S.columns(table):
-        kind = S.merge_kind(c)
-        if kind == "key":
-            continue
-        if kind == "sum":
-            outs.append(f"fsum({c}) AS {c}" if _is_double(table, c) else f"sum({c})::BIGINT AS {c}")
-        else:
-            outs.append(f"{kind}({c}) AS {c}")
+    outs = [f"{S.merge_sql(table, c)} AS {c}" for c in S.columns(table) if S.merge_kind(c) != "key"]
     src = f"({source}) src_" if source else table
     return f"SELECT {', '.join(keys)}, {', '.join(outs)} FROM {src} WHERE {where} GROUP BY {', '.join(keys)}"
-
-
-def _is_double(table: str, col: str) -> bool:
-    return next(c for c in S.TABLES[table] if c.name == col).sql_type == "DOUBLE"
 
 
 def token_sql(keys: Sequence[str]) -> str:
@@ -280,7 +268,8 @@ def bucket_table_sql(dim: str, where: str, length_bucket: str) -> str:
         lengths = f"""SELECT run, step, sample, {length_bucket} AS bucket FROM (
                           SELECT run, step, sample, max(max_pos) + 1 AS length FROM summary_seq WHERE {where}
                           GROUP BY run, step, sample HAVING sum(n_tokens) > 0) l_"""
-        src = f"SELECT q.*, l.bucket FROM summary_seq q JOIN ({lengths}) l USING (run, step, sample) WHERE q.n_tokens > 0"
+        src = (f"SELECT q.*, l.bucket FROM summary_seq q JOIN ({lengths}) l USING (run, step, sample) "
+               "WHERE q.n_tokens > 0")
         band_src = f"SELECT q.*, l.bucket FROM summary_seq_band q JOIN ({lengths}) l USING (run, step, sample)"
         seq = f"q AS ({sequence_sql(keys, where, length_bucket)})"
         seq_cols = ", ".join(f"q.{c}" for c in SEQUENCE_COLUMNS)

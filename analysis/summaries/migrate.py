@@ -16,38 +16,38 @@ from analysis.summaries import schema as S
 BANDED = {"summary_seq": "summary_seq_band", "summary_bucket": "summary_bucket_band"}
 
 
+def _banded(con) -> list[str]:
+    """The tables of BANDED that still have the layout-1 `band` column."""
+    return [r[0] for r in con.execute(
+        "SELECT table_name FROM duckdb_columns() WHERE column_name = 'band' AND schema_name = 'main' "
+        "AND database_name = current_database() AND list_contains(?, table_name) ORDER BY table_name",
+        [list(BANDED)]).fetchall()]
+
+
 def is_layout1(con) -> bool:
-    """Whether the database's summary_seq still has the layout-1 `band` column."""
-    return bool(con.execute("SELECT count(*) FROM duckdb_columns() WHERE table_name = 'summary_seq' AND "
-                            "column_name = 'band' AND schema_name = 'main' AND database_name = current_database()"
-                            ).fetchall()[0][0])
+    """Whether the database still has layout-1 summary tables (a `band` column in summary_seq / summary_bucket)."""
+    return bool(_banded(con))
 
 
 def _merged_select(table: str) -> tuple[str, str]:
     """(select-list, GROUP BY list) merging the layout-1 rows of `table` into its layout-2 columns per key and
-    file (sums add with fsum / sum, minima and maxima merge)."""
-    cols, keys = [], []
-    for c in S.TABLES[table]:
-        kind = S.merge_kind(c.name)
-        if kind == "key":
-            cols.append(c.name)
-            keys.append(c.name)
-        elif kind == "sum":
-            cols.append(f"{'fsum' if c.sql_type == 'DOUBLE' else 'sum'}({c.name})::{c.sql_type}")
-        else:
-            cols.append(f"{kind}({c.name})")
+    file (schema.merge_sql)."""
+    keys = [c for c in S.columns(table) if S.merge_kind(c) == "key"]
+    cols = [c if c in keys else S.merge_sql(table, c) for c in S.columns(table)]
     return ", ".join(cols), ", ".join(keys)
 
 
 def to_layout2(con) -> bool:
     """Convert a layout-1 database in one transaction (the new band tables must exist: store DDL creates
     them); returns whether anything was converted."""
-    if not is_layout1(con):
+    tables = _banded(con)
+    if not tables:
         return False
     band_cols = [c.name for c in S.BAND_SUMS]
     con.execute("BEGIN TRANSACTION")
     try:
-        for table, band_table in BANDED.items():
+        for table in tables:
+            band_table = BANDED[table]
             keys = [c for c in S.columns(band_table) if c not in band_cols and c != "file_id"]
             cols = ", ".join(keys + band_cols + ["file_id"])
             con.execute(f"INSERT INTO {band_table} ({cols}) SELECT {cols} FROM {table} WHERE n_tokens > 0")

@@ -220,6 +220,18 @@ def merge_kind(col: str) -> str:
     return "key"
 
 
+def merge_sql(table: str, col: str) -> str:
+    """SQL merging the partial rows' values of a non-key column of `table` (GROUP BY the key): fsum of DOUBLE
+    sums (compensated), sum of counts in the column's type, MIN of min_*, MAX of max_*."""
+    kind = merge_kind(col)
+    if kind == "key":
+        raise ValueError(f"{table}.{col} is a key column")
+    if kind == "sum":
+        sql_type = next(c.sql_type for c in TABLES[table] if c.name == col)
+        return f"fsum({col})" if sql_type == "DOUBLE" else f"sum({col})::{sql_type}"
+    return f"{kind}({col})"
+
+
 def columns(table: str) -> list[str]:
     return [c.name for c in TABLES[table]]
 

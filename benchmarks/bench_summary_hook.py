@@ -1,0 +1,103 @@
+"""The ingest summaries hook alone (analysis.summaries.compute: _add_tokens and _add_routing), CPU seconds, this
+checkout against another (`--code`), side by side on the same inputs.
+
+    python benchmarks/bench_summary_hook.py --code /work/main [--tokens 4000000] [--steps 40]
+                                            [--routing-tokens 400000] [--repeat 3]
+
+Uses bench_scale.py's inputs (one tokens and one routing Parquet file, built with DuckDB under
+benchmarks/work/scale/ and kept). Each checkout, in its own child process: `ingest` both files into a fresh
+database (its own code), then per repeat delete every summary row and run that checkout's hook again inside a
+transaction, timing the process CPU (user + system, every DuckDB thread) and wall time of the token part and the
+routing part. Reports the best repeat of each side and the ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+CHILD = r"""
+import json, resource, sys, time
+code, db, repeat, files = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+sys.path.insert(0, code)
+from analysis.ingest import ingest_paths
+from analysis.store import Store
+from analysis.summaries import compute
+from analysis.summaries import schema as S
+
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+store = Store(db)
+assert all(o.status == "loaded" for o in ingest_paths(store, files))
+fids = {t: store.scalar(f"SELECT min(file_id) FROM {t}") for t in ("tokens", "routing")}
+out = []
+for _ in range(repeat):
+    with store.transaction() as w:
+        for table in S.TABLES:
+            if table != "summary_skip":
+                w.execute(f"DELETE FROM {table}")
+    row = {}
+    for part, fn in (("tokens", compute._add_tokens), ("routing", compute._add_routing)):
+        if fids[part] is None:
+            continue
+        c0, t0 = cpu(), time.perf_counter()
+        with store.transaction() as w:
+            fn(w, fids[part])
+        row[part] = (cpu() - c0, time.perf_counter() - t0)
+    out.append(row)
+store.close()
+print(json.dumps(out))
+"""
+
+
+def side(code: Path, files: list[Path], repeat: int, name: str) -> list[dict]:
+    from bench_scale import fresh_db
+    db = fresh_db(f"hook-{name}")
+    res = subprocess.run([sys.executable, "-c", CHILD, str(code), str(db), str(repeat), *map(str, files)],
+                         capture_output=True, text=True, cwd=code)
+    db.unlink(missing_ok=True)
+    if res.returncode:
+        raise SystemExit(f"{name} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    import os
+    from bench_scale import make_inputs
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--code", type=Path, required=True, help="the other checkout (e.g. main)")
+    ap.add_argument("--tokens", type=int, default=4_000_000)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--routing-tokens", type=int, default=400_000)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    files = make_inputs(a.tokens, a.steps, a.routing_tokens, a.layers)
+    print(f"{a.tokens:,} tokens / {a.steps} steps + {a.routing_tokens * a.layers:,} routing rows; "
+          f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    best = {}
+    for name, code in (("this", ROOT), ("other", a.code.resolve())):
+        rows = side(code, files, a.repeat, name)
+        for part in ("tokens", "routing"):
+            vals = [r[part] for r in rows if part in r]
+            if vals:
+                best[(name, part)] = min(vals)
+                print(f"{name:>5} ({code}) {part:>7}: cpu {', '.join(f'{c:.2f}' for c, _ in vals)} s; "
+                      f"wall {', '.join(f'{w:.2f}' for _, w in vals)} s", flush=True)
+    for part in ("tokens", "routing"):
+        if ("this", part) in best and ("other", part) in best:
+            (c1, w1), (c0, w0) = best[("this", part)], best[("other", part)]
+            print(f"best {part}: this {c1:.2f} s cpu ({w1:.2f} s wall) vs other {c0:.2f} s cpu ({w0:.2f} s wall): "
+                  f"{c1 / c0:.2f}x cpu")
+    print(f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
