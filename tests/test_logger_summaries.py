@@ -94,7 +94,7 @@ def reference_store(tmp_path, step_data, step=4) -> Store:
 def logger_store(tmp_path, step_data, token_sample, step=4, name="logged") -> Store:
     log = DriftLogger(tmp_path / name, "r", token_sample=token_sample, worst_sequences=2, top_tokens=5)
     paths = log.log_step(step, **step_data)
-    assert pq.read_schema(paths["summary"]).metadata[summary_files.SUMMARY_KEY] == b"1"
+    assert pq.read_schema(paths["summary"]).metadata[summary_files.SUMMARY_KEY] == summary_files.FORMAT_VERSION
     store = Store(tmp_path / f"{name}.duckdb")
     outcomes = ingest_paths(store, [tmp_path / name])
     assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
