@@ -10,8 +10,9 @@ How the work is laid out (the step is [B, T], one sequence per row; chunks of wh
 
 - the wide sums are computed once per position into a term-major block V [terms, rows, T] (padding holds 0),
   and the extremes into X [extremes, rows, T] (padding holds −inf, minima negated so every extreme is a max);
-- summary_seq is a contiguous reduction of each row (V.sum(-1), X.amax(-1)); summary_step sums those rows;
-- position buckets reduce the per-position sums (V.sum(1)) over each bucket's range of positions;
+- one pass over the block reduces each row's positions per position bucket (a bucket is a contiguous range of
+  positions); summary_seq rows and the position buckets both follow from those partial sums and maxima, and
+  summary_step sums the sequence rows;
 - lag buckets, when the lag is one per sequence (the usual [B] versions), group the sequence rows by lag;
 - prob buckets (and per-token lags) are the only wide per-token scatter (`scatter_add_` of the rows of V);
 - the ratio-band tables (seq × band, bucket × band, the Δ histogram) carry only (count, Σ r − 1, Σ (r − 1)²),
@@ -382,7 +383,6 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan,
         b = r1 - r0
         terms = token_terms(x.s[r0:r1], x.t[r0:r1], m, work)
         V, X = terms.V, terms.X
-        # sequences: contiguous reductions of each row
         # one pass over the block: each row's sums and maxima per position bucket, from which both the
         # sequence rows and the position buckets follow
         part_sums = torch.stack([V[:, :, lo:hi].sum(-1) for lo, hi in ranges], -1)  # [WIDE, b, n_pos]
@@ -402,7 +402,7 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan,
         band_parts.append({"sample": x.samples[r0 + band_ids // NB], "band": band_ids % NB} | band_rows)
         pb = prob_bucket(X[_X["max_s"]])  # s at trained positions, −inf (bucket 0) at padding
         cells.scatter(((dbin * S.PROB_BINS + pb) * n_pos + pos_bucket).view(1, -1), narrow)
-        # buckets: prob by a scatter of each position's terms, position from the per-position sums
+        # prob buckets: a scatter of each position's terms (position buckets came from part_sums above)
         prob.scatter(pb.view(1, -1), V.view(nW, -1), X.view(len(EXTREMES), -1))
         pos_wide += part_sums.sum(1)
         torch.maximum(pos_max, part_top.amax(1), out=pos_max)
@@ -440,12 +440,12 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan,
     bins, hist = _rows(narrow_cells.sum((2, 3)), None)
     tables["summary_hist"] = _host({"bin": bins} | hist)
     wide = [_bucket_rows("prob", *prob.rows()), _bucket_rows("position", *_rows(pos_wide, pos_max))]
-    narrow = [_band_rows("prob", by_band(narrow_cells.sum(3))), _band_rows("position", by_band(narrow_cells.sum(2)))]
+    banded = [_band_rows("prob", by_band(narrow_cells.sum(3))), _band_rows("position", by_band(narrow_cells.sum(2)))]
     if lags is not None:
         wide.append(_bucket_rows("lag", *lag_wide.rows(), offset=lags.lo))
-        narrow.append(_band_rows("lag", lag_band.sums.view(len(NARROW), lags.n, NB), offset=lags.lo))
+        banded.append(_band_rows("lag", lag_band.sums.view(len(NARROW), lags.n, NB), offset=lags.lo))
     tables["summary_bucket"] = {k: np.concatenate([p[k] for p in wide]) for k in wide[0]}
-    tables["summary_bucket_band"] = {k: np.concatenate([p[k] for p in narrow]) for k in narrow[0]}
+    tables["summary_bucket_band"] = {k: np.concatenate([p[k] for p in banded]) for k in banded[0]}
     if routing is not None:
         tables["summary_layer"] = routing.layer_rows
         tables[EXPERT_LOAD] = routing.expert_load
