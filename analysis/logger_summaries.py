@@ -402,8 +402,11 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan,
         band_parts.append({"sample": x.samples[r0 + band_ids // NB], "band": band_ids % NB} | band_rows)
         pb = prob_bucket(X[_X["max_s"]])  # s at trained positions, −inf (bucket 0) at padding
         cells.scatter(((dbin * S.PROB_BINS + pb) * n_pos + pos_bucket).view(1, -1), narrow)
-        # prob buckets: a scatter of each position's terms (position buckets came from part_sums above)
-        prob.scatter(pb.view(1, -1), V.view(nW, -1), X.view(len(EXTREMES), -1))
+        # prob buckets: a scatter of each position's terms but the NARROW ones, which are marginals of the joint
+        # cells (position buckets came from part_sums above)
+        k = len(NARROW)
+        prob.sums[k:].scatter_add_(1, pb.view(1, -1).expand(nW - k, -1), V[k:].view(nW - k, -1))
+        prob.top.scatter_reduce_(1, pb.view(1, -1).expand(len(EXTREMES), -1), X.view(len(EXTREMES), -1), "amax")
         pos_wide += part_sums.sum(1)
         torch.maximum(pos_max, part_top.amax(1), out=pos_max)
         if lags is not None and lags.per_row is not None:  # group the rows by their lag
@@ -439,6 +442,7 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan,
         return out.index_add_(1, band_of_bin, block).transpose(1, 2)
     bins, hist = _rows(narrow_cells.sum((2, 3)), None)
     tables["summary_hist"] = _host({"bin": bins} | hist)
+    prob.sums[:len(NARROW)] = narrow_cells.sum((1, 3))
     wide = [_bucket_rows("prob", *prob.rows()), _bucket_rows("position", *_rows(pos_wide, pos_max))]
     banded = [_band_rows("prob", by_band(narrow_cells.sum(3))), _band_rows("position", by_band(narrow_cells.sum(2)))]
     if lags is not None:
