@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import torch
 
 from analysis.ingest import summary_files
-from analysis.logger_summaries import SUMMARISED_KEY, SUMMARISED_VALUE, StepTensors, summarise
+from analysis.logger_summaries import SUMMARISED_KEY, SUMMARISED_VALUE, StepTensors, Workspace, summarise
 from analysis.routing_rows import routing_columns
 from analysis.token_sample import TOP_TOKENS, WORST_SEQUENCES, SamplePlan, select, step_generator
 
@@ -118,6 +118,7 @@ class DriftLogger:
             return
         if layout != "folder":
             raise ValueError(f"layout: expected 'folder' or 'lake', got {layout!r}")
+        self.work = Workspace()  # the summaries' buffers, reused from step to step
         self.dir = Path(out_dir) / self.run
         self.dir.mkdir(parents=True, exist_ok=True)
         text = json.dumps({"run": self.run, "config": config}, indent=2, sort_keys=True)
@@ -146,7 +147,7 @@ class DriftLogger:
             routing = self._routing_rows(step, x, rows) if x.sampler_experts is not None else None
             return self.lake.write_step(step, self._token_rows(step, x, rows), routing)
         keep, kept = select(x.delta, x.mask, self.plan, step_generator(self.plan.seed, self.run, step, x.device))
-        tables = {"summary": (summary_files.build(self.run, step, summarise(x, kept, self.plan)),
+        tables = {"summary": (summary_files.build(self.run, step, summarise(x, kept, self.plan, self.work)),
                               None)}
         if self.plan.rate > 0:  # token_sample=0 writes summaries only
             rows = keep.reshape(-1).nonzero().squeeze(1)  # row-major: sample, then position

@@ -1,12 +1,24 @@
 """The summaries DriftLogger writes for each step, reduced with torch on the device the tensors are on.
 
-They are the rows of the summary tables (analysis/summaries/schema.py) that ingest would compute from the
-step's tokens and routing (analysis/summaries/compute.py), so a trainer can write a sample of its tokens while
-every view above token level stays exact. The per-token terms follow compute.py's definitions; reductions are
-float64 (inputs are widened first), with no Python loop per token or sequence; only reduced rows leave the device.
+They are the rows of the summary tables (analysis/summaries/schema.py, layout 2) that ingest would compute from
+the step's tokens and routing (analysis/summaries/compute.py), so a trainer can write a sample of its tokens
+while every view above token level stays exact. The per-token terms follow compute.py's definitions;
+reductions are float64 (inputs are widened first), with no Python loop per token or sequence; only reduced rows
+leave the device.
 
-Grouping: one pass groups tokens by (sequence, ratio band), the summary_seq rows; the step row is reduced from
-those rows. Δ bins and the (bucket, band) rows of each bucket dimension are one pass each (`_Groups`).
+How the work is laid out (the step is [B, T], one sequence per row; chunks of whole rows bound the memory):
+
+- the wide sums are computed once per position into a term-major block V [terms, rows, T] (padding holds 0),
+  and the extremes into X [extremes, rows, T] (padding holds −inf, minima negated so every extreme is a max);
+- one pass over the block reduces each row's positions per position bucket (a bucket is a contiguous range of
+  positions); summary_seq rows and the position buckets both follow from those partial sums and maxima, and
+  summary_step sums the sequence rows;
+- lag buckets, when the lag is one per sequence (the usual [B] versions), group the sequence rows by lag;
+- prob buckets (and per-token lags) are the only wide per-token scatter (`scatter_add_` of the rows of V);
+- the ratio-band tables (seq × band, bucket × band, the Δ histogram) carry only (count, Σ r − 1, Σ (r − 1)²),
+  the first three rows of V: one narrow scatter per (sequence, band), and one into the joint
+  (Δ bin, prob, position bucket) cells, from which the histogram and the prob × band and position × band rows
+  are marginals (BAND_EDGES ⊂ D_EDGES, so a Δ bin lies in one band).
 """
 from __future__ import annotations
 
@@ -23,11 +35,19 @@ SUMMARISED_KEY = S.SUMMARISED_KEY.decode()  # on token/routing files whose summa
 SUMMARISED_VALUE = S.SUMMARISED_VALUE.decode()
 SAMPLE_TABLE = "summary_sample"  # per (run, step): what the step's token rows are a sample of
 EXPERT_LOAD = "expert_load"  # per (run, step, layer, expert) routed-token counts, as ingest aggregates them
-CHUNK_TOKENS = 1 << 20  # positions per chunk of the token reductions: bounds their [n, columns] temporaries
+CHUNK_TOKENS = 1 << 18  # positions per chunk of whole rows: bounds the [terms, rows, T] blocks (~60 MB)
 ROUTING_CHUNK = 1 << 16  # tokens per chunk of the routing comparisons: bounds the [n, L, K, K] temporaries
 
-_SUMS = [c.name for c in S.TOKEN_SUMS if c.name.startswith("sum_")]
-_MAXES = [c.name for c in S.TOKEN_SUMS if c.name.startswith(("min_", "max_"))]
+# Rows of the term block V: the band tables' three first (count, Σ r − 1, Σ (r − 1)²), then the other sums.
+NARROW = ["n_tokens", "sum_rm1", "sum_rm1_sq"]
+WIDE = NARROW + [c.name for c in S.TOKEN_SUMS if c.name.startswith("sum_") and c.name not in NARROW]
+# Rows of the extremes block X, each a value whose maximum is wanted (a minimum is stored negated, which is
+# exact); max_abs_d is not a row: it is max(max_d, −min_d).
+EXTREMES = ["max_d", "min_d", "max_adp", "max_s", "min_s", "max_t", "min_t"]
+DERIVED = "max_abs_d"
+assert set(WIDE) | set(EXTREMES) | {DERIVED} == {c.name for c in S.TOKEN_SUMS}
+_W = {c: j for j, c in enumerate(WIDE)}
+_X = {c: j for j, c in enumerate(EXTREMES)}
 
 
 @dataclass
@@ -49,46 +69,92 @@ class StepTensors:
         return self.s.device
 
 
-def _series_k3(x: torch.Tensor) -> torch.Tensor:
-    """e^x − 1 − x by its Taylor series to x^8, evaluated as compute.series_k3_sql does (same Horner order)."""
-    coefs = [2, 6, 24, 120, 720, 5040, 40320]
-    inner = torch.full_like(x, 1.0 / coefs[-1])
-    for c in reversed(coefs[:-1]):
-        inner.mul_(x).add_(1.0 / c)
-    return inner.mul_(x).mul_(x)
+def _series_k3_pair(d: torch.Tensor, d2: torch.Tensor, even: torch.Tensor,
+                    odd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e^d − 1 − d, e^−d − 1 + d) by their Taylor series to d^8 (compute.series_k3_sql's terms), from d and
+    d² = d·d: the even powers E and the odd powers O are summed once (Horner in d², one fused c + E·d² pass per
+    coefficient), k3 = E + O and k3r = E − O (|O| < |E|/100 below SERIES_BELOW, so neither cancels; they
+    differ from the SQL's Horner order by a few ulps). Written into `odd` (k3) and `even` (k3r)."""
+    def c(x: float) -> torch.Tensor:
+        return torch.tensor(x, dtype=d.dtype, device=d.device)
+    torch.add(c(1.0 / 720), d2, alpha=1.0 / 40320, out=even)
+    torch.addcmul(c(1.0 / 24), even, d2, out=even)
+    torch.addcmul(c(0.5), even, d2, out=even).mul_(d2)  # E = d²/2! + d⁴/4! + d⁶/6! + d⁸/8!
+    torch.add(c(1.0 / 120), d2, alpha=1.0 / 5040, out=odd)
+    torch.addcmul(c(1.0 / 6), odd, d2, out=odd).mul_(d2).mul_(d)  # O = d³/3! + d⁵/5! + d⁷/7!
+    odd.add_(even)
+    even.mul_(2.0).sub_(odd)  # 2E − (E + O) = E − O
+    return odd, even
 
 
 @dataclass
 class Terms:
-    """The per-token terms of a chunk, each a row of one of two matrices, so that a grouping adds every
-    token's row of sums (and takes its row of maxima) in one call, without stacking copies."""
-    sums: torch.Tensor  # [len(_SUMS) + 1, n]: the _SUMS terms, then 1 (the count)
-    maxes: torch.Tensor  # [len(_MAXES) + 1, n]: the _MAXES terms (minima negated), then pos (for max_pos)
-    row: dict[str, torch.Tensor]  # name -> its row (a view)
+    """The per-position terms of a block of rows: V[WIDE index] sums, X[EXTREMES index] maxima."""
+    V: torch.Tensor  # [len(WIDE), *shape]: 0 at padding
+    X: torch.Tensor  # [len(EXTREMES), *shape]: −inf at padding
+
+    def sum_row(self, name: str) -> torch.Tensor:
+        return self.V[_W[name]]
 
 
-def token_terms(s: torch.Tensor, t: torch.Tensor) -> Terms:
-    """Per-token terms of summaries/schema.py for 1-D float64 s, t."""
-    n = len(s)
-    V = torch.empty(len(_SUMS) + 1, n, dtype=torch.float64, device=s.device)
-    M = torch.empty(len(_MAXES) + 1, n, dtype=torch.float64, device=s.device)
-    r = {c: V[j] for j, c in enumerate(_SUMS)} | {c: M[j] for j, c in enumerate(_MAXES)}
-    r["ones"], r["pos"] = V[-1], M[-1]
-    r["ones"].fill_(1.0)
+class Workspace:
+    """Buffers of the term blocks, reused from chunk to chunk and step to step: writing into fresh pages (the
+    allocator maps blocks this large anew each time) measured costlier than the arithmetic itself."""
+
+    def __init__(self):
+        self._buffers: dict[tuple, torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A contiguous tensor of `shape` (contents undefined), on storage kept under `name`."""
+        n = math.prod(shape)
+        buf = self._buffers.get((name, dtype, device))
+        if buf is None or buf.numel() < n:
+            buf = self._buffers[(name, dtype, device)] = torch.empty(n, dtype=dtype, device=device)
+        return buf[:n].view(shape)
+
+
+def token_terms(s: torch.Tensor, t: torch.Tensor, mask: torch.Tensor | None = None,
+                work: Workspace | None = None) -> Terms:
+    """Per-position terms of summaries/schema.py for float64 s, t of any shape; where `mask` is False (padding,
+    any value there, NaN included) every sum term is 0 and every extreme −inf."""
+    work = work or Workspace()
+    shape, dev, f64 = s.shape, s.device, torch.float64
+
+    def buf(name: str, dtype=f64) -> torch.Tensor:
+        return work.get(name, tuple(shape), dtype, dev)
+    V = work.get("V", (len(WIDE),) + tuple(shape), f64, dev)
+    X = work.get("X", (len(EXTREMES),) + tuple(shape), f64, dev)
+    r = {c: V[j] for c, j in _W.items()}
+    full = mask is None or bool(mask.all())
+    if full:
+        r["n_tokens"].fill_(1.0)
+    else:  # s = t = 0 makes every term 0 but the probabilities exp s, exp t, masked below
+        zero = torch.zeros((), dtype=f64, device=dev)
+        s, t = torch.where(mask, s, zero, out=buf("s")), torch.where(mask, t, zero, out=buf("t"))
+        r["n_tokens"].copy_(mask)
     # compute.token_terms_sql's forms: two expm1 per token, the other terms from them without cancellation
     d = torch.sub(t, s, out=r["sum_d"])
-    cd = d.clamp(-S.CLAMP, S.CLAMP)
-    rm1 = torch.expm1(cd, out=r["sum_rm1"])
-    em = torch.exp(cd).reciprocal_().mul_(rm1).neg_()  # expm1(−cd) = −(r − 1)/r
-    torch.mul(d, d, out=r["sum_d2"])
     abs_d = torch.abs(d, out=r["sum_abs_d"])
-    small = abs_d < S.SERIES_BELOW
-    torch.where(small, _series_k3(d), (rm1 - d).clamp_(min=0.0), out=r["sum_k3"])
-    torch.where(small, _series_k3(-d), (em + d).clamp_(min=0.0), out=r["sum_k3r"])
+    clamped = bool(abs_d.max() > S.CLAMP) if d.numel() else False  # cd = d unless some |Δ| > CLAMP
+    cd = torch.clamp(d, -S.CLAMP, S.CLAMP, out=buf("cd")) if clamped else d
+    rm1 = torch.expm1(cd, out=r["sum_rm1"])
+    em = torch.neg(cd, out=buf("em")).expm1_()  # expm1(−cd) = 1/r − 1 (the SQL's −(r − 1)/r, to an ulp)
+    d2 = torch.mul(d, d, out=r["sum_d2"])
+    small = torch.lt(abs_d, S.SERIES_BELOW, out=buf("small", torch.bool))
+    k3_series, k3r_series = _series_k3_pair(d, d2, buf("even"), buf("odd"))
+    k3 = torch.sub(rm1, d, out=r["sum_k3"]).clamp_(min=0.0)
+    torch.where(small, k3_series, k3, out=k3)
+    k3r = torch.add(em, d, out=r["sum_k3r"]).clamp_(min=0.0)
+    torch.where(small, k3r_series, k3r, out=k3r)
     torch.mul(rm1, rm1, out=r["sum_rm1_sq"])
-    torch.where(cd >= 0, rm1, em, out=r["sum_mpe"])  # expm1(|cd|)
+    torch.maximum(rm1, em, out=r["sum_mpe"])  # expm1(|cd|): the non-negative one of r − 1 and 1/r − 1
     ps, pt = torch.exp(s, out=r["sum_ps"]), torch.exp(t, out=r["sum_pt"])
-    dp = torch.where(d == cd, ps * rm1, pt - ps)  # exp t − exp s: exp s · (r − 1) unless Δ is clamped
+    if not full:
+        ps.mul_(r["n_tokens"])
+        pt.mul_(r["n_tokens"])
+    dp = torch.mul(ps, rm1, out=buf("dp"))  # exp t − exp s = exp s · (r − 1) while Δ is not clamped
+    if clamped:
+        torch.where(d == cd, dp, pt - ps, out=dp)
     qs = torch.expm1(s, out=r["sum_qs"]).neg_()
     qt = torch.sub(qs, dp, out=r["sum_qt"])
     adp = torch.abs(dp, out=r["sum_adp"])
@@ -98,12 +164,13 @@ def token_terms(s: torch.Tensor, t: torch.Tensor) -> Terms:
     torch.mul(ps, ps, out=r["sum_ps2"])
     torch.mul(pt, pt, out=r["sum_pt2"])
     torch.mul(ps, pt, out=r["sum_pspt"])
-    # extremes, each as a value whose maximum is wanted (minima negated, which is exact)
-    for name, value in (("max_abs_d", abs_d), ("max_d", d), ("max_adp", adp), ("max_s", s), ("max_t", t)):
-        r[name].copy_(value)
+    for name, value in (("max_d", d), ("max_adp", adp), ("max_s", s), ("max_t", t)):
+        X[_X[name]].copy_(value)
     for name, value in (("min_d", d), ("min_s", s), ("min_t", t)):
-        torch.neg(value, out=r[name])
-    return Terms(V, M, r)
+        torch.neg(value, out=X[_X[name]])
+    if not full:
+        X.masked_fill_(~mask, -math.inf)
+    return Terms(V, X)
 
 
 def bin_of(x: torch.Tensor, edges: tuple[float, ...]) -> torch.Tensor:
@@ -111,43 +178,58 @@ def bin_of(x: torch.Tensor, edges: tuple[float, ...]) -> torch.Tensor:
     e = torch.tensor(edges, dtype=torch.float64, device=x.device)
     below = torch.searchsorted(e, x)  # left: #{E < x}
     on_edge = e[below.clamp(max=len(edges) - 1)] == x
-    return 2 * below + on_edge
+    return below.mul_(2).add_(on_edge)
 
 
-class _Groups:
-    """Sums, counts and extremes of the token terms per group id in [0, n_groups), accumulated chunk by chunk
-    (merging is addition, min and max). Sums go through one accumulating `index_put_` of each token's row of
-    terms (about 10x faster on CPU than one bincount per column), extremes through one `scatter_reduce_`."""
+def _band_of_bin(device: torch.device) -> torch.Tensor:
+    """band (on BAND_EDGES) of each fine Δ bin (on D_EDGES): one value per bin, since BAND_EDGES ⊂ D_EDGES."""
+    e = S.D_EDGES
+    inside = [e[0] - 1.0] + [(a + b) / 2 for a, b in zip(e, e[1:])] + [e[-1] + 1.0]  # a point of each open bin
+    points = [v for k in range(len(e)) for v in (inside[k], e[k])] + [inside[-1]]  # bin 2k, then edge 2k + 1
+    return bin_of(torch.tensor(points, dtype=torch.float64, device=device), S.BAND_EDGES)
 
-    def __init__(self, n_groups: int, device: torch.device, sums: list[str] = _SUMS, maxes: list[str] = _MAXES,
-                 with_pos: bool = False):
-        self.sums, self.maxes, self.with_pos = sums, maxes, with_pos
-        self.total = torch.zeros(n_groups, len(sums) + 1, dtype=torch.float64, device=device)  # + the count
-        n_max = len(maxes) + with_pos
-        self.top = torch.full((n_groups, n_max), -math.inf, dtype=torch.float64, device=device)
 
-    def add(self, index: torch.Tensor, terms: Terms) -> None:
-        if self.sums is _SUMS:
-            values = terms.sums.T  # a view: index_put_ reads the strided rows without a copy
-        else:
-            values = torch.stack([terms.row[c] for c in self.sums] + [terms.row["ones"]], 1)
-        self.total.index_put_((index,), values, accumulate=True)
-        if self.maxes:
-            top = terms.maxes.T if self.with_pos else terms.maxes[:-1].T
-            self.top.scatter_reduce_(0, index[:, None].expand(-1, top.shape[1]), top, "amax")
+def position_bucket(pos: torch.Tensor) -> torch.Tensor:
+    """compute.bucket_sql('position'): 0 for pos 0, else floor(log2 pos) + 1 (the bit length of pos)."""
+    return torch.searchsorted(2 ** torch.arange(62, device=pos.device), pos, right=True)
+
+
+def prob_bucket(s: torch.Tensor) -> torch.Tensor:
+    """compute.bucket_sql('prob'), the same arithmetic: clamp(floor((s / ln 10 − PROB_LO) / PROB_WIDTH))."""
+    return ((s / math.log(10) - S.PROB_LO) / S.PROB_WIDTH).floor_().clamp_(0, S.PROB_BINS - 1).to(torch.int64)
+
+
+class _Acc:
+    """Sums (WIDE, or the NARROW first rows) and maxima (EXTREMES) of groups [0, n), accumulated chunk by
+    chunk: merging is addition and max."""
+
+    def __init__(self, n: int, device: torch.device, narrow: bool = False):
+        self.sums = torch.zeros(len(NARROW if narrow else WIDE), n, dtype=torch.float64, device=device)
+        self.top = None if narrow else torch.full((len(EXTREMES), n), -math.inf, dtype=torch.float64,
+                                                  device=device)
+
+    def scatter(self, index: torch.Tensor, V: torch.Tensor, X: torch.Tensor | None = None) -> None:
+        """Add column j of V [rows, m] to group index[j] (and the same for the maxima of X)."""
+        self.sums.scatter_add_(1, index.expand(len(self.sums), -1), V[:len(self.sums)])
+        if self.top is not None:
+            self.top.scatter_reduce_(1, index.expand(len(self.top), -1), X, "amax")
 
     def rows(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(ids of the non-empty groups, column -> value per such group)."""
-        count = self.total[:, -1]
-        ids = count.nonzero().squeeze(1)
-        out = {"n_tokens": count[ids].to(torch.int64)}  # exact: a float64 count of < 2^53 tokens
-        total = self.total[ids]  # one gather of the non-empty rows, then column views
-        out |= {c: total[:, j] for j, c in enumerate(self.sums)}
-        top = self.top[ids]
-        out |= {c: -top[:, j] if c.startswith("min_") else top[:, j] for j, c in enumerate(self.maxes)}
-        if self.with_pos:
-            out["max_pos"] = top[:, -1].to(torch.int64)
-        return ids, out
+        return _rows(self.sums, self.top)
+
+
+def _rows(sums: torch.Tensor, top: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Columns of the non-empty groups of a [WIDE or NARROW, n] block of sums and its [EXTREMES, n] maxima."""
+    ids = sums[0].nonzero().squeeze(1)
+    kept = sums[:, ids]  # one gather of the non-empty columns, then row views
+    out = {"n_tokens": kept[0].to(torch.int64)}  # exact: a float64 count of < 2^53 tokens
+    out |= {c: kept[j] for j, c in enumerate(WIDE[1:len(sums)], 1)}
+    if top is not None:
+        hi = top[:, ids]
+        out |= {c: hi[j].neg() if c.startswith("min_") else hi[j] for c, j in _X.items()}
+        out[DERIVED] = torch.maximum(hi[_X["max_d"]], hi[_X["min_d"]])  # max |d| = max(max d, −min d)
+    return ids, out
 
 
 @dataclass
@@ -211,88 +293,180 @@ def _host(values: dict[str, torch.Tensor | list]) -> dict[str, np.ndarray | list
     return {k: v.cpu().numpy() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
 
 
-def summarise(x: StepTensors, kept: Kept, plan: SamplePlan) -> dict[str, dict[str, list]]:
+@dataclass
+class _Lags:
+    """trainer_version − sampler_version of the trained tokens: one per row when both versions are per
+    sequence (or one int), the usual case, else per position."""
+    lo: int  # smallest lag of a trained token
+    n: int  # lags lo .. lo + n − 1
+    per_row: torch.Tensor | None  # [B] lag − lo
+    per_token: torch.Tensor | None  # [B, T] lag − lo
+    # (both clamped into [0, n): a row or position without trained tokens adds nothing wherever it goes)
+
+    @staticmethod
+    def of(x: StepTensors) -> "_Lags | None":
+        sv, tv = x.sampler_version, x.trainer_version
+        if sv is None or tv is None:
+            return None
+        if sv.stride(1) == 0 and tv.stride(1) == 0:  # broadcast from [B] or an int: one lag per row
+            lag = tv[:, 0] - sv[:, 0]
+            trained = lag[x.mask.any(1)]
+        else:
+            lag = tv - sv
+            trained = lag[x.mask]
+        if not len(trained):
+            return None
+        lo, hi = int(trained.min()), int(trained.max())
+        lag = (lag - lo).clamp_(0, hi - lo)
+        return _Lags(lo, hi - lo + 1, lag, None) if lag.ndim == 1 else _Lags(lo, hi - lo + 1, None, lag)
+
+
+def _host(values: dict[str, torch.Tensor | list]) -> dict[str, np.ndarray | list]:
+    """Columns to the host as numpy arrays (Arrow takes them without a copy; lists of Python floats are slow)."""
+    return {k: v.cpu().numpy() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+
+
+def _cat(parts: list[dict]) -> dict:
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]} if parts else {}
+
+
+def _bucket_rows(dim: str, ids: torch.Tensor, rows: dict, offset: int = 0) -> dict:
+    return _host({"dim": np.full(len(ids), dim, dtype=object), "bucket": ids + offset} | rows)
+
+
+def _band_rows(dim: str, block: torch.Tensor, offset: int = 0) -> dict:
+    """summary_bucket_band rows of a [NARROW, buckets, N_BANDS] block of sums."""
+    ids, rows = _rows(block.reshape(len(NARROW), -1), None)
+    return _host({"dim": np.full(len(ids), dim, dtype=object), "bucket": ids // S.N_BANDS + offset,
+                  "band": ids % S.N_BANDS} | rows)
+
+
+def summarise(x: StepTensors, kept: Kept, plan: SamplePlan,
+              work: Workspace | None = None) -> dict[str, dict[str, list]]:
     """Summary table name -> the step's rows of that table, as columns (no run/step/file_id).
 
-    Tokens are reduced in chunks of whole sequences (about CHUNK_TOKENS positions), which bounds the
-    temporaries whatever the step's size; a sequence's rows are complete within its chunk."""
+    Tokens are reduced in chunks of whole rows (about CHUNK_TOKENS positions), which bounds the temporaries
+    whatever the step's size; a sequence's rows are complete within its chunk."""
     B, T = x.mask.shape
     dev = x.device
-    flat = x.mask.reshape(-1).nonzero().squeeze(1)  # the trained tokens, row-major
+    NB, nW = S.N_BANDS, len(WIDE)
     tables: dict[str, dict] = {SAMPLE_TABLE: sample_record(kept, plan)}
-    routing = _routing(x, flat) if x.sampler_experts is not None else None
-    flipped = routing.n_flipped_layers if routing is not None else None
-    lag = None
-    if x.sampler_version is not None and x.trainer_version is not None:
-        lag = (x.trainer_version - x.sampler_version).reshape(-1)[flat]
-    lag_lo = int(lag.min()) if lag is not None and len(lag) else 0
-    lag_n = int(lag.max()) - lag_lo + 1 if lag is not None and len(lag) else 1
-    dims = {"prob": _Groups(S.PROB_BINS * S.N_BANDS, dev), "position": _Groups(32 * S.N_BANDS, dev)}
-    if lag is not None:
-        dims["lag"] = _Groups(lag_n * S.N_BANDS, dev)
-    hist = _Groups(S.N_BINS, dev, ["sum_rm1", "sum_rm1_sq"], [])
-    powers = 2 ** torch.arange(31, device=dev)
-    seq_parts, flip_parts = [], []
+    routing = flipped = None
+    if x.sampler_experts is not None:
+        flat = x.mask.reshape(-1).nonzero().squeeze(1)  # the trained tokens, row-major
+        routing = _routing(x, flat)
+        if routing.n_flipped_layers is not None:  # flipped layers per position (0 at padding)
+            flipped = torch.zeros(B * T, dtype=torch.int64, device=dev)
+            flipped[flat] = routing.n_flipped_layers
+            flipped = flipped.view(B, T)
+    lags = _Lags.of(x)
+    pos_bucket = position_bucket(torch.arange(T, device=dev))  # [T]
+    n_pos = int(pos_bucket[-1]) + 1 if T else 1
+    band_of_bin = _band_of_bin(dev)
+    prob = _Acc(S.PROB_BINS, dev)
+    cells = _Acc(S.N_BINS * S.PROB_BINS * n_pos, dev, narrow=True)  # joint (Δ bin, prob, position bucket)
+    # position bucket k holds the positions [2^(k−1), 2^k) (k = 0: position 0), a contiguous range of columns
+    ranges = [(0 if k == 0 else 1 << (k - 1), min(T, 1 << k)) for k in range(n_pos)]
+    pos_wide = torch.zeros(nW, n_pos, dtype=torch.float64, device=dev)
+    pos_max = torch.full((len(EXTREMES), n_pos), -math.inf, dtype=torch.float64, device=dev)
+    if lags is not None:
+        lag_wide, lag_band = _Acc(lags.n, dev), _Acc(lags.n * NB, dev, narrow=True)
+    positions = torch.arange(T, device=dev)
+    seq_parts, band_parts, flip_parts = [], [], []
     rows_per_chunk = max(1, CHUNK_TOKENS // max(T, 1))
-    lo = 0  # index in flat of the chunk's first token
+    work = work or Workspace()
     for r0 in range(0, B, rows_per_chunk):
-        hi = lo + int(x.mask[r0:r0 + rows_per_chunk].sum())
-        if hi == lo:
+        r1 = min(B, r0 + rows_per_chunk)
+        m = x.mask[r0:r1]
+        if not bool(m.any()):
             continue
-        idx = flat[lo:hi]
-        b, pos = idx // T, idx % T
-        s, t = x.s.reshape(-1)[idx], x.t.reshape(-1)[idx]
-        terms = token_terms(s, t)
-        d = terms.row["max_d"]
-        band = bin_of(d, S.BAND_EDGES)
-        terms.row["pos"].copy_(pos)
-        n_rows = min(rows_per_chunk, B - r0)
-        seq = _Groups(n_rows * S.N_BANDS, dev, with_pos=True)
-        seq_index = (b - r0) * S.N_BANDS + band
-        seq.add(seq_index, terms)
-        ids, rows = seq.rows()
-        part = {"sample": x.samples[r0 + ids // S.N_BANDS], "band": ids % S.N_BANDS} | rows
+        b = r1 - r0
+        terms = token_terms(x.s[r0:r1], x.t[r0:r1], m, work)
+        V, X = terms.V, terms.X
+        # one pass over the block: each row's sums and maxima per position bucket, from which both the
+        # sequence rows and the position buckets follow
+        part_sums = torch.stack([V[:, :, lo:hi].sum(-1) for lo, hi in ranges], -1)  # [WIDE, b, n_pos]
+        part_top = torch.stack([X[:, :, lo:hi].amax(-1) for lo, hi in ranges], -1)
+        row_sums, row_top = part_sums.sum(-1), part_top.amax(-1)  # [WIDE, b], [EXTREMES, b]
+        ids, seq = _rows(row_sums, row_top)
+        seq["max_pos"] = torch.where(m, positions, -1).amax(1)[ids]
+        seq["sample"] = x.samples[r0 + ids]
+        # the band split: (sequence, band) cells, and the joint (Δ bin, prob, position bucket) cells
+        dbin = bin_of(terms.sum_row("sum_d"), S.D_EDGES)
+        band = band_of_bin[dbin]
+        narrow = V[:len(NARROW)].reshape(len(NARROW), -1)
+        seq_band = torch.zeros(len(NARROW), b * NB, dtype=torch.float64, device=dev)
+        seq_band.scatter_add_(1, (band + (torch.arange(b, device=dev) * NB)[:, None]).view(1, -1)
+                              .expand(len(NARROW), -1), narrow)
+        band_ids, band_rows = _rows(seq_band, None)
+        band_parts.append({"sample": x.samples[r0 + band_ids // NB], "band": band_ids % NB} | band_rows)
+        pb = prob_bucket(X[_X["max_s"]])  # s at trained positions, −inf (bucket 0) at padding
+        cells.scatter(((dbin * S.PROB_BINS + pb) * n_pos + pos_bucket).view(1, -1), narrow)
+        # prob buckets: a scatter of each position's terms but the NARROW ones, which are marginals of the joint
+        # cells (position buckets came from part_sums above)
+        k = len(NARROW)
+        prob.sums[k:].scatter_add_(1, pb.view(1, -1).expand(nW - k, -1), V[k:].view(nW - k, -1))
+        prob.top.scatter_reduce_(1, pb.view(1, -1).expand(len(EXTREMES), -1), X.view(len(EXTREMES), -1), "amax")
+        pos_wide += part_sums.sum(1)
+        torch.maximum(pos_max, part_top.amax(1), out=pos_max)
+        if lags is not None and lags.per_row is not None:  # group the rows by their lag
+            lag = lags.per_row[r0:r1]
+            lag_wide.sums.index_add_(1, lag, row_sums)
+            lag_wide.top.scatter_reduce_(1, lag.expand(len(EXTREMES), -1), row_top, "amax")
+            lag_band.sums.view(len(NARROW), lags.n, NB).index_add_(1, lag, seq_band.view(len(NARROW), b, NB))
+        elif lags is not None:
+            lag = lags.per_token[r0:r1]
+            lag_wide.scatter(lag.reshape(1, -1), V.view(nW, -1), X.view(len(EXTREMES), -1))
+            lag_band.scatter((lag * NB + band).view(1, -1), narrow)
         if flipped is not None:
-            fl = flipped[lo:hi] > 0
-            part["n_flip_tokens"] = torch.bincount(seq_index[fl], minlength=n_rows * S.N_BANDS)[ids]
-            flip_parts.append({"n_any_flip": fl.sum(), "sum_flipped_layers": flipped[lo:hi].sum(),
-                               "sum_abs_d_flip": terms.row["sum_abs_d"][fl].sum(),
-                               "sum_k3_flip": terms.row["sum_k3"][fl].sum(),
-                               "sum_abs_d_noflip": terms.row["sum_abs_d"][~fl].sum(),
-                               "sum_k3_noflip": terms.row["sum_k3"][~fl].sum()})
-        seq_parts.append(part)
-        hist.add(bin_of(d, S.D_EDGES), terms)
-        prob = torch.floor((s / math.log(10) - S.PROB_LO) / S.PROB_WIDTH).clamp(0, S.PROB_BINS - 1).to(torch.int64)
-        dims["prob"].add(prob * S.N_BANDS + band, terms)
-        dims["position"].add(torch.searchsorted(powers, pos, right=True) * S.N_BANDS + band, terms)
-        if lag is not None:
-            dims["lag"].add((lag[lo:hi] - lag_lo) * S.N_BANDS + band, terms)
-        lo = hi
+            fl_layers = flipped[r0:r1]
+            fl = fl_layers > 0
+            seq["n_flip_tokens"] = fl.sum(1)[ids]
+            abs_d, k3 = terms.sum_row("sum_abs_d"), terms.sum_row("sum_k3")  # 0 at padding
+            zero = torch.zeros((), dtype=torch.float64, device=dev)
+            flip_parts.append({"n_any_flip": fl.sum(), "sum_flipped_layers": fl_layers.sum(),
+                               "sum_abs_d_flip": torch.where(fl, abs_d, zero).sum(),
+                               "sum_k3_flip": torch.where(fl, k3, zero).sum(),
+                               "sum_abs_d_noflip": torch.where(fl, zero, abs_d).sum(),
+                               "sum_k3_noflip": torch.where(fl, zero, k3).sum()})
+        seq_parts.append(seq)
 
-    seq = {k: torch.cat([p[k] for p in seq_parts]) for k in seq_parts[0]} if seq_parts else {}
+    seq = _cat(seq_parts)
     tables["summary_seq"] = _host(seq)
-    step_row = {}
-    if seq_parts:
-        step_row = {"n_tokens": [int(seq["n_tokens"].sum())]}
-        step_row |= {c: [float(seq[c].sum())] for c in _SUMS}
-        step_row |= {c: [float(seq[c].min() if c.startswith("min_") else seq[c].max())] for c in _MAXES}
-        if flipped is not None:
-            step_row |= {"n_routed": [len(flipped)]}
-            step_row |= {k: [sum(p[k] for p in flip_parts).item()] for k in flip_parts[0]}
-    tables["summary_step"] = step_row
-    bins, rows = hist.rows()
-    tables["summary_hist"] = _host({"bin": bins} | rows)
-    parts = []
-    for dim, groups in dims.items():
-        ids, rows = groups.rows()
-        bucket = ids // S.N_BANDS + (lag_lo if dim == "lag" else 0)
-        parts.append(_host({"dim": np.full(len(ids), dim, dtype=object), "bucket": bucket,
-                            "band": ids % S.N_BANDS} | rows))
-    tables["summary_bucket"] = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    tables["summary_seq_band"] = _host(_cat(band_parts))
+    tables["summary_step"] = _step_row(seq, flip_parts, len(routing.n_flipped_layers) if flipped is not None else 0)
+    narrow_cells = cells.sums.view(len(NARROW), S.N_BINS, S.PROB_BINS, n_pos)
+
+    def by_band(block: torch.Tensor) -> torch.Tensor:  # [NARROW, N_BINS, k] -> [NARROW, k, N_BANDS]
+        out = torch.zeros(len(NARROW), NB, block.shape[-1], dtype=torch.float64, device=dev)
+        return out.index_add_(1, band_of_bin, block).transpose(1, 2)
+    bins, hist = _rows(narrow_cells.sum((2, 3)), None)
+    tables["summary_hist"] = _host({"bin": bins} | hist)
+    prob.sums[:len(NARROW)] = narrow_cells.sum((1, 3))
+    wide = [_bucket_rows("prob", *prob.rows()), _bucket_rows("position", *_rows(pos_wide, pos_max))]
+    banded = [_band_rows("prob", by_band(narrow_cells.sum(3))), _band_rows("position", by_band(narrow_cells.sum(2)))]
+    if lags is not None:
+        wide.append(_bucket_rows("lag", *lag_wide.rows(), offset=lags.lo))
+        banded.append(_band_rows("lag", lag_band.sums.view(len(NARROW), lags.n, NB), offset=lags.lo))
+    tables["summary_bucket"] = {k: np.concatenate([p[k] for p in wide]) for k in wide[0]}
+    tables["summary_bucket_band"] = {k: np.concatenate([p[k] for p in banded]) for k in banded[0]}
     if routing is not None:
         tables["summary_layer"] = routing.layer_rows
         tables[EXPERT_LOAD] = routing.expert_load
     return tables
+
+
+def _step_row(seq: dict, flip_parts: list[dict], n_routed: int) -> dict[str, list]:
+    """The step's summary_step row, reduced from its sequence rows (none for a step without trained tokens)."""
+    if not seq:
+        return {}
+    row = {"n_tokens": [int(seq["n_tokens"].sum())]}
+    row |= {c: [float(seq[c].sum())] for c in WIDE[1:]}
+    row |= {c: [float(seq[c].min() if c.startswith("min_") else seq[c].max())] for c in EXTREMES + [DERIVED]}
+    if flip_parts:
+        row |= {"n_routed": [n_routed]}
+        row |= {k: [sum(p[k] for p in flip_parts).item()] for k in flip_parts[0]}
+    return row
 
 
 def sample_record(kept: Kept, plan: SamplePlan) -> dict[str, list]:
@@ -303,4 +477,4 @@ def sample_record(kept: Kept, plan: SamplePlan) -> dict[str, list]:
             "n_top_tokens": [kept.n_top_tokens]}
 
 
-__all__ = ["StepTensors", "summarise", "token_terms", "bin_of", "SUMMARISED_KEY", "SAMPLE_TABLE", "EXPERT_LOAD"]
+__all__ = ["StepTensors", "Workspace", "summarise", "token_terms", "bin_of", "SUMMARISED_KEY", "SAMPLE_TABLE", "EXPERT_LOAD"]

@@ -2,12 +2,16 @@
 
     python benchmarks/bench_logger.py [--tokens 4000000] [--steps 5] [--repeat 3] [--threads 2] [--no-write]
 
-One synthetic step of B × T fp32 log-probs (B = tokens / 1000 sequences of 1000 positions, 10% padding) is
-logged repeatedly; the best of `repeat` rounds counts (each round logs `steps` steps), because other processes
-share these CPUs. Each configuration is timed alternately with the baseline in the same run:
+One synthetic step of B × T fp32 log-probs (B = tokens / 1000 sequences of 1000 positions, lengths uniform in
+[500, 1000], so ~25% padding) is logged repeatedly; the best of `repeat` rounds counts (each round logs `steps`
+steps), because other processes share these CPUs. Each configuration is timed alternately with the baseline in
+the same run:
 
 - baseline: the logger of main before trainer-side summaries (b7f1e2a), which writes every token row;
 - token_sample = 0 (summaries only), 0.001, 0.01 and 1.0.
+
+Then the summary writer alone (`logger_summaries.summarise` on the same checked step, no files), alternating
+with the layout-1 writer it replaced (PREVIOUS_COMMIT), so the two are compared side by side.
 
 Reported: tokens/s (trained tokens logged per second of log_step, files included) and the ratio to the baseline.
 Results are appended to benchmarks/RESULTS-logger.md.
@@ -35,19 +39,47 @@ from analysis.logger import DriftLogger  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS-logger.md"
 BASELINE_COMMIT = "b7f1e2a"  # main before this change: DriftLogger writes all token rows, no summaries
+PREVIOUS_COMMIT = "ba625cc"  # the summary writer of layout 1 (one summary_seq row per sequence × band)
 SAMPLES = (0.0, 0.001, 0.01, 1.0)
 
 
-def baseline_logger():
-    """DriftLogger as it was at BASELINE_COMMIT, imported from `git show` into a temporary module."""
-    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{BASELINE_COMMIT}:analysis/logger.py"],
+def module_at(commit: str, path: str, name: str):
+    """The module `path` as it was at `commit`, imported from `git show` under `name`."""
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:{path}"],
                          check=True, capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "baseline_logger.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location("baseline_logger", path)
+    file = Path(tempfile.mkdtemp()) / f"{name}.py"
+    file.write_text(src)
+    spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
-    return module.DriftLogger
+    return module
+
+
+def baseline_logger():
+    """DriftLogger as it was at BASELINE_COMMIT."""
+    return module_at(BASELINE_COMMIT, "analysis/logger.py", "baseline_logger").DriftLogger
+
+
+def time_summarise(repeat: int, steps: int, data: dict) -> dict[str, tuple[float, float]]:
+    """Best (wall, CPU) seconds of `steps` calls of each summary writer on one checked step, alternating."""
+    from analysis import logger_summaries
+    from analysis.token_sample import Kept
+    previous = module_at(PREVIOUS_COMMIT, "analysis/logger_summaries.py", "previous_summaries")
+    logger = DriftLogger(tempfile.mkdtemp(), "bench", token_sample=0.0)
+    x = logger._checked(0, **{"sampler_experts": None, "trainer_experts": None, "sample_ids": None} | data)
+    kept = Kept(int(x.mask.sum()), 0, 0, 0, 0)
+    work = logger_summaries.Workspace()
+    writers = {f"layout-1 writer ({PREVIOUS_COMMIT})": lambda: previous.summarise(x, kept, logger.plan),
+               "this writer (layout 2)": lambda: logger_summaries.summarise(x, kept, logger.plan, work)}
+    best = {name: (float("inf"), float("inf")) for name in writers}
+    for _ in range(repeat):
+        for name, run in writers.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(steps):
+                run()
+            best[name] = min(best[name], (time.perf_counter() - t0, time.process_time() - c0))
+    return best
 
 
 def make_step(n_tokens: int, seed: int = 0) -> dict:
@@ -107,6 +139,12 @@ def main() -> None:
         lines.append(f"- {name}: {secs:.3f} s for {n:,} tokens -> {n / secs / 1e6:.2f}M tokens/s "
                      f"({n / cpu / 1e6:.2f}M tokens per CPU-second), {base / secs:.2f}x the baseline's rate; "
                      f"files {sizes[name] / 1e6:.2f} MB per step")
+    alone = time_summarise(args.repeat, args.steps, data)
+    first = next(iter(alone.values()))
+    lines.append("\nThe summary writer alone (summarise, no files), alternating:\n")
+    for name, (secs, cpu) in alone.items():
+        lines.append(f"- {name}: {secs:.3f} s -> {n / secs / 1e6:.2f}M tokens/s ({n / cpu / 1e6:.2f}M tokens per "
+                     f"CPU-second), {first[0] / secs:.2f}x the layout-1 writer's rate (CPU: {first[1] / cpu:.2f}x)")
     header = (f"## {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S')}Z\n\n"
               f"Command: `python benchmarks/bench_logger.py --tokens {args.tokens} --steps {args.steps} "
               f"--repeat {args.repeat} --threads {args.threads}`  \n"
@@ -115,9 +153,13 @@ def main() -> None:
               f"{os.getloadavg()[0]:.1f} (other processes share the CPUs)  \n"
               f"Data: {args.steps} steps × {n // args.steps:,} trained tokens (fp32 log-probs, no routing), "
               f"best of {args.repeat} rounds, alternating\n\n")
-    text = header + "\n".join(lines) + "\n"
+    record(header + "\n".join(lines) + "\n", write=not args.no_write)
+
+
+def record(text: str, write: bool = True) -> None:
+    """Print an entry and append it to RESULTS-logger.md (the logger benchmarks share it)."""
     print(text)
-    if not args.no_write:
+    if write:
         if not RESULTS.exists():
             RESULTS.write_text(RESULTS_INTRO)
         with RESULTS.open("a") as fp:

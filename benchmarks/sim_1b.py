@@ -36,10 +36,10 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from analysis.logger import DriftLogger  # noqa: E402
 from analysis.logger import _write as write_parquet  # noqa: E402  (the logger's encoding)
+from bench_logger import record  # noqa: E402  (benchmarks/ is the script's folder)
 
 WORK = ROOT / "benchmarks" / "work" / "sim1b"
 RUN = "sim-1b"
-RESULTS = ROOT / "benchmarks" / "RESULTS-logger.md"
 
 
 def set_work(path: Path) -> None:
@@ -122,6 +122,27 @@ def sizes() -> dict[str, int]:
     return out
 
 
+def parts(step: int = 0) -> tuple[dict[str, int], dict[str, int]]:
+    """What one step's files are made of: the bytes of each summary table's rows written alone with the
+    logger's encoding (their sum is close to, not equal to, the one file's size), and the step's token rows by
+    why they were kept (summary_sample: uniform draw, worst sequences, top |Δ|; the parts overlap)."""
+    import tempfile
+
+    import pyarrow.compute as pc
+    table = pq.read_table(WORK / RUN / f"summary-step{step:06d}.parquet")
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in sorted(set(table["summary"].to_pylist())):
+            rows = table.filter(pc.equal(table["summary"], name))
+            rows = rows.select([c for c in rows.column_names if rows[c].null_count < rows.num_rows])
+            path = Path(tmp) / f"{name}.parquet"
+            write_parquet(rows, path)
+            out[f"{name} ({rows.num_rows} rows)"] = path.stat().st_size
+    sample = table.filter(pc.equal(table["summary"], "summary_sample")).to_pylist()[0]
+    kept = {k: sample[k] for k in ("n_kept", "n_uniform", "n_worst_seq_tokens", "n_top_tokens")}
+    return out, kept
+
+
 def ingest_and_check(args) -> tuple[float, int, float]:
     db = WORK / "sim.duckdb"
     for f in (db, db.with_name(db.name + ".wal")):
@@ -175,6 +196,7 @@ def main() -> None:
         return
     logged = replicate(args.steps) if args.replicate else args.steps
     size = sizes()
+    step_parts, kept = parts()
     wall, db_size, worst = ingest_and_check(args)
     total = args.steps * args.tokens
     lines = [f"## {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S')}Z — simulated run\n",
@@ -190,15 +212,15 @@ def main() -> None:
         lines.append(f"- logging: {spent:.1f} s in log_step ({total / spent / 1e6:.1f}M tokens/s)")
     lines += [f"- files: {sum(size.values()) / 1e6:.1f} MB in all ("
               + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(size.items())) + ")",
+              "- step 0's summary tables written alone: " + ", ".join(f"{k} {v / 1e3:.1f} KB"
+                                                                  for k, v in step_parts.items()),
+              "- step 0's token rows: " + ", ".join(f"{k} {v:,}" for k, v in kept.items())
+              + " (n_kept counts each token once)",
               f"- `python -m analysis ingest` (whole process, fresh database): {wall:.1f} s; database "
               f"{db_size / 1e6:.1f} MB",
               f"- per-step curves (summaries.read.token_table by step) against every token's exact sums: "
               f"max rel diff {worst:.1e} over {args.steps} steps (n_tokens equal)"]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        with RESULTS.open("a") as fp:
-            fp.write("\n" + text)
+    record("\n".join(lines) + "\n", write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ from analysis.logger import DriftLogger
 from analysis.store import Store
 from analysis.summaries import schema as S
 
-COMPARED = ("summary_step", "summary_seq", "summary_hist", "summary_bucket", "summary_layer", "expert_load")
+COMPARED = ("summary_step", "summary_seq", "summary_seq_band", "summary_hist", "summary_bucket", "summary_bucket_band",
+            "summary_layer", "expert_load")
 
 
 def make_step(B=12, T=30, L=3, K=2, E=6, seed=0, dtype=torch.float32, routing="both"):
@@ -93,7 +94,7 @@ def reference_store(tmp_path, step_data, step=4) -> Store:
 def logger_store(tmp_path, step_data, token_sample, step=4, name="logged") -> Store:
     log = DriftLogger(tmp_path / name, "r", token_sample=token_sample, worst_sequences=2, top_tokens=5)
     paths = log.log_step(step, **step_data)
-    assert pq.read_schema(paths["summary"]).metadata[summary_files.SUMMARY_KEY] == b"1"
+    assert pq.read_schema(paths["summary"]).metadata[summary_files.SUMMARY_KEY] == summary_files.FORMAT_VERSION
     store = Store(tmp_path / f"{name}.duckdb")
     outcomes = ingest_paths(store, [tmp_path / name])
     assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
@@ -135,7 +136,11 @@ def test_widths_and_routing_sides(tmp_path, dtype, routing):
         assert_same_rows(merged(got, table), merged(ref, table), table)
 
 
-def test_lag_buckets_from_per_token_versions(tmp_path):
+@pytest.mark.parametrize("chunk_rows", [None, 2])
+def test_lag_buckets_from_per_token_versions(tmp_path, monkeypatch, chunk_rows):
+    from analysis import logger_summaries
+    if chunk_rows:
+        monkeypatch.setattr(logger_summaries, "CHUNK_TOKENS", 9 * chunk_rows)
     data = make_step(B=5, T=9, seed=5, routing=None)
     g = torch.Generator().manual_seed(9)
     data["sampler_version"] = torch.randint(0, 4, (5, 9), generator=g)  # per token, and lags of both signs
@@ -171,9 +176,10 @@ def test_chunked_reduction_equals_reference(tmp_path, monkeypatch):
 
 def test_every_summary_column_is_written():
     """A column added to the summary format (analysis/summaries/schema.py) must be computed here too."""
-    from analysis.logger_summaries import token_terms
+    from analysis.logger_summaries import EXTREMES, WIDE, token_terms
+    assert set(WIDE) | set(EXTREMES) | {"max_abs_d"} == {c.name for c in S.TOKEN_SUMS}
     terms = token_terms(torch.tensor([-1.0], dtype=torch.float64), torch.tensor([-0.5], dtype=torch.float64))
-    assert set(terms.row) | {"n_tokens"} >= {c.name for c in S.TOKEN_SUMS}
+    assert terms.V.shape == (len(WIDE), 1) and terms.X.shape == (len(EXTREMES), 1)
 
 
 @pytest.mark.slow  # several databases built through ingest
@@ -190,3 +196,26 @@ def test_a_step_logged_by_two_ranks_merges_to_the_whole(tmp_path):
     assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
     for table in COMPARED:
         assert_same_rows(merged(both, table), merged(whole, table), table)
+
+
+def test_mask_with_holes_and_empty_rows(tmp_path, monkeypatch):
+    """Trained positions anywhere in a row (not a prefix), rows with none, NaN at padding, 3 rows per chunk:
+    padding adds nothing to any sum, extreme, position bucket or max_pos."""
+    from analysis import logger_summaries
+    data = make_step(B=8, T=16, seed=13)
+    g = torch.Generator().manual_seed(4)
+    mask = torch.rand(8, 16, generator=g) < 0.6
+    mask[2] = False
+    mask[5, 0] = False
+    data["sampler_version"][2] = 100  # the empty row's lag lies outside the step's lags
+    data["mask"] = mask
+    for side in ("sampler_logprobs", "trainer_logprobs"):  # finite where trained, NaN elsewhere
+        lp = data[side].nan_to_num(-1.0)
+        lp[~mask] = float("nan")
+        data[side] = lp
+    ref = reference_store(tmp_path, data)
+    monkeypatch.setattr(logger_summaries, "CHUNK_TOKENS", 48)
+    got = logger_store(tmp_path, data, 0.0)
+    for table in COMPARED:
+        assert_same_rows(merged(got, table), merged(ref, table), table)
+    assert 2 * 3 + 100 not in {r["sample"] for r in merged(got, "summary_seq")}
