@@ -143,12 +143,25 @@ class _Worker:
 
 
 def _warm_lab_import() -> None:
-    """A lab run imports torch (seconds, once per process): do it early where the lab can be used."""
-    if access.writable() and "analysis.lab.run" not in sys.modules:
+    """A lab run imports torch (seconds, once per process): do it early where the lab can be used.
+
+    The import runs in a thread of its own that is not a daemon, and this one waits for it. An import cannot be
+    interrupted, and one still running when the server is stopped (SIGTERM) must finish before the exit
+    handlers run: the interpreter waits for non-daemon threads first. In this daemon worker it would instead
+    finish inside the exit handlers (the worker's stop() waits for it), where what torch registers for exit
+    (weakref finalizers, atexit) is never run and its finalizers print tracebacks at teardown."""
+    if not access.writable() or "analysis.lab.run" in sys.modules or not threading.main_thread().is_alive():
+        return  # no lab here, already imported, or the interpreter is exiting
+
+    def load() -> None:
         try:
             importlib.import_module("analysis.lab.run")
         except Exception:
             S.log.debug("could not import the drift lab", exc_info=True)
+
+    loader = threading.Thread(target=load, name="driftscope-lab-import", daemon=False)
+    loader.start()
+    loader.join()
 
 
 _worker = _Worker()
