@@ -203,7 +203,14 @@ def start(sel: S.Selection, page: str | None = None) -> None:
     """Prefetch the default views for `sel` once per (database, data version, selection), those of `page`
     (the url of the page being drawn) first: queued before the page runs, computed from GRACE_S after
     `page_done()` (a view the page itself computed is cached by then and costs nothing)."""
-    _worker.script_started()  # app.py calls page_done() after the page, whatever happens here
+    _queue(sel, page)
+    # Counted only once start() has returned: app.py's page_done() (in a finally around the page) is then sure
+    # to follow. A rerun interrupting start() raises a BaseException that skips that finally; counted before,
+    # the worker would wait for a script that is no longer running.
+    _worker.script_started()
+
+
+def _queue(sel: S.Selection, page: str | None) -> None:
     if not enabled() or not sel.runs:
         return
     app = S.db()
