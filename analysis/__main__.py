@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
@@ -91,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ingest(db, args) -> int:
+    import logging  # here, not at the top: `metrics` is a whole process per call, and it logs nothing
+
     from analysis.ingest import ingest_paths
     from analysis.ingest.limits import INGEST_MEMORY_LIMIT
     from analysis.ingest.mapping import ingest_mapped, parse_map_args

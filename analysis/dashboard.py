@@ -10,7 +10,7 @@ from typing import Sequence
 
 import polars as pl
 
-from analysis.logger import run_name_slug
+from analysis.run_names import run_name_slug
 from analysis.store import Store
 from analysis.summaries.read import token_table
 

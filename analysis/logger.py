@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import numpy as np
@@ -24,31 +23,8 @@ import torch
 from analysis.ingest import summary_files
 from analysis.logger_summaries import SUMMARISED_KEY, SUMMARISED_VALUE, StepTensors, Workspace, summarise
 from analysis.routing_rows import routing_columns
+from analysis.run_names import safe_run_name
 from analysis.token_sample import TOP_TOKENS, WORST_SEQUENCES, SamplePlan, select, step_generator
-
-_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,127}")
-
-
-def safe_run_name(run: str) -> str:
-    """Return `run` unchanged if it can be a directory name; else raise ValueError suggesting a slug.
-
-    Letters, digits and `. _ + = -`, at most 128 characters, starting with a letter or digit, no "..".
-    """
-    if isinstance(run, str) and _RUN_NAME.fullmatch(run) and ".." not in run:
-        return run
-    slug = run_name_slug(str(run))
-    raise ValueError(f"run name {run!r} cannot be used as a directory name: use letters, digits and "
-                     f"'._+=-' (no path separators, no '..'), for example {slug!r}")
-
-
-def run_name_slug(text: str) -> str:
-    """`text` made into a name safe_run_name accepts: other characters become '-', at most 128 characters.
-
-    >>> run_name_slug("bf16 run #2")
-    'bf16-run-2'
-    """
-    return re.sub(r"[^A-Za-z0-9._+=-]+", "-", text).replace("..", "-").strip(".-_")[:128] or "run"
-
 
 def _tensor(x, name: str, device: torch.device | None = None) -> torch.Tensor:
     """Tensor (any device, any dtype), array or nested list -> torch tensor on `device` (default: its own)."""

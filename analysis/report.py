@@ -4,10 +4,8 @@ from __future__ import annotations
 import polars as pl
 
 from analysis.sql import check_runs
-from analysis.routing import routing_metrics
 from analysis.store import Store
 from analysis.summaries.read import token_table
-
 
 
 def has_trainer_routing(store: Store, runs: list[str]) -> bool:
@@ -27,6 +25,7 @@ def metrics_table(store: Store, runs: list[str], by: str = "step", cap: float = 
     """
     runs = check_runs(runs)
     if by == "layer":
+        from analysis.routing import routing_metrics  # only this table needs it (a whole CLI process per call)
         return routing_metrics(store, runs, by="layer", steps=steps)
     if by not in ("step", "run"):
         raise ValueError(f"by must be 'step', 'layer' or 'run', got {by!r}")

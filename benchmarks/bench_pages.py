@@ -1,11 +1,12 @@
 """Time each dashboard page in a real browser: from clicking its link in the sidebar (or one of its tabs) to idle
 (script finished, every plotly chart drawn), on the demo database and on a large one (≥ 5M tokens).
 
-    python benchmarks/bench_pages.py [--only demo|large] [--rounds 2] [--prefetch on|off] [--think S] [--no-write]
+    python benchmarks/bench_pages.py [--only demo|large|scale] [--rounds 2] [--prefetch on|off] [--think S] [--no-write]
 
 The large database reuses benchmarks/work/bench_metrics.duckdb (5M tokens, 8M routing rows, built with DuckDB
 SQL by bench_metrics.py; built here through it when missing) and adds a second run (the first 10 steps,
-1M tokens, renamed) so that Compare has two runs. Round 1 is cold (each page's first visit: every query runs);
+1M tokens, renamed) so that Compare has two runs. `--only scale` measures the run-scale database instead:
+bench_summaries.py's (40M tokens over 400 steps, 16M routing rows, with summaries) plus the same second run. Round 1 is cold (each page's first visit: every query runs);
 later rounds are warm (the app's per-data-version cache answers). With --prefetch on (the app's default) the
 app computes the other pages' default views in the background after each page; --think S waits S seconds on
 each page before the next click, as a reader would. Results go to benchmarks/RESULTS-pages.md.
@@ -35,7 +36,9 @@ WORK = ROOT / "benchmarks" / "work"
 RESULTS = ROOT / "benchmarks" / "RESULTS-pages.md"
 LARGE = WORK / "pages_large.duckdb"
 DEMO = WORK / "pages_demo.duckdb"
-LARGE_VERSION = "1"
+LARGE_VERSION = "2"
+SCALE = WORK / "pages_scale.duckdb"
+SCALE_VERSION = "1"
 TARGET_S = 2.0
 
 
@@ -44,35 +47,59 @@ def build_large() -> None:
 
     if not bench_metrics.is_built(bench_metrics.DB):
         bench_metrics.build(bench_metrics.DB)
-    if LARGE.exists():
+    if not _current(LARGE, LARGE_VERSION):
+        _with_second_run(bench_metrics.DB, LARGE, LARGE_VERSION)
+
+
+def build_scale() -> None:
+    """The run-scale database: bench_summaries.py's (40M tokens over 400 steps, 16M routing rows, summaries)
+    plus the second run."""
+    import bench_summaries
+
+    if not bench_summaries.DB.exists():
+        bench_summaries.build(bench_summaries.DB)
+    if not _current(SCALE, SCALE_VERSION):
+        _with_second_run(bench_summaries.DB, SCALE, SCALE_VERSION)
+
+
+def _current(path: Path, version: str) -> bool:
+    """Whether `path` was built by this version of its builder."""
+    if not path.exists():
+        return False
+    try:
+        con = duckdb.connect(str(path), read_only=True)
         try:
-            con = duckdb.connect(str(LARGE), read_only=True)
-            ok = con.execute("SELECT version FROM pages_meta").fetchall()[0][0] == LARGE_VERSION
+            return con.execute("SELECT version FROM pages_meta").fetchall()[0][0] == version
+        finally:
             con.close()
-            if ok:
-                return
-        except duckdb.Error:
-            pass
-        LARGE.unlink()
+    except duckdb.Error:
+        return False
+
+
+def _with_second_run(source: Path, target: Path, version: str) -> None:
+    """`target` = a copy of `source` (run 'bench') plus run 'bench-b': the first 10 steps of 'bench' renamed,
+    in every stored table with a run column (tokens, the compact routing rows, expert load, the summaries: as
+    ingest would have written them for those rows), so that Compare has two runs with different configs."""
+    target.unlink(missing_ok=True)
     t0 = time.perf_counter()
-    shutil.copy(bench_metrics.DB, LARGE)
-    con = duckdb.connect(str(LARGE))
-    con.execute("""INSERT INTO tokens SELECT * REPLACE ('bench-b' AS run) FROM tokens
-                   WHERE run = 'bench' AND step < 10""")
-    con.execute("""INSERT INTO routing SELECT * REPLACE ('bench-b' AS run) FROM routing
-                   WHERE run = 'bench' AND step < 10""")
-    con.execute("""INSERT INTO expert_load SELECT * REPLACE ('bench-b' AS run) FROM expert_load
-                   WHERE run = 'bench' AND step < 10""")
-    con.execute("""UPDATE runs SET config = '{"sampler_dtype": "bf16", "trainer_dtype": "fp32"}'
-                   WHERE run = 'bench'""")
+    shutil.copy(source, target)
+    con = duckdb.connect(str(target))
+    tables = [t for (t,) in con.execute(
+        """SELECT table_name FROM duckdb_columns() WHERE column_name = 'run' AND NOT internal
+           AND table_name IN (SELECT table_name FROM duckdb_tables()) AND table_name NOT IN ('runs', 'files')
+           ORDER BY table_name""").fetchall()]
+    con.execute("BEGIN TRANSACTION")
+    for t in tables:
+        con.execute(f"INSERT INTO {t} SELECT * REPLACE ('bench-b' AS run) FROM {t} WHERE run = 'bench' AND step < 10")
+    con.execute("""UPDATE runs SET config = '{"sampler_dtype": "bf16", "trainer_dtype": "fp32"}' WHERE run = 'bench'""")
     con.execute("""INSERT INTO runs (run, config) VALUES
                    ('bench-b', '{"sampler_dtype": "fp16", "trainer_dtype": "fp32"}')""")
-    con.execute("CREATE TABLE pages_meta AS SELECT ? AS version", [LARGE_VERSION])
+    con.execute("CREATE TABLE pages_meta AS SELECT ? AS version", [version])
+    con.execute("COMMIT")
     con.execute("CHECKPOINT")
-    n = con.execute("SELECT count(*) FROM tokens").fetchall()[0][0]
-    r = con.execute("SELECT count(*) FROM routing").fetchall()[0][0]
     con.close()
-    print(f"built {LARGE}: {n:,} tokens, {r:,} routing rows in {time.perf_counter() - t0:.1f}s")
+    n, r, _ = sizes(target)
+    print(f"built {target} ({', '.join(tables)}): {n:,} tokens, {r:,} routing rows in {time.perf_counter() - t0:.1f}s")
 
 
 def measure(db: Path, rounds: int, env: dict, think: float = 0.0) -> dict:
@@ -142,7 +169,8 @@ def sizes(db: Path) -> tuple[int, int, int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=("demo", "large"), default=None)
+    ap.add_argument("--only", choices=("demo", "large", "scale"), default=None,
+                    help="one database (default: demo and large); scale: 40M tokens + 16M routing rows, two runs")
     ap.add_argument("--rounds", type=int, default=2, help="visits per page: the first cold, the rest warm")
     ap.add_argument("--prefetch", choices=("on", "off"), default="on",
                     help="the app's background prefetch of other pages' default views (DRIFT_PREFETCH)")
@@ -166,6 +194,13 @@ def main() -> int:
         results["large"]["size"] = sizes(LARGE)
         if args.profile:
             results["large"]["profile"] = profile(LARGE)
+    if args.only == "scale":
+        build_scale()
+        print("scale database")
+        results["scale"] = measure(SCALE, args.rounds, {"DRIFT_NO_DEMO": "1", "DRIFT_PREFETCH": prefetch}, args.think)
+        results["scale"]["size"] = sizes(SCALE)
+        if args.profile:
+            results["scale"]["profile"] = profile(SCALE)
     report = render(results, args)
     print(report)
     if not args.no_write:

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from analysis import metrics, report  # noqa: E402
+from analysis import metrics, report, schema  # noqa: E402
 from analysis.store import Store  # noqa: E402
 from analysis.summaries import compute  # noqa: E402
 
@@ -41,7 +41,7 @@ COMPUTED_FILES = 4  # files summarised by the ingest hook (timed); their summary
 # shifted steps to cover all STEPS (a 2-core shared machine summarises ~0.2M tokens/s: 40M would take minutes)
 SUMMARY_TABLES = ("summary_step", "summary_seq", "summary_seq_band", "summary_hist", "summary_bucket",
                   "summary_bucket_band", "summary_layer")
-BUILD_VERSION = "2"  # 2: summary layout 2 (band tables)
+BUILD_VERSION = "3"  # 2: routing into routing_rows; 3: summary layout 2 (band tables)
 
 
 def build(path: Path) -> dict:
@@ -65,11 +65,13 @@ def build(path: Path) -> dict:
                      * CASE WHEN random() < 0.005 THEN 20.0 ELSE 1.0 END AS d
               FROM range({STEPS * SEQS * LEN}) r(i))""")
     t1 = time.perf_counter()
-    # routing of the first ROUTED_LEN tokens of each step (samples 0..2, positions in order), file_id 1000 + ...
+    # routing of the first ROUTED_LEN tokens of each step (samples 0..2, positions in order), file_id 1000 + ...;
+    # stored compact as ingest stores it (the trainer's list only where it differs; the `routing` view fills it in)
     con.execute(f"""
-        INSERT INTO routing (run, step, sample, pos, layer, sampler_experts, trainer_experts, k, flip, top1_flip,
-                             n_common, file_id)
-        SELECT '{RUN}', step, sample, pos, layer, se, te, {K}, flip, top1, nc, (1000 + step // {FILE_STEPS})::INTEGER
+        INSERT INTO {schema.ROUTING_STORE} (run, step, sample, pos, layer, sampler_experts, trainer_experts, k, flip,
+                                            top1_flip, n_common, file_id)
+        SELECT '{RUN}', step, sample, pos, layer, se, CASE WHEN flip THEN te END, {K}, flip, top1, nc,
+               (1000 + step // {FILE_STEPS})::INTEGER
         FROM (SELECT step, sample, pos, layer, se,
                      CASE WHEN sw THEN list_transform(se, lambda x, j: CASE WHEN j = 1 THEN (x + 1) % {EXPERTS} ELSE x END)
                           ELSE se END AS te, sw AS flip, sw AS top1, CASE WHEN sw THEN {K - 1} ELSE {K} END AS nc

@@ -3,8 +3,10 @@
 On a large database one page's queries take a second (each scans millions of tokens); the user mostly looks at
 a page for longer than that. Once a page has run and the browser has had a moment to draw it, one background
 thread computes what every page (and every tab) shows first for the same selection, through the same cache,
-the current page's other tabs first, so that the next click is served from it. It waits because the browser
-and DuckDB share the machine's cores: computing while the browser draws delayed the first page by seconds.
+the current page's other tabs first, so that the next click is served from it; views that read every token row
+(READS_TOKENS) come after all the rest. Before each call it waits until no page script is running and the last
+one finished GRACE_S ago, because the browser and DuckDB share the machine's cores: computing while the browser
+draws delayed the first page by seconds.
 Calls that are already cached cost nothing; a call a page needs while the thread computes it waits for that
 one result instead of running it twice (streamlit's cache holds a lock per key).
 When the database can be written, the drift lab's module (torch) is imported last, for the Lab page.
@@ -26,6 +28,11 @@ from ui import state as S
 
 Call = tuple[Callable, tuple, dict]
 GRACE_S = 1.0  # after the page's script has finished: the browser draws it before the worker takes the cores
+# Views whose query reads every token row of the selection (seconds at tens of millions of tokens, where the rest
+# read summaries in tens of milliseconds): queued after all the others, so that one of them does not hold up the
+# cheap views of every other page.
+READS_TOKENS = {distributions.prob_density_2d, findings.findings_table, corrections.compare_methods,
+                corrections.log_ratio_quantiles, context.step_context}
 _started: set[tuple] = set()
 _lock = threading.Lock()
 
@@ -81,7 +88,7 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
     calls: list[Call] = []
     for url in order:
         calls += [c for c in pages[url] if c not in calls]
-    return calls
+    return sorted(calls, key=lambda c: c[0] in READS_TOKENS)  # stable: page order kept within each group
 
 
 class _Worker:
@@ -95,6 +102,8 @@ class _Worker:
         self.idle.set()
         self._page_done = threading.Event()
         self._stopping = False
+        self._scripts = 0  # page scripts running now (any session)
+        self._quiet_since = time.monotonic()  # when the last one finished
 
     def submit(self, app: S.AppDB, version: int, calls: list[Call]) -> None:
         with self._cv:
@@ -106,8 +115,30 @@ class _Worker:
                 self._thread.start()
             self._cv.notify()
 
+    def script_started(self) -> None:
+        with self._cv:
+            self._scripts += 1
+
     def page_done(self) -> None:
-        self._page_done.set()
+        with self._cv:
+            self._scripts = max(0, self._scripts - 1)
+            self._quiet_since = time.monotonic()
+            self._page_done.set()
+            self._cv.notify_all()
+
+    def _wait_quiet(self, limit: float = 60.0) -> None:
+        """Before each call: wait until no page script runs and the last one finished GRACE_S ago (the browser
+        is drawing it), so that a click on another page does not share the cores with a prefetch query started
+        meanwhile. A query already running is not stopped. At most `limit` seconds (a page that never says
+        it finished holds nothing up for long)."""
+        deadline = time.monotonic() + limit
+        with self._cv:
+            while not (self._stopping or self._job is not None):
+                now = time.monotonic()
+                grace_left = GRACE_S - (now - self._quiet_since)
+                if (self._scripts == 0 and grace_left <= 0) or now >= deadline:
+                    return
+                self._cv.wait(min(grace_left, deadline - now) if self._scripts == 0 else deadline - now)
 
     def stop(self, timeout: float = 10.0) -> None:
         """At exit: no further call starts; wait for the thread (the Store interrupts a query in flight)."""
@@ -130,9 +161,9 @@ class _Worker:
                 app, version, calls = self._job
                 self._job = None
             self._page_done.wait(timeout=60)  # a page that never says so (an error) holds nothing up for long
-            time.sleep(GRACE_S)
             path = str(app.store.path)
             for fn, args, kwargs in calls:
+                self._wait_quiet()
                 if app.version != version or self._job is not None or self._stopping or app.store.closing:
                     break  # stale data, a newer selection, or the process is exiting
                 try:
@@ -145,12 +176,25 @@ class _Worker:
 
 
 def _warm_lab_import() -> None:
-    """A lab run imports torch (seconds, once per process): do it early where the lab can be used."""
-    if access.writable() and "analysis.lab.run" not in sys.modules:
+    """A lab run imports torch (seconds, once per process): do it early where the lab can be used.
+
+    The import runs in a thread of its own that is not a daemon, and this one waits for it. An import cannot be
+    interrupted, and one still running when the server is stopped (SIGTERM) must finish before the exit
+    handlers run: the interpreter waits for non-daemon threads first. In this daemon worker it would instead
+    finish inside the exit handlers (the worker's stop() waits for it), where what torch registers for exit
+    (weakref finalizers, atexit) is never run and its finalizers print tracebacks at teardown."""
+    if not access.writable() or "analysis.lab.run" in sys.modules or not threading.main_thread().is_alive():
+        return  # no lab here, already imported, or the interpreter is exiting
+
+    def load() -> None:
         try:
             importlib.import_module("analysis.lab.run")
         except Exception:
             S.log.debug("could not import the drift lab", exc_info=True)
+
+    loader = threading.Thread(target=load, name="driftscope-lab-import", daemon=False)
+    loader.start()
+    loader.join()
 
 
 _worker = _Worker()
@@ -161,6 +205,14 @@ def start(sel: S.Selection, page: str | None = None) -> None:
     """Prefetch the default views for `sel` once per (database, data version, selection), those of `page`
     (the url of the page being drawn) first: queued before the page runs, computed from GRACE_S after
     `page_done()` (a view the page itself computed is cached by then and costs nothing)."""
+    _queue(sel, page)
+    # Counted only once start() has returned: app.py's page_done() (in a finally around the page) is then sure
+    # to follow. A rerun interrupting start() raises a BaseException that skips that finally; counted before,
+    # the worker would wait for a script that is no longer running.
+    _worker.script_started()
+
+
+def _queue(sel: S.Selection, page: str | None) -> None:
     if not enabled() or not sel.runs:
         return
     app = S.db()
