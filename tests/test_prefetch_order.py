@@ -6,7 +6,7 @@ import threading
 import time
 from types import SimpleNamespace
 
-from analysis import corrections, dashboard, findings, routing
+from analysis import corrections, dashboard, findings, routing, sampled
 from ui import prefetch
 from ui import state as S
 
@@ -19,7 +19,7 @@ def test_views_that_read_token_rows_come_after_all_the_others():
     runs = ["a", "b"]
     kinds = {"a": "both", "b": "both"}
     for first_page, first_fn in ((None, dashboard.run_and_step_tables), ("routing", routing.routing_metrics),
-                                 ("findings", dashboard.run_and_step_tables)):
+                                 ("findings", sampled.thin_steps)):
         calls = prefetch.default_calls(_sel(runs), kinds, first_page)
         reads = [c[0] in prefetch.READS_TOKENS for c in calls]
         assert any(reads) and not all(reads)
