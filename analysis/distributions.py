@@ -11,7 +11,7 @@ import math
 import numpy as np
 import polars as pl
 
-from analysis import metrics
+from analysis import metrics, sampled
 from analysis.sql import check_runs, run_filter, token_filter
 from analysis.store import Store
 from analysis.summaries import schema as S
@@ -167,15 +167,22 @@ def step_histogram(store: Store, run: str, n_bins: int = 60, steps: tuple[int, i
 
 
 def prob_density_2d(store: Store, runs: list[str], n_bins: int = 100,
-                    steps: tuple[int, int] | None = None) -> pl.DataFrame:
+                    steps: tuple[int, int] | None = None, thin: bool = False) -> pl.DataFrame:
     """2-D histogram of (x = exp s, y = exp t), the sampler and trainer probabilities of each token.
 
     `n_bins` × `n_bins` equal cells on [0, 1]², pooled over the selected runs; a perfect match lies on the
-    diagonal. n_bins is capped at √MAX_CELLS. Returns [x_lo, x_hi, y_lo, y_hi, count] for non-empty cells.
+    diagonal. n_bins is capped at √MAX_CELLS. thin=True: on a selection of more than sampled.THIN_TOKENS
+    tokens, only the steps `sampled.thin_steps` picks (every k-th). Returns [x_lo, x_hi, y_lo, y_hi, count]
+    for non-empty cells.
     """
     n_bins = min(_check_bins(n_bins), math.isqrt(MAX_CELLS))
-    where, params = token_filter(store, check_runs(runs), steps)
+    runs = check_runs(runs)
+    where, params = token_filter(store, runs, steps)
     params["n"] = n_bins
+    only = sampled.thin_steps(store, runs, [steps]).steps if thin else None
+    if only is not None:
+        params["only_steps"] = list(only)
+        where += " AND step IN (SELECT unnest($only_steps))"
     df = store.sql(f"""
         SELECT least(floor(exp(sampler_logprob) * $n), $n - 1)::BIGINT AS bx,
                least(floor(exp(trainer_logprob) * $n), $n - 1)::BIGINT AS by_, count(*) AS count

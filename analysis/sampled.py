@@ -79,11 +79,12 @@ def _ordinal(k: int) -> str:
 
 
 def thin_steps(store: Store, runs: Sequence[str], ranges: Sequence[tuple[int, int] | None],
-               budget: int = THIN_TOKENS) -> StepThinning:
+               budget: int | None = None) -> StepThinning:
     """Steps of `runs` to read so that a token-level what-if over the step `ranges` (inclusive; None = all steps)
-    reads about `budget` tokens: every step when the selection holds no more, else every k-th step of each range
+    reads about `budget` tokens (default THIN_TOKENS): every step when the selection holds no more, else every k-th step of each range
     from its first step, k = ⌈tokens / budget⌉ (each range keeps at least one step; the token count per step comes
     from the summaries, so choosing costs nothing)."""
+    budget = THIN_TOKENS if budget is None else budget
     where, params = run_filter(check_runs(runs))
     per_step = dict(store.rows(f"SELECT step, sum(n_tokens)::BIGINT FROM summary_step WHERE {where} "
                                f"GROUP BY step HAVING sum(n_tokens) > 0 ORDER BY step", params))

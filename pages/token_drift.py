@@ -61,13 +61,15 @@ if run_tab.open:
         with right, S.guard("bin the probability pairs"):
             log_axes = st.toggle("Log axes", key="tokens_density_log",
                                  help="Spread out the low-probability tokens, where most of the drift lives.")
-            df = S.cached(distributions.prob_density_2d, [run], n_bins=100, steps=sel.steps)
+            df = S.cached(distributions.prob_density_2d, [run], n_bins=100, steps=sel.steps, thin=True)
+            thin = S.cached(sampled.thin_steps, [run], (sel.steps,))
             if df.is_empty():
                 st.info("No tokens in this step range.")
             else:
                 st.plotly_chart(charts.density_2d(df, log_axes=log_axes), key="tokens_density")
                 st.caption("Each token placed at (sampler probability, trainer probability), counted in 100 × 100 "
-                           "bins. Perfect agreement puts everything on the dashed diagonal.")
+                           "bins. Perfect agreement puts everything on the dashed diagonal."
+                           + (f" It reads token rows: on a run this large, {thin.label()}." if thin.label() else ""))
 
         with S.guard("list the most mismatched tokens"):
             if st.toggle(f"Show the tokens with the largest mean |Δ| in {run}", key="tokens_top_show",

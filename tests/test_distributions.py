@@ -88,6 +88,19 @@ def test_prob_density_2d_matches_numpy(metrics_data):
     assert got == ref and df.height <= 64
 
 
+def test_thinned_prob_density_counts_the_chosen_steps_only(metrics_data, monkeypatch):
+    from analysis import sampled
+    store, data = metrics_data
+    assert distributions.prob_density_2d(store, ["a"], n_bins=8, thin=True).equals(
+        distributions.prob_density_2d(store, ["a"], n_bins=8))  # small: every step
+    monkeypatch.setattr(sampled, "THIN_TOKENS", 1)
+    th = sampled.thin_steps(store, ["a"], [None], budget=1)
+    assert th.steps is not None and len(th.steps) >= 1
+    got = distributions.prob_density_2d(store, ["a"], n_bins=8, thin=True)
+    tok = data.tokens.filter((pl.col("run") == "a") & pl.col("step").is_in(list(th.steps)))
+    assert got["count"].sum() == tok.height == th.n_read
+
+
 def test_empty_selection_gives_empty_frames(metrics_data):
     store, _ = metrics_data
     assert distributions.log_ratio_histogram(store, ["a"], steps=(9, 9)).height == 0

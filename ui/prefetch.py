@@ -56,7 +56,8 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
         nav.TOKENS.url: [
             (distributions.drift_histograms, (runs,), dict(n_bins=80, steps=steps)),
             (distributions.step_histogram, (first,), dict(n_bins=60, steps=steps)),
-            (distributions.prob_density_2d, ([first],), dict(n_bins=100, steps=steps)),
+            (distributions.prob_density_2d, ([first],), dict(n_bins=100, steps=steps, thin=True)),
+            (sampled.thin_steps, ([first], (steps,)), {}),
             (sampled.sample_label, ([first],), {}),
             (buckets.has_column_data, (runs, "sampler_entropy"), {}),
             (buckets.has_column_data, (runs, "sampler_version"), {}),
