@@ -137,7 +137,7 @@ def load_groups(store: Store, units: Sequence[Unit], load_one: LoadOne, failure:
             queue[:0] = [[i] for i in group]
         else:
             at, outcomes[at] = failed
-            redo, rest = [i for i, _ in done], group[group.index(at) + 1:]
+            redo, rest = [i for i, _ in done if i != at], group[group.index(at) + 1:]
             queue[:0] = [g for g in (redo, rest) if g]
     if progress:
         progress(len(units), len(units), "")
