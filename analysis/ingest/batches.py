@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import pyarrow as pa
 
 from analysis.ingest.units import Outcome, Unit
-from analysis.store import Store, StoreError, Writer
+from analysis.store import Store, Writer
 
 # A file larger than this gets a transaction of its own, as before batching: its own load is long enough that a
 # commit does not matter, and a refusal of a later file never makes it load twice.
