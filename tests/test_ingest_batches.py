@@ -166,3 +166,14 @@ def test_plan_cuts_groups_by_files_bytes_and_large_files(tmp_path, monkeypatch):
 
     sizes = [10, 10, 10, 10, 150, 90, 90, 90, 10, 200]
     assert batches.plan([U(n) for n in sizes]) == [[0, 1, 2], [3], [4], [5, 6], [7, 8], [9]]
+
+
+def test_runs_keep_the_order_their_files_were_loaded_in(tmp_path):
+    """Runs are listed by creation time, which is their transaction's start: a file that creates a run ends its
+    shared transaction, so runs met in one call are still listed in load order, not by name."""
+    for i, run in enumerate(("zeta", "alpha", "mid", "alpha")):
+        pq.write_table(pa.table({"run": [run], "step": [i], "sample": [0], "pos": [0], "sampler_logprob": [-0.5],
+                                 "trainer_logprob": [-0.6]}), tmp_path / f"{i}.parquet")
+    store = Store(tmp_path / "d.duckdb")
+    assert [o.status for o in ingest_paths(store, [tmp_path])] == ["loaded"] * 4
+    assert store.run_names() == ["zeta", "alpha", "mid"]

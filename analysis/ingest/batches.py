@@ -44,6 +44,8 @@ class Transaction:
     store: Store
     w: Writer
     loaded: set[tuple[str, str | None]] = field(default_factory=set)  # (sha256, run override) in `files`
+    runs: set[str] = field(default_factory=set)  # runs in `runs`
+    new_run: bool = False  # a file of this transaction created a run
     _runs: set[tuple[str, str]] = field(default_factory=set)  # (run, config JSON) ensured in this transaction
     _pending: dict[tuple[str, tuple[str, ...]], list[pa.Table]] = field(default_factory=dict)
     _pending_rows: int = 0
@@ -51,7 +53,8 @@ class Transaction:
     @classmethod
     def open(cls, store: Store, w: Writer) -> "Transaction":
         files = store.files()  # read inside the transaction (same cursor): committed files plus none of ours yet
-        return cls(store, w, set(zip(files["sha256"].to_list(), files["run_override"].to_list())))
+        return cls(store, w, set(zip(files["sha256"].to_list(), files["run_override"].to_list())),
+                   set(store.run_names()))
 
     def is_loaded(self, sha256: str, run_override: str | None) -> bool:
         return (sha256, run_override) in self.loaded
@@ -69,6 +72,8 @@ class Transaction:
         if new:
             self.w.ensure_runs(new, config)
             self._runs.update((r, key) for r in new)
+            self.new_run |= not self.runs.issuperset(runs)
+            self.runs.update(runs)
 
     def append(self, table: str, data: pa.Table) -> None:
         """Rows for a summary table (or expert_load), inserted with the other files' rows of the same table at
@@ -133,6 +138,8 @@ def load_groups(store: Store, units: Sequence[Unit], load_one: LoadOne, failure:
         if failed is None:
             for i, outcome in done:
                 outcomes[i] = outcome
+            if len(done) < len(group):  # cut after a new run: the rest in the next transaction
+                queue.insert(0, group[len(done):])
         elif failed[0] is None:  # the end of the transaction failed: each file again, alone, to find which
             queue[:0] = [[i] for i in group]
         else:
@@ -161,6 +168,10 @@ def _transaction(store: Store, units: Sequence[Unit], group: list[int], load_one
                     if progress:
                         progress(current, len(units), units[current].name)
                 done.append((current, load_one(tx, units[current], first)))
+                if tx.new_run:
+                    # runs are listed in creation order, and a run's `created` is its transaction's start time:
+                    # the next run's files start a transaction of their own, as they did one file per transaction
+                    break
             current = None
             tx.flush()
     except Exception as e:  # the transaction has rolled back
