@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 KEY_INT = {"tokens": ("step", "sample", "pos"), "routing": ("step", "sample", "pos", "layer"),
            "sequences": ("step", "sample")}
@@ -26,24 +27,31 @@ def _strictly_increasing(cols: list[np.ndarray]) -> bool:
 
 
 class TableKeys:
-    """Tracks whether one table's keys, over all batches of a file, are strictly increasing."""
+    """Tracks whether one table's keys, over all batches of a file, are strictly increasing, and the runs and
+    the step range they cover (rows of other files outside them cannot share a key with this file)."""
 
     def __init__(self, table: str):
         self.names = KEY_INT[table]
         self.ordered = True
         self.run: str | None = None
         self.last: tuple | None = None
+        self.runs: set[str] = set()
+        self.steps: tuple[int, int] | None = None  # (lowest, highest)
 
     def add(self, data: pa.Table) -> None:
-        if not self.ordered or not data.num_rows:
+        if not data.num_rows:
+            return
+        runs = pc.unique(data.column("run")).to_pylist()
+        self.runs.update(runs)
+        lo, hi = (v.as_py() for v in pc.min_max(data.column("step")).values())
+        self.steps = (lo, hi) if self.steps is None else (min(lo, self.steps[0]), max(hi, self.steps[1]))
+        if not self.ordered:
             return
         cols = [data.column(c).to_numpy() for c in self.names]
-        runs = data.column("run")
-        first_run = runs[0].as_py()
-        if (self.run is not None and first_run != self.run) or not _single_value(runs):
+        if len(runs) != 1 or (self.run is not None and runs[0] != self.run):
             self.ordered = False
             return
-        self.run = first_run
+        self.run = runs[0]
         if self.last is not None and tuple(int(c[0]) for c in cols) <= self.last:
             self.ordered = False
             return
@@ -51,11 +59,6 @@ class TableKeys:
             self.ordered = False
             return
         self.last = tuple(int(c[-1]) for c in cols)
-
-
-def _single_value(arr: pa.ChunkedArray) -> bool:
-    import pyarrow.compute as pc
-    return pc.count_distinct(arr).as_py() == 1
 
 
 def routing_tokens(data: pa.Table) -> pa.Table:

@@ -1,4 +1,4 @@
-"""Load files and folders into the store: one transaction per file, idempotent by content hash.
+"""Load files and folders into the store: all-or-nothing per file, idempotent by content hash.
 
 Files given together may come in any order: token-bearing files load before routing-only ones, so a
 routing file finds its tokens. A refused file leaves the database exactly as it was.
@@ -14,10 +14,12 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.ingest import frameworks, long, sequences, summary_files, tensors
+from analysis.ingest.batches import ALONE_BYTES, Transaction, load_groups, unit_bytes
 from analysis.summaries import compute as summaries
 from analysis.ingest.detect import detect
 from analysis.ingest.errors import BadExperts, DuplicateKey, IngestError, NotALogFile, OrphanRouting, TooLarge
@@ -171,81 +173,84 @@ def content_hash(paths: Sequence[Path]) -> tuple[str, int]:
 
 def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits | None = None,
               config: dict | None = None, on_rows: RowsCallback | None = None) -> Outcome:
-    limits = limits or Limits.from_env()
+    """Load one unit in its own transaction."""
+    return load_units(store, [unit], run, limits or Limits.from_env(), config, on_rows=on_rows)[0]
+
+
+def _failure(unit: Unit, e: BaseException) -> Outcome:
+    """The Outcome of a unit whose load raised `e` (its transaction has rolled back)."""
+    fmt = unit.detected.format
+    if isinstance(e, IngestError):
+        return refused(unit.name, e, fmt)
+    if isinstance(e, StoreError):
+        return Outcome(unit.name, "refused", fmt, message=f"{unit.name}: {e}", rule="refused by the database")
+    if isinstance(e, (MemoryError, RecursionError)):
+        return Outcome(unit.name, "refused", fmt, message=f"{unit.name}: too large to load ({type(e).__name__})",
+                       rule=TooLarge.rule)
+    return internal_error(unit.name, e, fmt)
+
+
+def _load_into(tx: Transaction, unit: Unit, run: str | None, limits: Limits, config: dict | None,
+               on_rows: RowsCallback | None) -> Outcome:
+    """Load one unit inside the open transaction `tx`; raises on a refusal (the caller rolls back)."""
     fmt = unit.detected.format
     if unit.skip:
         return Outcome(unit.name, "skipped", fmt, message=unit.skip)
     sha, size = content_hash(unit.paths)
-    if store.is_loaded(sha, run):
+    if tx.is_loaded(sha, run):  # by an earlier call, or by an earlier file of this one
         return Outcome(unit.name, "skipped", fmt, message="same content already loaded")
     if fmt == "summary":
-        return _load_summary(store, unit, sha, size, run, limits, config)
+        return _load_summary(tx, unit, sha, size, run, limits, config)
+    w = tx.w
     rows = {"tokens": 0, "routing": 0, "sequences": 0}
     summarised = summaries.tokens_summarised(unit.paths, fmt)  # DriftLogger's sample: its summaries come separately
-    try:
-        with store.transaction() as w:
-            if store.is_loaded(sha, run):  # another session loaded it while we waited for the lock
-                return Outcome(unit.name, "skipped", fmt, message="same content already loaded")
-            fid = w.new_file(sha, unit.name, size, fmt, run)
-            runs: set[str] = set()
-            keys = {t: TableKeys(t) for t in rows}
+    fid = tx.new_file(sha, unit.name, size, fmt, run)
+    keys = {t: TableKeys(t) for t in rows}
 
-            def prepared():
-                for batch in unit.reader(unit, limits):
-                    data, experts = normalise(unit.name, batch, run, fid)
-                    if data.num_rows == 0:
-                        continue
-                    runs.update(pc.unique(data.column("run")).to_pylist())
-                    keys[batch.table].add(data)
-                    if experts is not None:
-                        # per-batch partial results go to the database, which spills: nothing here grows with the file
-                        if not summarised:  # a sample's expert load comes in its summary file
-                            yield STAGED_LOAD, expert_load(data, experts.S, experts.T, experts.t_rows)
-                        if keys["routing"].ordered:
-                            yield STAGED_TOKENS, routing_tokens(data)
-                    yield batch.table, data
+    def prepared():
+        for batch in unit.reader(unit, limits):
+            data, experts = normalise(unit.name, batch, run, fid)
+            if data.num_rows == 0:
+                continue
+            keys[batch.table].add(data)
+            if experts is not None:
+                # per-batch partial results go to the database, which spills: nothing here grows with the file
+                if not summarised:  # a sample's expert load comes in its summary file
+                    yield STAGED_LOAD, expert_load(data, experts.S, experts.T, experts.t_rows)
+                if keys["routing"].ordered:
+                    yield STAGED_TOKENS, routing_tokens(data)
+            yield batch.table, data
 
-            # reading and checking batch i+1 overlaps with DuckDB inserting batch i (both release the GIL)
-            insert_items(w, prefetch(whole_row_groups(prepared())), (STAGED_LOAD, STAGED_TOKENS), rows, fid,
-                         _rows_reporter(unit, on_rows))
-            _check_file(w, unit.name, fid, rows, keys)
-            if rows["routing"] and not summarised:
-                w.finish_expert_load(STAGED_LOAD, fid)  # the partial counts of every batch, summed
-            w.drop_staged(STAGED_LOAD, STAGED_TOKENS)
-            summaries.add_file(w, fid, summarised, unit.name)
-            w.ensure_runs(sorted(runs), config or unit.config)
-            w.finish_file(fid, sum(rows.values()))
-    except IngestError as e:
-        return refused(unit.name, e, fmt)
-    except StoreError as e:
-        return Outcome(unit.name, "refused", fmt, message=f"{unit.name}: {e}", rule="refused by the database")
-    except (MemoryError, RecursionError) as e:
-        return Outcome(unit.name, "refused", fmt, message=f"{unit.name}: too large to load ({type(e).__name__})",
-                       rule=TooLarge.rule)
-    return Outcome(unit.name, "loaded", fmt, rows, sorted(runs))
+    # reading and checking batch i+1 overlaps with DuckDB inserting batch i (both release the GIL); a small
+    # file is one batch, with nothing to overlap, and a thread per file would only add its start-up
+    items = whole_row_groups(prepared())
+    insert_items(w, prefetch(items) if unit_bytes(unit) > ALONE_BYTES else items, (STAGED_LOAD, STAGED_TOKENS),
+                 rows, fid, _rows_reporter(unit, on_rows))
+    _check_file(w, unit.name, fid, rows, keys)
+    if rows["routing"] and not summarised:
+        w.finish_expert_load(STAGED_LOAD, fid)  # the partial counts of every batch, summed
+    w.drop_staged(STAGED_LOAD, STAGED_TOKENS)
+    summaries.add_file(w, fid, summarised, unit.name)
+    runs = sorted(set().union(*(k.runs for k in keys.values())))
+    tx.ensure_runs(runs, config or unit.config)
+    w.finish_file(fid, sum(rows.values()))
+    return Outcome(unit.name, "loaded", fmt, rows, runs)
 
 
-def _load_summary(store: Store, unit: Unit, sha: str, size: int, run: str | None, limits: Limits,
+def _load_summary(tx: Transaction, unit: Unit, sha: str, size: int, run: str | None, limits: Limits,
                   config: dict | None) -> Outcome:
-    """A DriftLogger summary file: its rows appended to the summary tables, checked whole, in one transaction."""
+    """A DriftLogger summary file: its rows appended to the summary tables, checked whole (they reach the
+    tables with the other files' summary rows at the end of the transaction)."""
     rows: dict[str, int] = {}
     runs: set[str] = set()
-    try:
-        with store.transaction() as w:
-            if store.is_loaded(sha, run):
-                return Outcome(unit.name, "skipped", "summary", message="same content already loaded")
-            fid = w.new_file(sha, unit.name, size, "summary", run)
-            with open(unit.paths[0], "rb") as fp:
-                for table, data in summary_files.read(fp, unit.name, limits, run):
-                    w.insert_arrow(table, data.append_column("file_id", pa.array([fid] * data.num_rows, pa.int32())))
-                    rows[table] = rows.get(table, 0) + data.num_rows
-                    runs.update(pc.unique(data.column("run")).to_pylist())
-            w.ensure_runs(sorted(runs), config or unit.config)
-            w.finish_file(fid, sum(rows.values()))
-    except IngestError as e:
-        return refused(unit.name, e, "summary")
-    except StoreError as e:
-        return Outcome(unit.name, "refused", "summary", message=f"{unit.name}: {e}", rule="refused by the database")
+    fid = tx.new_file(sha, unit.name, size, "summary", run)
+    with open(unit.paths[0], "rb") as fp:
+        for table, data in summary_files.read(fp, unit.name, limits, run):
+            tx.append(table, data.append_column("file_id", pa.array(np.full(data.num_rows, fid, np.int32))))
+            rows[table] = rows.get(table, 0) + data.num_rows
+            runs.update(pc.unique(data.column("run")).to_pylist())
+    tx.ensure_runs(sorted(runs), config or unit.config)
+    tx.w.finish_file(fid, sum(rows.values()))
     return Outcome(unit.name, "loaded", "summary", rows, sorted(runs))
 
 
@@ -330,9 +335,11 @@ def _rows_reporter(unit: Unit, on_rows: RowsCallback | None) -> Callable[[str, i
 
 
 def _check_file(w, name: str, fid: int, rows: dict[str, int], keys: dict[str, TableKeys]) -> None:
+    others = {t: bool(rows[t]) and _others_in_range(w, t, keys[t], fid) for t in rows}
     for table, cols in (("tokens", "run, step, sample, pos"), ("routing", "run, step, sample, pos, layer"),
                         ("sequences", "run, step, sample")):
-        if rows[table]:
+        # a file in key order holds no key twice (TableKeys): only a clash with other files' rows is possible
+        if rows[table] and (others[table] or not keys[table].ordered):
             dup = w.first_duplicate(table, fid, within=not keys[table].ordered)
             if dup:
                 key = ", ".join(f"{c}={v!r}" for c, v in zip(cols.split(", "), dup[0]))
@@ -345,12 +352,23 @@ def _check_file(w, name: str, fid: int, rows: dict[str, int], keys: dict[str, Ta
                             if v is not None)
             raise OrphanRouting(name, f"routing row ({key})", "no token with this (run, step, sample, pos) exists",
                                 "load the tokens file first or in the same call, and check the run name")
-        conflict = w.first_k_conflict(fid)
+        conflict = w.first_k_conflict(fid) if others["routing"] else None
         if conflict:
             run, step, layer, k_new, k_old = conflict
             raise BadExperts(name, f"run {run!r}, step {step}, layer {layer}",
                              f"top-k has {k_new} experts here but {k_old} in rows already loaded",
                              "every routing row of a layer needs the same k")
+
+
+def _others_in_range(w, table: str, keys: TableKeys, fid: int) -> bool:
+    """Whether other files hold `table` rows of this file's runs within its step range: only those can share a
+    key (or a layer's k) with it. One LIMIT 1 probe, pruned by the step column's zone maps, where the exact
+    checks scan every row of the table: without it, each file of a 1,000-step run paid for all earlier ones."""
+    if keys.steps is None:
+        return False
+    lo, hi = keys.steps
+    return bool(w.execute(f"SELECT 1 FROM {table} WHERE step BETWEEN ? AND ? AND list_contains(?, run) "
+                          "AND file_id <> ? LIMIT 1", [lo, hi, sorted(keys.runs), fid]).fetchall())
 
 
 def ingest_paths(store: Store, paths: Sequence[str | Path], run: str | None = None, config: dict | None = None,
@@ -365,27 +383,22 @@ def ingest_paths(store: Store, paths: Sequence[str | Path], run: str | None = No
     return outcomes + load_units(store, units, run, limits, config, progress, on_rows)
 
 
-def load_units(store: Store, units: Sequence[Unit], run: str | None, limits: Limits, config: dict | None = None,
-               progress: Callable[[int, int, str], None] | None = None,
+def load_units(store: Store, units: Sequence[Unit], run: str | None, limits: Limits | None = None,
+               config: dict | None = None, progress: Callable[[int, int, str], None] | None = None,
                on_rows: RowsCallback | None = None) -> list[Outcome]:
-    """Load units one transaction each; token-bearing units first, so routing rows given in the same call
-    find their tokens whatever the order. `progress(i, n, name)` is told when unit i of n starts, `on_rows`
+    """Load units all-or-nothing each; token-bearing units first, so routing rows given in the same call
+    find their tokens whatever the order. Small units share transactions (analysis/ingest/batches.py), and a
+    refused one still leaves nothing behind. `progress(i, n, name)` is told when unit i of n starts, `on_rows`
     (see analysis.ingest.progress) how many rows of it the database has taken, from a worker thread.
 
     The outermost layer of a load: a unit's unexpected exception (a bug, not a refusal) becomes an "error"
     outcome with its traceback logged; the transaction has rolled back and the next units still load."""
+    limits = limits or Limits.from_env()
     units = sorted(units, key=lambda u: u.detected.kind == "routing")
-    outcomes = []
-    for i, unit in enumerate(units):
-        if progress:
-            progress(i, len(units), unit.name)
-        try:
-            outcomes.append(load_unit(store, unit, run, limits, config, on_rows))
-        except Exception as e:
-            outcomes.append(internal_error(unit.name, e, unit.detected.format))
-    if progress:
-        progress(len(units), len(units), "")
-    return outcomes
+
+    def load_one(tx: Transaction, unit: Unit, first: bool) -> Outcome:
+        return _load_into(tx, unit, run, limits, config, on_rows if first else None)
+    return load_groups(store, units, load_one, _failure, progress)
 
 
 __all__ = ["Outcome", "Unit", "ingest_paths", "load_unit", "load_units", "expand", "READERS", "FOLDER_ADAPTERS"]
