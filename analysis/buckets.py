@@ -6,7 +6,7 @@ from typing import Sequence
 
 import polars as pl
 
-from analysis import schema
+from analysis import sampled, schema
 from analysis.metrics import SEQUENCE_METRICS, TOKEN_METRICS, cap_clip_params, grouped_token_metrics_sql
 from analysis.sql import check_cap_clip, check_runs, kl3_sql, ratio_sql, run_filter, token_filter
 from analysis.store import Store
@@ -141,17 +141,23 @@ def _label(dimension: str, lo: float, hi: float) -> str:
 
 
 def top_tokens(store: Store, run: str, n: int = 20, min_count: int = 5, steps: tuple[int, int] | None = None,
-               order: str = "log_ratio_abs_mean") -> pl.DataFrame:
+               order: str = "log_ratio_abs_mean", thin: bool = False) -> pl.DataFrame:
     """The vocabulary entries with the largest mismatch in one run (tokens seen at least `min_count` times).
 
     Grouped by (token_id, token); log_ratio_abs_mean = mean |Δ|, kl_k3 = mean(r − 1 − Δ) (KL(π_sampler ‖
     π_trainer)), log_ratio_abs_max = max |Δ|, Δ = t − s. Sorted by `order` (one of those three), descending.
-    Returns [token_id, token, n_tokens, log_ratio_abs_mean, kl_k3, log_ratio_abs_max]; empty without token data.
+    thin=True: on a selection of more than sampled.THIN_TOKENS tokens, only the steps `sampled.thin_steps`
+    picks (every k-th). Returns [token_id, token, n_tokens, log_ratio_abs_mean, kl_k3, log_ratio_abs_max];
+    empty without token data.
     """
     if order not in ("log_ratio_abs_mean", "kl_k3", "log_ratio_abs_max", "n_tokens"):
         raise ValueError(f"order must be log_ratio_abs_mean, kl_k3, log_ratio_abs_max or n_tokens, got {order!r}")
     where, params = token_filter(store, [run], steps)
     params.update(min_count=int(min_count), n=int(n))
+    only = sampled.thin_steps(store, [run], [steps]).steps if thin else None
+    if only is not None:
+        params["only_steps"] = list(only)
+        where += " AND step IN (SELECT unnest($only_steps))"
     return store.sql(f"""
         SELECT token_id, token, count(*) AS n_tokens, avg(abs(d)) AS log_ratio_abs_mean,
                avg({kl3_sql(ratio_sql('d'))}) AS kl_k3, max(abs(d)) AS log_ratio_abs_max

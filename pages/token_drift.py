@@ -74,11 +74,14 @@ if run_tab.open:
         with S.guard("list the most mismatched tokens"):
             if st.toggle(f"Show the tokens with the largest mean |Δ| in {run}", key="tokens_top_show",
                          help="Token ids (and texts) seen at least 5 times, ranked by mean |Δ|."):
-                top = S.cached(buckets.top_tokens, run, n=20, min_count=5, steps=sel.steps)
+                top = S.cached(buckets.top_tokens, run, n=20, min_count=5, steps=sel.steps, thin=True)
                 if top.is_empty():
                     st.caption("No token occurs at least 5 times in this range.")
                 else:
                     st.dataframe(top, hide_index=True, key="tokens_top_table", column_config=S.number_columns(top))
+                    label = S.cached(sampled.thin_steps, [run], (sel.steps,)).label()
+                    if label:
+                        st.caption(f"Counted over token rows: on a run this large, {label}.")
 
 if where_tab.open:
     with where_tab, S.guard("group the tokens"):

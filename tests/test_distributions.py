@@ -99,6 +99,9 @@ def test_thinned_prob_density_counts_the_chosen_steps_only(metrics_data, monkeyp
     got = distributions.prob_density_2d(store, ["a"], n_bins=8, thin=True)
     tok = data.tokens.filter((pl.col("run") == "a") & pl.col("step").is_in(list(th.steps)))
     assert got["count"].sum() == tok.height == th.n_read
+    from analysis import buckets  # the top token ids read the same steps
+    top = buckets.top_tokens(store, "a", n=1000, min_count=1, thin=True, order="n_tokens")
+    assert top["n_tokens"].sum() == tok.filter(pl.col("token_id").is_not_null() | pl.col("token").is_not_null()).height
 
 
 def test_empty_selection_gives_empty_frames(metrics_data):
