@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 import duckdb  # noqa: E402
 import polars as pl  # noqa: E402
 
-from analysis import metrics, routing  # noqa: E402
+from analysis import metrics, routing, schema  # noqa: E402
+from analysis.summaries import compute  # noqa: E402
 from analysis.store import Store  # noqa: E402
 
 WORK = ROOT / "benchmarks" / "work"
@@ -34,7 +35,7 @@ RESULTS = ROOT / "benchmarks" / "RESULTS-metrics.md"
 RUN = "bench"
 STEPS, SEQS, LEN = 50, 200, 500          # 50 × 200 × 500 = 5,000,000 tokens
 ROUTED_SEQS, LAYERS, K, EXPERTS = 10, 32, 8, 64  # 50 × 10 × 500 × 32 = 8,000,000 routing rows
-BUILD_VERSION = "1"
+BUILD_VERSION = "3"  # 2: routing stored compact in routing_rows; 3: with summaries
 
 
 def build(path: Path) -> None:
@@ -59,10 +60,11 @@ def build(path: Path) -> None:
     t1 = time.perf_counter()
     # Sampler top-k: base + j·m (mod 64) with m odd, so the k ids are distinct. Trainer: 3% of rows swap the
     # top-1 expert for one outside the set (a flip, n_common = k − 1); 5% rotate the list (same set, top-1 flip).
+    # stored compact as ingest stores it: the trainer's list only where it differs rank for rank (view `routing`)
     con.execute(f"""
-        INSERT INTO routing (run, step, sample, pos, layer, sampler_experts, trainer_experts,
-                             k, flip, top1_flip, n_common, file_id)
-        SELECT '{RUN}', step, sample, pos, layer, se, te, {K}, swap, swap OR rot,
+        INSERT INTO {schema.ROUTING_STORE} (run, step, sample, pos, layer, sampler_experts, trainer_experts,
+                                            k, flip, top1_flip, n_common, file_id)
+        SELECT '{RUN}', step, sample, pos, layer, se, CASE WHEN te <> se THEN te END, {K}, swap, swap OR rot,
                CASE WHEN swap THEN {K - 1} ELSE {K} END, 1
         FROM (SELECT step, sample, pos, layer, swap, rot, se,
                      CASE WHEN swap THEN list_concat([((base + {K} * m) % {EXPERTS})::INTEGER], se[2:])
@@ -82,6 +84,8 @@ def build(path: Path) -> None:
             SELECT run, step, layer, unnest(trainer_experts), 0, 1 FROM routing WHERE trainer_experts IS NOT NULL)
         GROUP BY ALL""")
     con.execute("INSERT INTO runs (run, config) VALUES (?, '{}')", [RUN])
+    with store.transaction() as w:  # the summaries ingest writes (routing by layer reads summary_layer)
+        compute.add_file(w, 1)
     con.execute("CREATE TABLE bench_meta AS SELECT ? AS version", [BUILD_VERSION])
     con.execute("CHECKPOINT")
     t3 = time.perf_counter()
