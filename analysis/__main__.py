@@ -1,6 +1,8 @@
 """Command line: `python -m analysis {ingest,watch,runs,metrics,corrections,findings,lab} ...` (see README, 'Command line')."""
 from __future__ import annotations
 
+import logging
+
 import argparse
 import os
 import sys
@@ -90,8 +92,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ingest(db, args) -> int:
-    import logging  # here, not at the top: `metrics` is a whole process per call, and it logs nothing
-
     from analysis.ingest import ingest_paths
     from analysis.ingest.limits import INGEST_MEMORY_LIMIT
     from analysis.ingest.mapping import ingest_mapped, parse_map_args

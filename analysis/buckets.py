@@ -152,12 +152,9 @@ def top_tokens(store: Store, run: str, n: int = 20, min_count: int = 5, steps: t
     """
     if order not in ("log_ratio_abs_mean", "kl_k3", "log_ratio_abs_max", "n_tokens"):
         raise ValueError(f"order must be log_ratio_abs_mean, kl_k3, log_ratio_abs_max or n_tokens, got {order!r}")
-    where, params = token_filter(store, [run], steps)
-    params.update(min_count=int(min_count), n=int(n))
     only = sampled.thin_steps(store, [run], [steps]).steps if thin else None
-    if only is not None:
-        params["only_steps"] = list(only)
-        where += " AND step IN (SELECT unnest($only_steps))"
+    where, params = token_filter(store, [run], steps, only_steps=only)
+    params.update(min_count=int(min_count), n=int(n))
     return store.sql(f"""
         SELECT token_id, token, count(*) AS n_tokens, avg(abs(d)) AS log_ratio_abs_mean,
                avg({kl3_sql(ratio_sql('d'))}) AS kl_k3, max(abs(d)) AS log_ratio_abs_max

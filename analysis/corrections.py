@@ -186,10 +186,7 @@ def _grouped(store: Store, runs, choices: Sequence[tuple[str, Mapping[str, float
         return []
     resolved = [(m, resolve_params(m, p)) for m, p in choices]
     runs = check_runs(runs)
-    where, qp = token_filter(store, runs, steps)
-    if only_steps is not None:
-        qp["only_steps"] = [int(x) for x in only_steps]
-        where += " AND step IN (SELECT unnest($only_steps))"
+    where, qp = token_filter(store, runs, steps, only_steps=only_steps)
     for i, (_, values) in enumerate(resolved):
         qp.update({f"m{i}_{k}": v for k, v in values.items()})
     df = store.sql(f"""

@@ -40,13 +40,9 @@ def kl_cells(store: Store, run: str, steps: tuple[int, int] | None = None,
     versions). only_steps: read these steps only (sampled.thin_steps). Returns [step, length, prob, flip, stale,
     n_tokens, kl_sum].
     """
-    where, params = run_filter([run], steps)
-    rwhere, rparams = run_filter([run], steps, prefix="r_")
+    where, params = run_filter([run], steps, only_steps=only_steps)
+    rwhere, rparams = run_filter([run], steps, prefix="r_", only_steps=only_steps)
     params.update(rparams)
-    if only_steps is not None:
-        params["only_steps"] = [int(x) for x in only_steps]
-        where += " AND step IN (SELECT unnest($only_steps))"
-        rwhere += " AND step IN (SELECT unnest($only_steps))"
     # a sequence's length from its summary rows (every token counted, also where the token rows are a sample)
     return store.sql(f"""
         WITH sq AS (SELECT step, sample, max(max_pos) + 1 AS len FROM summary_seq WHERE {where}

@@ -177,12 +177,9 @@ def prob_density_2d(store: Store, runs: list[str], n_bins: int = 100,
     """
     n_bins = min(_check_bins(n_bins), math.isqrt(MAX_CELLS))
     runs = check_runs(runs)
-    where, params = token_filter(store, runs, steps)
-    params["n"] = n_bins
     only = sampled.thin_steps(store, runs, [steps]).steps if thin else None
-    if only is not None:
-        params["only_steps"] = list(only)
-        where += " AND step IN (SELECT unnest($only_steps))"
+    where, params = token_filter(store, runs, steps, only_steps=only)
+    params["n"] = n_bins
     df = store.sql(f"""
         SELECT least(floor(exp(sampler_logprob) * $n), $n - 1)::BIGINT AS bx,
                least(floor(exp(trainer_logprob) * $n), $n - 1)::BIGINT AS by_, count(*) AS count

@@ -39,7 +39,7 @@ CHUNK_TOKENS = 1 << 18  # positions per chunk of whole rows: bounds the [terms, 
 ROUTING_CHUNK = 1 << 16  # tokens per chunk of the routing comparisons: bounds the [n, L, K, K] temporaries
 
 # Rows of the term block V: the band tables' three first (count, Σ r − 1, Σ (r − 1)²), then the other sums.
-NARROW = ["n_tokens", "sum_rm1", "sum_rm1_sq"]
+NARROW = list(S.BAND_SUM_NAMES)
 WIDE = NARROW + [c.name for c in S.TOKEN_SUMS if c.name.startswith("sum_") and c.name not in NARROW]
 # Rows of the extremes block X, each a value whose maximum is wanted (a minimum is stored negated, which is
 # exact); max_abs_d is not a row: it is max(max_d, −min_d).
@@ -320,10 +320,6 @@ class _Lags:
         lag = (lag - lo).clamp_(0, hi - lo)
         return _Lags(lo, hi - lo + 1, lag, None) if lag.ndim == 1 else _Lags(lo, hi - lo + 1, None, lag)
 
-
-def _host(values: dict[str, torch.Tensor | list]) -> dict[str, np.ndarray | list]:
-    """Columns to the host as numpy arrays (Arrow takes them without a copy; lists of Python floats are slow)."""
-    return {k: v.cpu().numpy() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
 
 
 def _cat(parts: list[dict]) -> dict:

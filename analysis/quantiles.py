@@ -14,6 +14,7 @@ Quantiles follow numpy's default ("linear"): rank h = (n − 1)·p, value x₍�
 """
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Sequence
 
@@ -74,10 +75,10 @@ def token_abs_quantiles(store: Store, runs: Sequence[str], keys: Sequence[str], 
     schema["token_exact"] = pl.Boolean
     if counts.is_empty():
         return pl.DataFrame(schema=schema)
-    cov = read.coverage(store, runs)
-    exact_runs = set(cov.filter(pl.col("complete"))["run"].to_list())
-    if exact is False or (exact is None and int(counts["n"].sum()) > EXACT_TOKENS):
-        exact_runs = set()
+    exact_runs: set[str] = set()
+    if exact is True or (exact is None and int(counts["n"].sum()) <= EXACT_TOKENS):
+        cov = read.coverage(store, runs)
+        exact_runs = set(cov.filter(pl.col("complete"))["run"].to_list())
     cells = abs_cells()
     per_group: dict[tuple, dict[Cell, int]] = {}
     for row in counts.iter_rows():
@@ -95,7 +96,7 @@ def token_abs_quantiles(store: Store, runs: Sequence[str], keys: Sequence[str], 
         vals = out[group] = [0.0] * len(probs)
 
         def locate(rank: int) -> tuple[Cell, int]:
-            j = max(i for i, s in enumerate(starts) if s <= rank)
+            j = bisect.bisect_right(starts, rank) - 1
             return order[j], rank - starts[j]
         for col, p in enumerate(probs):
             i, frac = _ranks(total, p)

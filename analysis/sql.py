@@ -23,12 +23,13 @@ def check_runs(runs: Sequence[str] | str) -> list[str]:
 
 
 def run_filter(runs: Sequence[str], steps: tuple[int, int] | None = None, alias: str = "",
-               prefix: str = "", by_run: bool = True) -> tuple[str, dict]:
+               prefix: str = "", by_run: bool = True, only_steps: Sequence[int] | None = None) -> tuple[str, dict]:
     """A WHERE fragment selecting `runs` (and the inclusive step range) plus its named parameters.
 
     Only placeholders are formatted into the SQL; run names and steps travel as parameters.
     An IN-list of placeholders (rather than a list parameter) lets DuckDB push the filter into the scan.
     `by_run=False` leaves out the run predicate (for callers that know every run of the table is selected).
+    `only_steps`: of those steps, only these (sampled.thin_steps on large selections).
     """
     a = f"{alias}." if alias else ""
     params: dict = {}
@@ -49,6 +50,9 @@ def run_filter(runs: Sequence[str], steps: tuple[int, int] | None = None, alias:
         if hi is not None:
             params[f"{prefix}step_hi"] = int(hi)
             preds.append(f"{a}step <= ${prefix}step_hi")
+    if only_steps is not None:
+        params[f"{prefix}only_steps"] = [int(x) for x in only_steps]
+        preds.append(f"{a}step IN (SELECT unnest(${prefix}only_steps))")
     return " AND ".join(preds) or "TRUE", params
 
 
@@ -60,12 +64,12 @@ def check_cap_clip(cap: float, clip: float) -> None:
 
 
 def token_filter(store: Store, runs: Sequence[str], steps: tuple[int, int] | None = None,
-                 alias: str = "") -> tuple[str, dict]:
+                 alias: str = "", only_steps: Sequence[int] | None = None) -> tuple[str, dict]:
     """`run_filter` for the tokens table, without the run predicate when `runs` names every run of the
     database (the usual selection): comparing the VARCHAR run of every token cost 10-30% of a query.
     Exact because ingest records each run in `runs` in the same transaction as its tokens."""
     covers = bool(runs) and set(store.run_names()) <= set(runs)
-    return run_filter(runs, steps, alias=alias, by_run=not covers)
+    return run_filter(runs, steps, alias=alias, by_run=not covers, only_steps=only_steps)
 
 
 def clamp_log_ratio_sql(d: str = "d") -> str:

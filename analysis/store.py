@@ -297,10 +297,6 @@ class Store:
         return self.sql("SELECT file_id, name, format, size, rows, run_override, loaded_at, sha256 "
                         "FROM files ORDER BY file_id")
 
-    def is_loaded(self, sha256: str, run_override: str | None) -> bool:
-        return bool(self.scalar("SELECT count(*) FROM files WHERE sha256 = ? AND run_override IS NOT DISTINCT FROM ?",
-                                [sha256, run_override]))
-
 
 class Writer:
     """SQL for one ingest transaction; every statement takes its values as parameters."""

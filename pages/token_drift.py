@@ -49,6 +49,7 @@ if run_tab.open:
         sample_note = S.cached(sampled.sample_label, [run])  # the density and the token ids read token rows
         if sample_note:
             st.caption(f"Density and token ids: {sample_note}.")
+        thin = S.cached(sampled.thin_steps, [run], (sel.steps,))  # the steps those two read on a large run
         left, right = st.columns(2)
         with left, S.guard("bin Δ per step"):
             df = S.cached(distributions.step_histogram, run, n_bins=60, steps=sel.steps)
@@ -62,7 +63,6 @@ if run_tab.open:
             log_axes = st.toggle("Log axes", key="tokens_density_log",
                                  help="Spread out the low-probability tokens, where most of the drift lives.")
             df = S.cached(distributions.prob_density_2d, [run], n_bins=100, steps=sel.steps, thin=True)
-            thin = S.cached(sampled.thin_steps, [run], (sel.steps,))
             if df.is_empty():
                 st.info("No tokens in this step range.")
             else:
@@ -79,9 +79,8 @@ if run_tab.open:
                     st.caption("No token occurs at least 5 times in this range.")
                 else:
                     st.dataframe(top, hide_index=True, key="tokens_top_table", column_config=S.number_columns(top))
-                    label = S.cached(sampled.thin_steps, [run], (sel.steps,)).label()
-                    if label:
-                        st.caption(f"Counted over token rows: on a run this large, {label}.")
+                    if thin.label():
+                        st.caption(f"Counted over token rows: on a run this large, {thin.label()}.")
 
 if where_tab.open:
     with where_tab, S.guard("group the tokens"):

@@ -164,7 +164,7 @@ def add_file(writer, file_id: int, tokens_summarised: bool = False, name: str = 
 
 
 _DIM_COLS = {"prob": "b_prob", "position": "b_position", "entropy": "b_entropy", "lag": "b_lag"}
-_BAND = ("n_tokens", "sum_rm1", "sum_rm1_sq")
+_BAND = S.BAND_SUM_NAMES
 
 
 def _merged_list(table: str, cols) -> str:

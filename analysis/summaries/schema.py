@@ -149,6 +149,7 @@ BAND_SUMS = (
     Col("sum_rm1", "DOUBLE", "Σ (r − 1) of those tokens"),
     Col("sum_rm1_sq", "DOUBLE", "Σ (r − 1)²"),
 )
+BAND_SUM_NAMES = tuple(c.name for c in BAND_SUMS[1:])  # the sums of a band row: n_tokens, sum_rm1, sum_rm1_sq
 
 TABLES: dict[str, tuple[Col, ...]] = {
     # one row per (run, step, file): every by=step token column, and the per-step routing columns
