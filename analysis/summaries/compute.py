@@ -167,11 +167,6 @@ _DIM_COLS = {"prob": "b_prob", "position": "b_position", "entropy": "b_entropy",
 _BAND = S.BAND_SUM_NAMES
 
 
-def _merged_list(table: str, cols) -> str:
-    """Select-list merging partial rows of `cols` into `table`'s columns of the same names (schema.merge_sql)."""
-    return ", ".join(f"{S.merge_sql(table, c)} AS {c}" for c in cols)
-
-
 def _add_tokens(writer, file_id: int) -> None:
     """One wide aggregation over the file's tokens, into a small temporary table from which the summary tables
     are merged, plus one narrow one for the Δ histogram. The wide one has two grouping sets:
@@ -203,18 +198,18 @@ def _add_tokens(writer, file_id: int) -> None:
             f"grouping(sample) AS by_cell, max(pos) AS max_pos, {token_sums_sql()} FROM ({cells}) "
             f"GROUP BY GROUPING SETS ((run, step, sample, band), (run, step, {b_cols}, band))")
         run(f"INSERT INTO summary_seq (run, step, sample, max_pos, {s_cols}, file_id) "
-            f"SELECT run, step, sample, max(max_pos), {_merged_list('summary_seq', sums)}, $fid {seqs} "
+            f"SELECT run, step, sample, max(max_pos), {S.merge_list('summary_seq', sums)}, $fid {seqs} "
             "GROUP BY run, step, sample")
         run(f"INSERT INTO summary_seq_band (run, step, sample, band, {', '.join(_BAND)}, file_id) "
             f"SELECT run, step, sample, band, {', '.join(_BAND)}, $fid {seqs}")
         run(f"INSERT INTO summary_step (run, step, {s_cols}, file_id) "
-            f"SELECT run, step, {_merged_list('summary_step', sums)}, $fid {seqs} GROUP BY run, step")
+            f"SELECT run, step, {S.merge_list('summary_step', sums)}, $fid {seqs} GROUP BY run, step")
         for dim, col in _DIM_COLS.items():  # NULL bucket: the token lacks the property (entropy, versions)
             run(f"INSERT INTO summary_bucket (run, step, dim, bucket, {s_cols}, file_id) "
-                f"SELECT run, step, '{dim}', {col}, {_merged_list('summary_bucket', sums)}, $fid {cell} "
+                f"SELECT run, step, '{dim}', {col}, {S.merge_list('summary_bucket', sums)}, $fid {cell} "
                 f"AND {col} IS NOT NULL GROUP BY run, step, {col}")
             run(f"INSERT INTO summary_bucket_band (run, step, dim, bucket, band, {', '.join(_BAND)}, file_id) "
-                f"SELECT run, step, '{dim}', {col}, band, {_merged_list('summary_bucket_band', _BAND)}, $fid {cell} "
+                f"SELECT run, step, '{dim}', {col}, band, {S.merge_list('summary_bucket_band', _BAND)}, $fid {cell} "
                 f"AND {col} IS NOT NULL GROUP BY run, step, {col}, band")
     finally:
         writer.execute("DROP TABLE IF EXISTS _summary_part")

@@ -37,9 +37,8 @@ def edge_bin(x: float, edges: Sequence[float]) -> int:
 def merged(table: str, keys: Sequence[str], where: str, source: str | None = None) -> str:
     """SELECT keys, merged columns FROM table WHERE where GROUP BY keys (sums add, minima and maxima merge).
     `source`: a subquery with the table's columns (and the keys) to read instead of the table itself."""
-    outs = [f"{S.merge_sql(table, c)} AS {c}" for c in S.columns(table) if S.merge_kind(c) != "key"]
     src = f"({source}) src_" if source else table
-    return f"SELECT {', '.join(keys)}, {', '.join(outs)} FROM {src} WHERE {where} GROUP BY {', '.join(keys)}"
+    return f"SELECT {', '.join(keys)}, {S.merge_list(table)} FROM {src} WHERE {where} GROUP BY {', '.join(keys)}"
 
 
 def token_sql(keys: Sequence[str]) -> str:

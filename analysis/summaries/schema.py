@@ -233,6 +233,12 @@ def merge_sql(table: str, col: str) -> str:
     return f"{kind}({col})"
 
 
+def merge_list(table: str, cols=None) -> str:
+    """Select-list merging partial rows into `table`'s columns of the same names (default: every non-key column)."""
+    cols = [c for c in columns(table) if merge_kind(c) != "key"] if cols is None else cols
+    return ", ".join(f"{merge_sql(table, c)} AS {c}" for c in cols)
+
+
 def columns(table: str) -> list[str]:
     return [c.name for c in TABLES[table]]
 
