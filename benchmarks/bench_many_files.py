@@ -26,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_scale import timed  # noqa: E402
 
 WORK = ROOT / "benchmarks" / "work" / "many"
 
@@ -48,22 +49,12 @@ def make_logs(steps: int, logged: int, tokens: int, token_sample: float) -> Path
 
 def ingest(folder: Path, db: Path, code: Path) -> dict:
     """`python -m analysis ingest` of the folder from checkout `code`: wall, CPU and peak RSS of that child alone
-    (os.wait4), and the files it loaded. Its one line per file goes to a file: through a pipe that nobody reads
-    while waiting, a few hundred lines would fill it and stall the child."""
+    (bench_scale.timed), and the files it loaded."""
     for p in (db, Path(f"{db}.wal")):
         p.unlink(missing_ok=True)
-    log = db.with_suffix(".out")
-    with open(log, "w") as out:
-        t0 = time.perf_counter()
-        p = subprocess.Popen([sys.executable, "-m", "analysis", "ingest", str(folder), "--db", str(db)], cwd=code,
-                             stdout=out, stderr=subprocess.STDOUT)
-        _, status, ru = os.wait4(p.pid, 0)
-        wall = time.perf_counter() - t0
-    lines = log.read_text().splitlines()
-    if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"ingest from {code} failed:\n" + "\n".join(lines[-20:]))
-    return {"seconds": wall, "cpu_seconds": ru.ru_utime + ru.ru_stime, "peak_rss_mb": ru.ru_maxrss / 1024,
-            "files": sum(line.startswith("loaded ") for line in lines)}
+    r = timed([sys.executable, "-m", "analysis", "ingest", str(folder), "--db", str(db)], cwd=code)
+    r["files"] = sum(line.startswith("loaded ") for line in r.pop("stdout").splitlines())
+    return r
 
 
 def same_rows(a: Path, b: Path) -> list[str]:

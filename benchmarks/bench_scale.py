@@ -24,6 +24,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -82,17 +83,22 @@ con.close()
 
 
 def timed(cmd: list[str], cwd: Path | None = None) -> dict:
-    """Run cmd as a child; wall seconds, CPU seconds and peak RSS (MB) of that child alone."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd)
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    out, err = p.stdout.read().decode(), p.stderr.read().decode()
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode:
-        raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({p.returncode}):\n{out}\n{err}")
+    """Run cmd as a child; wall seconds, CPU seconds and peak RSS (MB) of that child alone (os.wait4), and its
+    stdout. Its output goes to temporary files, not pipes: a pipe nobody reads while waiting fills up after a few
+    hundred lines (one per ingested file) and stalls the child."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=cwd)
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(), err.read().decode()
+    code = os.waitstatus_to_exitcode(status)
+    if code:
+        raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({code}):\n{stdout[-4000:]}\n{stderr[-4000:]}")
     return {"seconds": wall, "cpu_seconds": ru.ru_utime + ru.ru_stime, "peak_rss_mb": ru.ru_maxrss / 1024,
-            "stdout": out}
+            "stdout": stdout}
 
 
 def fresh_db(name: str) -> Path:
