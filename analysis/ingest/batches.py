@@ -52,9 +52,9 @@ class Transaction:
 
     @classmethod
     def open(cls, store: Store, w: Writer) -> "Transaction":
-        files = store.files()  # read inside the transaction (same cursor): committed files plus none of ours yet
-        return cls(store, w, set(zip(files["sha256"].to_list(), files["run_override"].to_list())),
-                   set(store.run_names()))
+        # read inside the transaction (same cursor): committed files plus none of ours yet
+        loaded = set(store.rows("SELECT sha256, run_override FROM files"))
+        return cls(store, w, loaded, set(store.run_names()))
 
     def is_loaded(self, sha256: str, run_override: str | None) -> bool:
         return (sha256, run_override) in self.loaded
