@@ -7,6 +7,7 @@ from typing import Sequence
 import polars as pl
 
 from analysis.sql import run_filter
+from analysis.summaries.finalise import sequences_sql
 from analysis.store import Store
 
 CONTEXT_COLUMNS = ("n_sequences", "reward_mean", "n_rewarded", "response_length_mean", "response_length_std",
@@ -29,8 +30,7 @@ def step_context(store: Store, runs: Sequence[str], steps: tuple[int, int] | Non
     where_t, params = run_filter(runs, steps)
     where_q, params_q = run_filter(runs, steps, prefix="q_")
     return store.sql(f"""
-        WITH t AS (SELECT run, step, sample, sum(n_tokens)::BIGINT AS n_tokens FROM summary_seq WHERE {where_t}
-                   GROUP BY run, step, sample HAVING sum(n_tokens) > 0),
+        WITH t AS (SELECT run, step, sample, n_tokens::BIGINT AS n_tokens FROM ({sequences_sql(where_t)})),
              q AS (SELECT run, step, sample, reward, response_length FROM sequences WHERE {where_q})
         SELECT run, step, count(*) AS n_sequences, avg(q.reward) AS reward_mean,
                count(q.reward) AS n_rewarded,

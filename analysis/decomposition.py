@@ -18,6 +18,7 @@ import polars as pl
 
 from analysis.sql import kl3_sql, ratio_sql, run_filter
 from analysis.store import Store
+from analysis.summaries.finalise import sequences_sql
 
 FACTORS = ("length", "prob", "flip", "stale")
 FACTOR_LABELS = {"length": "mix: response length", "prob": "mix: sampler probability",
@@ -45,8 +46,7 @@ def kl_cells(store: Store, run: str, steps: tuple[int, int] | None = None,
     params.update(rparams)
     # a sequence's length from its summary rows (every token counted, also where the token rows are a sample)
     return store.sql(f"""
-        WITH sq AS (SELECT step, sample, max(max_pos) + 1 AS len FROM summary_seq WHERE {where}
-                    GROUP BY step, sample HAVING sum(n_tokens) > 0),
+        WITH sq AS (SELECT step, sample, length AS len FROM ({sequences_sql(where)})),
              tok AS (SELECT step, sample, pos, sampler_logprob AS s, trainer_logprob - sampler_logprob AS d,
                             trainer_version - sampler_version AS lag
                      FROM tokens WHERE {where}),

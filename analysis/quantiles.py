@@ -22,6 +22,7 @@ import polars as pl
 
 from analysis.sql import run_filter, token_filter
 from analysis.store import Store
+from analysis.summaries import finalise as F
 from analysis.summaries import read
 from analysis.summaries import schema as S
 
@@ -156,8 +157,7 @@ def sequence_quantiles(store: Store, runs: Sequence[str], keys: Sequence[str], s
     cols += [f"quantile_cont(abs(sum_d), {float(p)}) AS seq_sum_p{round(p * 100)}" for p in probs]
     return store.sql(f"""
         SELECT {k}, {', '.join(cols)}
-        FROM (SELECT run, step, sample, sum(n_tokens)::DOUBLE AS n, fsum(sum_d) AS sum_d FROM summary_seq
-              WHERE {where} GROUP BY run, step, sample HAVING sum(n_tokens) > 0)
+        FROM (SELECT *, n_tokens AS n FROM ({F.sequences_sql(where)}))
         GROUP BY {k} ORDER BY {k}""", params)
 
 

@@ -107,6 +107,14 @@ def threshold_params(cap: float, clip: float, edges: Sequence[float]) -> dict:
             "clip_hi_bin": edge_bin(math.log1p(clip), edges), "clip_lo_bin": edge_bin(math.log1p(-clip), edges)}
 
 
+def sequences_sql(where: str) -> str:
+    """One row per sequence with tokens, its rows of every file merged: [run, step, sample, n_tokens (DOUBLE),
+    sum_d, length (= 1 + max pos)]. The one place the per-sequence merge is written; readers take what they need."""
+    return f"""SELECT run, step, sample, sum(n_tokens)::DOUBLE AS n_tokens, fsum(sum_d) AS sum_d,
+                      max(max_pos) + 1 AS length
+               FROM summary_seq WHERE {where} GROUP BY run, step, sample HAVING sum(n_tokens) > 0"""
+
+
 def sequence_sql(keys: Sequence[str], where: str, length_bucket: str | None = None) -> str:
     """Per group of `keys` (a subset of run, step, and `bucket` with length_bucket): the sequence columns over
     whole sequences (a sequence's rows from every file merged first). length_bucket: SQL of the
@@ -122,9 +130,7 @@ def sequence_sql(keys: Sequence[str], where: str, length_bucket: str | None = No
                avg(exp(sum_d / n)) AS seq_geo_ratio_mean,
                min(exp(sum_d / n)) AS seq_geo_ratio_min,
                max(exp(sum_d / n)) AS seq_geo_ratio_max
-        FROM (SELECT *, {length_bucket or 'NULL'} AS bucket FROM (
-              SELECT run, step, sample, sum(n_tokens)::DOUBLE AS n, fsum(sum_d) AS sum_d, max(max_pos) + 1 AS length
-              FROM summary_seq WHERE {where} GROUP BY run, step, sample HAVING sum(n_tokens) > 0) sq_) sb_
+        FROM (SELECT *, n_tokens AS n, {length_bucket or 'NULL'} AS bucket FROM ({sequences_sql(where)}) sq_) sb_
         GROUP BY {', '.join(keys)}"""
 
 
@@ -264,9 +270,7 @@ def bucket_table_sql(dim: str, where: str, length_bucket: str) -> str:
     on = lambda a, b: " AND ".join(f"{a}.{k} = {b}.{k}" for k in keys)
     if dim == "length":
         # each sequence's length bucket, from its rows of every file
-        lengths = f"""SELECT run, step, sample, {length_bucket} AS bucket FROM (
-                          SELECT run, step, sample, max(max_pos) + 1 AS length FROM summary_seq WHERE {where}
-                          GROUP BY run, step, sample HAVING sum(n_tokens) > 0) l_"""
+        lengths = f"SELECT run, step, sample, {length_bucket} AS bucket FROM ({sequences_sql(where)}) l_"
         src = (f"SELECT q.*, l.bucket FROM summary_seq q JOIN ({lengths}) l USING (run, step, sample) "
                "WHERE q.n_tokens > 0")
         band_src = f"SELECT q.*, l.bucket FROM summary_seq_band q JOIN ({lengths}) l USING (run, step, sample)"
