@@ -63,10 +63,10 @@ def _interpolated(lo: float, hi: float, offset: int, count: int) -> float:
 
 
 def token_abs_quantiles(store: Store, runs: Sequence[str], keys: Sequence[str], steps: tuple[int, int] | None,
-                        probs: Sequence[float], exact: bool | None = None) -> pl.DataFrame:
+                        probs: Sequence[float]) -> pl.DataFrame:
     """[keys..., token_p<100p>..., token_exact] per group of `keys` (("run",) or ("run", "step")) over the tokens
-    of `runs`. exact: None = from the token rows up to EXACT_TOKENS selected tokens; True = always where the
-    rows are complete; False = from the histogram alone."""
+    of `runs`: from the token rows where they are complete and the selection holds at most EXACT_TOKENS tokens,
+    else interpolated in the histogram."""
     keys = list(keys)
     where, params = run_filter(runs, steps)
     counts = store.sql(f"SELECT {', '.join(keys)}, bin, sum(n_tokens)::BIGINT AS n FROM summary_hist "
@@ -77,7 +77,7 @@ def token_abs_quantiles(store: Store, runs: Sequence[str], keys: Sequence[str], 
     if counts.is_empty():
         return pl.DataFrame(schema=schema)
     exact_runs: set[str] = set()
-    if exact is True or (exact is None and int(counts["n"].sum()) <= EXACT_TOKENS):
+    if int(counts["n"].sum()) <= EXACT_TOKENS:
         cov = read.coverage(store, runs)
         exact_runs = set(cov.filter(pl.col("complete"))["run"].to_list())
     cells = abs_cells()
