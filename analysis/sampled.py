@@ -39,8 +39,8 @@ def sample_label(store: Store, runs: Sequence[str]) -> str | None:
 
 
 def sample_parts(store: Store, runs: Sequence[str]) -> str:
-    """What DriftLogger kept per step (summary_sample), e.g. 'a uniform 0.1% draw, plus per step the 4 worst
-    sequences by |ΣΔ| and the 256 tokens of largest |Δ|'; '' when no run logged a sample record."""
+    """What DriftLogger kept per step (summary_sample), e.g. 'a uniform 0.1% draw, plus per step the worst
+    sequence by |ΣΔ| and the 256 tokens of largest |Δ|'; '' when no run logged a sample record."""
     where, params = run_filter(check_runs(runs))
     rows = store.rows(f"SELECT DISTINCT token_sample, worst_sequences, top_tokens FROM summary_sample "
                       f"WHERE {where} AND token_sample < 1 ORDER BY ALL", params)
@@ -49,8 +49,8 @@ def sample_parts(store: Store, runs: Sequence[str]) -> str:
     rate, worst, top = rows[0]
     if rate == 0:
         return "these runs logged summaries only"
-    return (f"a uniform {share_text(rate)} draw, plus per step the {worst} worst sequences by |ΣΔ| "
-            f"and the {top} tokens of largest |Δ|")
+    seqs = "the worst sequence" if worst == 1 else f"the {worst} worst sequences"
+    return f"a uniform {share_text(rate)} draw, plus per step {seqs} by |ΣΔ| and the {top} tokens of largest |Δ|"
 
 
 # -- thinning: token-level what-ifs on large selections read every k-th step -----------------------------------

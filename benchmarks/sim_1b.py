@@ -36,6 +36,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from analysis.logger import DriftLogger  # noqa: E402
 from analysis.logger import _write as write_parquet  # noqa: E402  (the logger's encoding)
+from analysis.token_sample import WORST_SEQUENCES  # noqa: E402  (the product default)
 from bench_logger import record  # noqa: E402  (benchmarks/ is the script's folder)
 
 WORK = ROOT / "benchmarks" / "work" / "sim1b"
@@ -178,7 +179,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1_000_000)
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--token-sample", type=float, default=0.001)
-    ap.add_argument("--worst-sequences", type=int, default=1)
+    ap.add_argument("--worst-sequences", type=int, default=WORST_SEQUENCES)
     ap.add_argument("--top-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--log-only", action="store_true")

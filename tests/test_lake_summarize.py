@@ -203,7 +203,7 @@ def test_the_app_shows_a_summarized_lake(tmp_path, monkeypatch):
     assert 0 < kept < tokens.height
     assert sampled.sample_label(store, ["s"]) == (
         f"tokens: {sampled.share_text(kept / tokens.height)} sample ({kept} of {tokens.height}); curves are exact"
-        " — a uniform 10% draw, plus per step the 4 worst sequences by |ΣΔ| and the 256 tokens of largest |Δ|")
+        " — a uniform 10% draw, plus per step the worst sequence by |ΣΔ| and the 256 tokens of largest |Δ|")
     store.close()
     monkeypatch.setenv("DRIFT_DB", str(tmp_path / "s.duckdb"))
     monkeypatch.setenv("DRIFT_NO_DEMO", "1")

@@ -52,7 +52,7 @@ def test_label_counts_the_sample(tmp_path):
     kept = store.scalar("SELECT count(*) FROM tokens")
     label = sample_label(store, ["sampled"])
     assert label.startswith(f"tokens: {share_text(kept / n)} sample ({kept} of {n}); curves are exact")
-    assert "uniform 10% draw, plus per step the 1 worst sequences by |ΣΔ| and the 3 tokens of largest |Δ|" in label
+    assert "uniform 10% draw, plus per step the worst sequence by |ΣΔ| and the 3 tokens of largest |Δ|" in label
 
 
 def test_no_label_when_every_token_is_stored(tmp_path):

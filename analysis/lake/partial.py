@@ -21,7 +21,7 @@ SAMPLE_TABLE = "summary_sample"
 
 # --token-sample: whole sequences kept by |Σ Δ| and single tokens by |Δ| per step: DriftLogger's defaults
 # (analysis/token_sample.py, which needs torch; tests/test_lake_summarize.py checks that they agree)
-WORST_SEQUENCES = 4
+WORST_SEQUENCES = 1
 TOP_TOKENS = 256
 SAMPLE_COUNTS = ("n_tokens", "n_kept", "n_uniform", "n_worst_seq_tokens", "n_top_tokens")
 
