@@ -220,8 +220,8 @@ def test_bins_on_edges_and_next_to_them():
 
 
 def test_compensated_sums_over_a_million_tokens():
-    """Step sums over 1M tokens whose Δ nearly cancel (±x pairs plus 1e-6: Σ Δ ≈ 1 against Σ |Δ| ≈ 1.7e5): within
-    rel 1e-12 of math.fsum over the same per-token terms, where a plain float64 running sum misses by more."""
+    """Step sums over 1M tokens whose Δ nearly cancel (±x pairs plus 1e-6: Σ Δ ≈ 1 against Σ |Δ| ≈ 1.7e5):
+    within rel 1e-12 of math.fsum over the same per-token terms, where a plain float64 running sum misses by more."""
     rng = np.random.default_rng(11)
     n = 1 << 20
     x = rng.normal(0.0, 0.2, n // 2)

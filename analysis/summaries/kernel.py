@@ -4,12 +4,14 @@ The rows are those of summary_seq, summary_seq_band, summary_step, summary_hist,
 summary_bucket_band (schema.py), with the per-token terms of compute.py. DriftLogger calls it when a step's
 tensors are on the CPU (analysis/logger_summaries.py); the torch reduction stays for other devices.
 
-Input, long format (one entry per token, any order) — the layout of a `tokens` Arrow batch, so that ingest
-could call `accumulate` on its batches' columns as they come (`to_numpy()` of float64 s, t; int pos; a dense
-sequence index per token from the batch's (sample) column; lag with −1 for a null version; entropy with NaN
-for a null). Not wired into ingest: ingest's summaries are SQL (compute.py).
+Input, long format (one entry per token, any order): the layout of a `tokens` Arrow batch, so that ingest
+could call `Accumulators.add` on its batches' columns as they come (`to_numpy()` of float64 s, t; int pos; a
+dense sequence index per token from the batch's sample column; lag with −1 for a null version; entropy with
+NaN for a null), and merge batches by adding into the same accumulators. Not wired into ingest: ingest's
+summaries are SQL (compute.py). The sequence × band cells take 3 KB per sequence, so such a caller bounds
+the sequences per set of accumulators (one step's sequences, as here).
 
-  s, t      float64 [n] sampler / trainer log-probs
+  s, t      float64 [n] sampler / trainer log-probs (finite, ≤ 0: checked by the caller)
   pos       int64 [n] position in the sequence
   seq       int64 [n] dense sequence index in [0, n_seq): the row of the sequence accumulators
   valid     bool [n] or empty: which tokens count (empty: all)
@@ -23,21 +25,20 @@ or "grid" form, DriftLogger's [B, T] tensors flattened row-major with no copy: p
 token i is at sequence i // T, position i % T; `valid` is the mask.
 
 Output: accumulators the caller allocates (`Accumulators`), so that two calls on disjoint token ranges (two
-threads, or successive Arrow batches) can be merged by addition and max. Every sum is compensated
-(Neumaier: a running sum and its rounding error, read as sum + error), so a sum over millions of tokens stays
-within a few ulps of the exact sum, as DuckDB's fsum does, whatever the order: the kernel's sums and the
-SQL's differ only by the few ulps of each per-token term (see `accumulate`). Counts are float64 (exact below
-2^53) in column 0 of every accumulator, as in the torch writer.
+threads, or successive Arrow batches) merge by addition and max. Every sum is compensated: plain partial
+sums of at most RUN tokens, added into a running sum by Neumaier's rule (the sum and its rounding error,
+read as sum + error), so a sum over millions of tokens stays within a few ulps of the exact sum, as DuckDB's
+fsum does, whatever the order; the kernel's sums and the SQL's then differ by the few ulps of each per-token
+term (see `accumulate`). Counts are float64 (exact below 2^53) in column 0, as in the torch writer.
 
-How the pass is laid out (per token: the terms, then adds into its groups):
-  - a "run" of consecutive tokens with the same sequence and position bucket is summed plainly in a small
-    buffer (at most RUN tokens), then added (compensated) once into its sequence's row, the step row, its
-    position bucket and, with one lag per sequence, its lag bucket: in DriftLogger's row-major layout a run
-    is a few hundred tokens, so these four wide groupings cost one add per token;
-  - the probability bucket (and, when present, per-token lag and entropy buckets) take a compensated add of
-    every term per token;
-  - the narrow band tables (count, Σ r − 1, Σ (r − 1)²) take three adds per token and grouping:
-    sequence × band, Δ bin (the histogram), and bucket × band of each bucket dimension.
+How a call is laid out, per chunk of CHUNK tokens (measured on 750k tokens, benchmarks/RESULTS-logger.md):
+  - numpy's vectorised exp and expm1 of the chunk (SIMD: ~10x faster than libm's per token in the loop);
+  - a vectorised loop for each token's Δ bin and probability bucket;
+  - then one loop over the tokens: a "run" of consecutive tokens with the same sequence and position bucket
+    is summed plainly (wide sums, extremes and its band cells), then added once into its sequence's row and
+    band cells, the step row, its position bucket and, with one lag per sequence, its lag bucket (in
+    DriftLogger's row-major layout a run is up to RUN tokens); the probability bucket (and, when given,
+    per-token lag and entropy buckets), the histogram and the bucket × band cells take each token.
 """
 from __future__ import annotations
 
