@@ -28,7 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from analysis.summaries import kernel
 from analysis.summaries import schema as S
+from analysis.summaries.kernel import DERIVED, EXTREMES, NARROW, WIDE
 from analysis.token_sample import Kept, SamplePlan
 
 SUMMARISED_KEY = S.SUMMARISED_KEY.decode()  # on token/routing files whose summaries come in a summary file
@@ -38,14 +40,9 @@ EXPERT_LOAD = "expert_load"  # per (run, step, layer, expert) routed-token count
 CHUNK_TOKENS = 1 << 18  # positions per chunk of whole rows: bounds the [terms, rows, T] blocks (~60 MB)
 ROUTING_CHUNK = 1 << 16  # tokens per chunk of the routing comparisons: bounds the [n, L, K, K] temporaries
 
-# Rows of the term block V: the band tables' three first (count, Σ r − 1, Σ (r − 1)²), then the other sums.
-NARROW = list(S.BAND_SUM_NAMES)
-WIDE = NARROW + [c.name for c in S.TOKEN_SUMS if c.name.startswith("sum_") and c.name not in NARROW]
-# Rows of the extremes block X, each a value whose maximum is wanted (a minimum is stored negated, which is
-# exact); max_abs_d is not a row: it is max(max_d, −min_d).
-EXTREMES = ["max_d", "min_d", "max_adp", "max_s", "min_s", "max_t", "min_t"]
-DERIVED = "max_abs_d"
-assert set(WIDE) | set(EXTREMES) | {DERIVED} == {c.name for c in S.TOKEN_SUMS}
+# Rows of the term block V (the kernel's columns): the band tables' three first (count, Σ r − 1, Σ (r − 1)²),
+# then the other sums; rows of the extremes block X, each a value whose maximum is wanted (a minimum is stored
+# negated, which is exact); max_abs_d is not a row: it is max(max_d, −min_d).
 _W = {c: j for j, c in enumerate(WIDE)}
 _X = {c: j for j, c in enumerate(EXTREMES)}
 
@@ -183,10 +180,7 @@ def bin_of(x: torch.Tensor, edges: tuple[float, ...]) -> torch.Tensor:
 
 def _band_of_bin(device: torch.device) -> torch.Tensor:
     """band (on BAND_EDGES) of each fine Δ bin (on D_EDGES): one value per bin, since BAND_EDGES ⊂ D_EDGES."""
-    e = S.D_EDGES
-    inside = [e[0] - 1.0] + [(a + b) / 2 for a, b in zip(e, e[1:])] + [e[-1] + 1.0]  # a point of each open bin
-    points = [v for k in range(len(e)) for v in (inside[k], e[k])] + [inside[-1]]  # bin 2k, then edge 2k + 1
-    return bin_of(torch.tensor(points, dtype=torch.float64, device=device), S.BAND_EDGES)
+    return torch.from_numpy(kernel.BAND_OF_BIN).to(device)
 
 
 def position_bucket(pos: torch.Tensor) -> torch.Tensor:
@@ -337,15 +331,19 @@ def _band_rows(dim: str, block: torch.Tensor, offset: int = 0) -> dict:
                   "band": ids % S.N_BANDS} | rows)
 
 
-def summarise(x: StepTensors, kept: Kept, plan: SamplePlan,
-              work: Workspace | None = None) -> dict[str, dict[str, list]]:
+def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | None = None,
+              engine: str = "auto") -> dict[str, dict[str, list]]:
     """Summary table name -> the step's rows of that table, as columns (no run/step/file_id).
 
-    Tokens are reduced in chunks of whole rows (about CHUNK_TOKENS positions), which bounds the temporaries
-    whatever the step's size; a sequence's rows are complete within its chunk."""
+    engine: "kernel" reduces the tokens in one pass of analysis/summaries/kernel.py (CPU tensors only),
+    "torch" with torch ops on the tensors' device; "auto" (the default) takes the kernel on the CPU and torch
+    elsewhere. Both give the same rows (to a few ulps; tests/test_summary_kernel.py)."""
     B, T = x.mask.shape
     dev = x.device
-    NB, nW = S.N_BANDS, len(WIDE)
+    if engine == "auto":
+        engine = "kernel" if dev.type == "cpu" else "torch"
+    if engine not in ("kernel", "torch"):
+        raise ValueError(f"engine: expected 'auto', 'kernel' or 'torch', got {engine!r}")
     tables: dict[str, dict] = {SAMPLE_TABLE: sample_record(kept, plan)}
     routing = flipped = None
     if x.sampler_experts is not None:
@@ -356,6 +354,64 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan,
             flipped[flat] = routing.n_flipped_layers
             flipped = flipped.view(B, T)
     lags = _Lags.of(x)
+    if engine == "kernel":
+        tables |= _kernel_tables(x, lags, flipped)
+    else:
+        tables |= _torch_tables(x, lags, flipped, work or Workspace())
+    if routing is not None:
+        tables["summary_layer"] = routing.layer_rows
+        tables[EXPERT_LOAD] = routing.expert_load
+    return tables
+
+
+KERNEL_SPLIT = 1 << 17  # positions per thread below which the kernel runs on one thread
+
+
+def _kernel_tables(x: StepTensors, lags: "_Lags | None", flipped: torch.Tensor | None) -> dict[str, dict]:
+    """The token summary tables by the one-pass kernel, over the step's [B, T] tensors in grid form (numpy
+    views of the CPU tensors, no copy). With torch.get_num_threads() > 1, the rows are split among that many
+    threads (the kernel releases the GIL), each into its own accumulators, merged after."""
+    B, T = x.mask.shape
+    if x.device.type != "cpu":
+        raise ValueError(f"the summary kernel runs on CPU tensors, these are on {x.device}")
+
+    def flat(v: torch.Tensor) -> np.ndarray:
+        return v.contiguous().numpy().reshape(-1)
+    args = dict(s=flat(x.s), t=flat(x.t), valid=flat(x.mask), T=T,
+                flipped=flat(flipped) if flipped is not None else None)
+    n_lag = 0
+    if lags is not None:
+        n_lag = lags.n
+        if lags.per_row is not None:
+            args["seq_lag"] = flat(lags.per_row)
+        else:
+            args["tok_lag"] = flat(lags.per_token)
+    parts = min(torch.get_num_threads(), B, max(1, B * T // KERNEL_SPLIT))
+    bounds = [round(B * k / parts) * T for k in range(parts + 1)]  # whole rows per part
+    accs = [kernel.Accumulators.zeros(B, n_lag) for _ in range(parts)]
+    if parts == 1:
+        accs[0].add(**args)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(parts) as pool:
+            list(pool.map(lambda k: accs[k].add(**args, lo=bounds[k], hi=bounds[k + 1]), range(parts)))
+    acc = accs[0]
+    for other in accs[1:]:
+        acc = acc.merge(other)
+    return kernel.tables(acc, x.samples.numpy(), lags.lo if lags is not None else 0, n_lag,
+                         routed=flipped is not None)
+
+
+def _torch_tables(x: StepTensors, lags: "_Lags | None", flipped: torch.Tensor | None,
+                  work: Workspace) -> dict[str, dict]:
+    """The token summary tables by torch ops on the tensors' device.
+
+    Tokens are reduced in chunks of whole rows (about CHUNK_TOKENS positions), which bounds the temporaries
+    whatever the step's size; a sequence's rows are complete within its chunk."""
+    B, T = x.mask.shape
+    dev = x.device
+    NB, nW = S.N_BANDS, len(WIDE)
+    tables: dict[str, dict] = {}
     pos_bucket = position_bucket(torch.arange(T, device=dev))  # [T]
     n_pos = int(pos_bucket[-1]) + 1 if T else 1
     band_of_bin = _band_of_bin(dev)
@@ -370,7 +426,6 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan,
     positions = torch.arange(T, device=dev)
     seq_parts, band_parts, flip_parts = [], [], []
     rows_per_chunk = max(1, CHUNK_TOKENS // max(T, 1))
-    work = work or Workspace()
     for r0 in range(0, B, rows_per_chunk):
         r1 = min(B, r0 + rows_per_chunk)
         m = x.mask[r0:r1]
@@ -430,7 +485,7 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan,
     seq = _cat(seq_parts)
     tables["summary_seq"] = _host(seq)
     tables["summary_seq_band"] = _host(_cat(band_parts))
-    tables["summary_step"] = _step_row(seq, flip_parts, len(routing.n_flipped_layers) if flipped is not None else 0)
+    tables["summary_step"] = _step_row(seq, flip_parts, int(x.mask.sum()) if flipped is not None else 0)
     narrow_cells = cells.sums.view(len(NARROW), S.N_BINS, S.PROB_BINS, n_pos)
 
     def by_band(block: torch.Tensor) -> torch.Tensor:  # [NARROW, N_BINS, k] -> [NARROW, k, N_BANDS]
@@ -446,9 +501,6 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan,
         banded.append(_band_rows("lag", lag_band.sums.view(len(NARROW), lags.n, NB), offset=lags.lo))
     tables["summary_bucket"] = {k: np.concatenate([p[k] for p in wide]) for k in wide[0]}
     tables["summary_bucket_band"] = {k: np.concatenate([p[k] for p in banded]) for k in banded[0]}
-    if routing is not None:
-        tables["summary_layer"] = routing.layer_rows
-        tables[EXPERT_LOAD] = routing.expert_load
     return tables
 
 

@@ -10,8 +10,11 @@ the same run:
 - baseline: the logger of main before trainer-side summaries (b7f1e2a), which writes every token row;
 - token_sample = 0 (summaries only), 0.001, 0.01 and 1.0.
 
-Then the summary writer alone (`logger_summaries.summarise` on the same checked step, no files), alternating
-with the layout-1 writer it replaced (PREVIOUS_COMMIT), so the two are compared side by side.
+- token_sample = 0 with the torch engine on the CPU (the summaries before the numba kernel).
+
+Then the summary writer alone (`logger_summaries.summarise` on the same checked step, no files): the torch
+engine and the numba kernel (analysis/summaries/kernel.py), alternating, so the two are compared side by side.
+The kernel splits the rows among torch.get_num_threads() threads (--threads).
 
 Reported: tokens/s (trained tokens logged per second of log_step, files included) and the ratio to the baseline.
 Results are appended to benchmarks/RESULTS-logger.md.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import importlib.util
 import os
 import platform
@@ -39,7 +43,7 @@ from analysis.logger import DriftLogger  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS-logger.md"
 BASELINE_COMMIT = "b7f1e2a"  # main before this change: DriftLogger writes all token rows, no summaries
-PREVIOUS_COMMIT = "ba625cc"  # the summary writer of layout 1 (one summary_seq row per sequence × band)
+ENGINES = ("torch", "kernel")
 SAMPLES = (0.0, 0.001, 0.01, 1.0)
 
 
@@ -62,16 +66,18 @@ def baseline_logger():
 
 
 def time_summarise(repeat: int, steps: int, data: dict) -> dict[str, tuple[float, float]]:
-    """Best (wall, CPU) seconds of `steps` calls of each summary writer on one checked step, alternating."""
+    """Best (wall, CPU) seconds of `steps` calls of each summary engine on one checked step, alternating:
+    the torch ops (the path of non-CPU devices) and the one-pass numba kernel (the CPU path)."""
     from analysis import logger_summaries
     from analysis.token_sample import Kept
-    previous = module_at(PREVIOUS_COMMIT, "analysis/logger_summaries.py", "previous_summaries")
     logger = DriftLogger(tempfile.mkdtemp(), "bench", token_sample=0.0)
     x = logger._checked(0, **{"sampler_experts": None, "trainer_experts": None, "sample_ids": None} | data)
     kept = Kept(int(x.mask.sum()), 0, 0, 0, 0)
     work = logger_summaries.Workspace()
-    writers = {f"layout-1 writer ({PREVIOUS_COMMIT})": lambda: previous.summarise(x, kept, logger.plan),
-               "this writer (layout 2)": lambda: logger_summaries.summarise(x, kept, logger.plan, work)}
+    writers = {engine: lambda engine=engine: logger_summaries.summarise(x, kept, logger.plan, work, engine=engine)
+               for engine in ENGINES}
+    for run in writers.values():  # warm: the kernel's first call loads (or compiles) it
+        run()
     best = {name: (float("inf"), float("inf")) for name in writers}
     for _ in range(repeat):
         for name, run in writers.items():
@@ -80,6 +86,22 @@ def time_summarise(repeat: int, steps: int, data: dict) -> dict[str, tuple[float
                 run()
             best[name] = min(best[name], (time.perf_counter() - t0, time.process_time() - c0))
     return best
+
+
+def torch_engine_logger(out: Path, rate: float) -> DriftLogger:
+    """A DriftLogger whose summaries take the torch ops on the CPU (the path before the kernel)."""
+    from analysis import logger as logger_module
+    logger = DriftLogger(out, "bench", token_sample=rate)
+    summarise = logger_module.summarise
+
+    def log_step(*args, **kwargs):
+        logger_module.summarise = functools.partial(summarise, engine="torch")
+        try:
+            return DriftLogger.log_step(logger, *args, **kwargs)
+        finally:
+            logger_module.summarise = summarise
+    logger.log_step = log_step
+    return logger
 
 
 def make_step(n_tokens: int, seed: int = 0) -> dict:
@@ -121,9 +143,13 @@ def main() -> None:
     n = int(data["mask"].sum()) * args.steps
     Baseline = baseline_logger()
     configs = {"baseline (every token row, no summaries)": lambda out: Baseline(out, "bench")}
+    configs["token_sample=0, torch engine (the CPU path before the kernel)"] = lambda out: torch_engine_logger(out, 0.0)
     for rate in SAMPLES:
         configs[f"token_sample={rate:g}"] = lambda out, rate=rate: DriftLogger(out, "bench", token_sample=rate)
     best = {name: (float("inf"), float("inf")) for name in configs}
+    t0 = time.perf_counter()
+    DriftLogger(tempfile.mkdtemp(), "warm", token_sample=0.0).log_step(0, **make_step(2000))  # loads the kernel
+    first_call = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.repeat):
             for name, make in configs.items():  # alternate: a busy moment hits every configuration alike
@@ -140,11 +166,13 @@ def main() -> None:
                      f"({n / cpu / 1e6:.2f}M tokens per CPU-second), {base / secs:.2f}x the baseline's rate; "
                      f"files {sizes[name] / 1e6:.2f} MB per step")
     alone = time_summarise(args.repeat, args.steps, data)
-    first = next(iter(alone.values()))
+    first = alone["torch"]
     lines.append("\nThe summary writer alone (summarise, no files), alternating:\n")
     for name, (secs, cpu) in alone.items():
-        lines.append(f"- {name}: {secs:.3f} s -> {n / secs / 1e6:.2f}M tokens/s ({n / cpu / 1e6:.2f}M tokens per "
-                     f"CPU-second), {first[0] / secs:.2f}x the layout-1 writer's rate (CPU: {first[1] / cpu:.2f}x)")
+        lines.append(f"- engine={name}: {secs:.3f} s -> {n / secs / 1e6:.2f}M tokens/s ({n / cpu / 1e6:.2f}M tokens "
+                     f"per CPU-second), {first[0] / secs:.2f}x the torch engine's rate (CPU: {first[1] / cpu:.2f}x)")
+    lines.append(f"\nFirst kernel use in this process (import + load from numba's cache, or compile): "
+                 f"{first_call:.1f} s")
     header = (f"## {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S')}Z\n\n"
               f"Command: `python benchmarks/bench_logger.py --tokens {args.tokens} --steps {args.steps} "
               f"--repeat {args.repeat} --threads {args.threads}`  \n"

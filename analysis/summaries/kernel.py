@@ -1,0 +1,526 @@
+"""The summary rows of a set of tokens in ONE pass over them: a numba kernel, for CPU writers.
+
+The rows are those of summary_seq, summary_seq_band, summary_step, summary_hist, summary_bucket and
+summary_bucket_band (schema.py), with the per-token terms of compute.py. DriftLogger calls it when a step's
+tensors are on the CPU (analysis/logger_summaries.py); the torch reduction stays for other devices.
+
+Input, long format (one entry per token, any order): the layout of a `tokens` Arrow batch, so that ingest
+could call `Accumulators.add` on its batches' columns as they come (`to_numpy()` of float64 s, t; int pos; a
+dense sequence index per token from the batch's sample column; lag with −1 for a null version; entropy with
+NaN for a null), and merge batches by adding into the same accumulators. Not wired into ingest: ingest's
+summaries are SQL (compute.py). The sequence × band cells take 3 KB per sequence, so such a caller bounds
+the sequences per set of accumulators (one step's sequences, as here).
+
+  s, t      float64 [n] sampler / trainer log-probs (finite, ≤ 0: checked by the caller)
+  pos       int64 [n] position in the sequence
+  seq       int64 [n] dense sequence index in [0, n_seq): the row of the sequence accumulators
+  valid     bool [n] or empty: which tokens count (empty: all)
+  seq_lag   int64 [n_seq] or empty: one lag (trainer − sampler version, offset so the smallest is 0) per
+            sequence; −1: none
+  tok_lag   int64 [n] or empty: the same per token (used when seq_lag is empty)
+  entropy   float64 [n] or empty: sampler entropy (NaN: none)
+  flipped   int64 [n] or empty: the token's number of flipped MoE layers; −1: no trainer routing for it
+
+or "grid" form, DriftLogger's [B, T] tensors flattened row-major with no copy: pos and seq empty, and a
+token i is at sequence i // T, position i % T; `valid` is the mask.
+
+Output: accumulators the caller allocates (`Accumulators`), so that two calls on disjoint token ranges (two
+threads, or successive Arrow batches) merge by addition and max. Every sum is compensated: plain partial
+sums of at most RUN tokens, added into a running sum by Neumaier's rule (the sum and its rounding error,
+read as sum + error), so a sum over millions of tokens stays within a few ulps of the exact sum, as DuckDB's
+fsum does, whatever the order; the kernel's sums and the SQL's then differ by the few ulps of each per-token
+term (see `accumulate`). Counts are float64 (exact below 2^53) in column 0, as in the torch writer.
+
+How a call is laid out, per chunk of CHUNK tokens (measured on 750k tokens, benchmarks/RESULTS-logger.md):
+  - numpy's vectorised exp and expm1 of the chunk (SIMD: ~10x faster than libm's per token in the loop);
+  - a vectorised loop for each token's Δ bin and probability bucket;
+  - then one loop over the tokens: a "run" of consecutive tokens with the same sequence and position bucket
+    is summed plainly (wide sums, extremes and its band cells), then added once into its sequence's row and
+    band cells, the step row, its position bucket and, with one lag per sequence, its lag bucket (in
+    DriftLogger's row-major layout a run is up to RUN tokens); the probability bucket (and, when given,
+    per-token lag and entropy buckets), the histogram and the bucket × band cells take each token.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from analysis.summaries import schema as S
+
+# Columns of the wide accumulators: the band tables' three (count, Σ r − 1, Σ (r − 1)²), then the other sums.
+NARROW = list(S.BAND_SUM_NAMES)
+WIDE = NARROW + [c.name for c in S.TOKEN_SUMS if c.name.startswith("sum_") and c.name not in NARROW]
+# Columns of the extremes, each a value whose maximum is wanted (a minimum is stored negated, which is exact);
+# max_abs_d is max(max_d, −min_d).
+EXTREMES = ["max_d", "min_d", "max_adp", "max_s", "min_s", "max_t", "min_t"]
+DERIVED = "max_abs_d"
+assert set(WIDE) | set(EXTREMES) | {DERIVED} == {c.name for c in S.TOKEN_SUMS}
+NW, NX, NB = len(WIDE), len(EXTREMES), S.N_BANDS
+# the kernel writes its terms by these column numbers (compile-time constants)
+I_RM1, I_RM1_SQ, I_D, I_D2, I_ABS_D, I_K3, I_K3R, I_MPE, I_ADP, I_QS, I_QT, I_QS2, I_QT2, I_QSQT, I_PS, I_PT, \
+    I_PS2, I_PT2, I_PSPT = (WIDE.index(c) for c in (
+        "sum_rm1", "sum_rm1_sq", "sum_d", "sum_d2", "sum_abs_d", "sum_k3", "sum_k3r", "sum_mpe", "sum_adp", "sum_qs",
+        "sum_qt", "sum_qs2", "sum_qt2", "sum_qsqt", "sum_ps", "sum_pt", "sum_ps2", "sum_pt2", "sum_pspt"))
+X_MAX_D, X_MIN_D, X_MAX_ADP, X_MAX_S, X_MIN_S, X_MAX_T, X_MIN_T = range(NX)
+
+# Rows of the wide group accumulator: the step, then each bucket dimension's buckets.
+N_POS = 64  # position buckets: the bit length of an int64 position
+N_ENT = len(S.ENTROPY_EDGES)
+STEP, PROB0 = 0, 1
+POS0 = PROB0 + S.PROB_BINS
+ENT0 = POS0 + N_POS
+LAG0 = ENT0 + N_ENT  # lag buckets follow: LAG0 + lag − lo
+DIMS = {"prob": (PROB0, S.PROB_BINS), "position": (POS0, N_POS), "entropy": (ENT0, N_ENT)}  # (first row, rows)
+FLIPS = ("n_any_flip", "sum_flipped_layers", "sum_abs_d_flip", "sum_k3_flip", "sum_abs_d_noflip", "sum_k3_noflip")
+RUN = 256  # at most this many tokens summed plainly before a compensated add (error ≤ RUN·eps relative)
+LN10 = math.log(10.0)  # DuckDB's ln(10), the same double
+CLAMP, SERIES_BELOW = float(S.CLAMP), float(S.SERIES_BELOW)
+PROB_LO, PROB_WIDTH, PROB_TOP = float(S.PROB_LO), float(S.PROB_WIDTH), S.PROB_BINS - 1
+
+
+def _edges(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64)
+
+
+D_EDGES, BAND_EDGES, ENTROPY_EDGES = _edges(S.D_EDGES), _edges(S.BAND_EDGES), _edges(S.ENTROPY_EDGES)
+D_PADDED = np.concatenate([D_EDGES, np.full(512 - len(D_EDGES), np.inf)])  # for _count_below
+
+
+def bin_ids(x: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """The schema's bin id 2·#{E < x} + 𝟙[x on an edge] of each x (numpy, for tables and tests)."""
+    below = np.searchsorted(edges, x, side="left")
+    on_edge = edges[np.minimum(below, len(edges) - 1)] == x
+    return 2 * below + on_edge
+
+
+def _band_of_bin() -> np.ndarray:
+    """The band (on BAND_EDGES) of each fine Δ bin (on D_EDGES): one per bin, since BAND_EDGES ⊂ D_EDGES."""
+    e = S.D_EDGES
+    inside = [e[0] - 1.0] + [(a + b) / 2 for a, b in zip(e, e[1:])] + [e[-1] + 1.0]  # a point of each open bin
+    points = [v for k in range(len(e)) for v in (inside[k], e[k])] + [inside[-1]]  # bin 2k, then edge 2k + 1
+    return bin_ids(np.array(points), BAND_EDGES).astype(np.int64)
+
+
+BAND_OF_BIN = _band_of_bin()
+
+
+def _bin_start() -> np.ndarray:
+    """For each value k of a float64's top 16 bits (sign, exponent, 4 bits of mantissa): #{E < x} of the
+    smallest x with those bits. At most 3 edges of D_EDGES lie between two such x."""
+    keys = np.arange(1 << 16, dtype=np.uint64) << np.uint64(48)
+    low = np.uint64((1 << 48) - 1)
+    negative = keys >= np.uint64(1 << 63)  # the smallest negative value of a range is the one with most bits
+    smallest = np.where(negative, keys | low, keys).view(np.float64)
+    start = np.searchsorted(D_EDGES, np.nan_to_num(smallest, nan=0.0), side="left")
+    return start.astype(np.int64)
+
+
+BIN_START = _bin_start()
+
+
+# -- the kernel ----------------------------------------------------------------------------------------
+# Accumulator arrays are [planes, rows, columns]: plane 0 a compensated sum, plane 1 its rounding error
+# (the value is their sum), and, for groupings a token joins on its own (probability bucket, band cells, ...),
+# plane 2 a plain partial sum of at most RUN tokens, added into planes 0–1 when its count (column 0) reaches
+# RUN and at the end of every call.
+
+@njit(inline="always")
+def _add(acc, row, col, x):
+    """Neumaier's compensated add of x into acc[0, row, col], its rounding error into acc[1, row, col]."""
+    s = acc[0, row, col]
+    u = s + x
+    if abs(s) >= abs(x):
+        acc[1, row, col] += (s - u) + x
+    else:
+        acc[1, row, col] += (x - u) + s
+    acc[0, row, col] = u
+
+
+@njit(inline="always")
+def _settle(acc, row):
+    """Add the plain partial sums of `row` (plane 2) into its compensated sums and clear them."""
+    for j in range(acc.shape[2]):
+        _add(acc, row, j, acc[2, row, j])
+        acc[2, row, j] = 0.0
+
+
+@njit(inline="always")
+def _settle_rows(acc, lo, hi):
+    for row in range(lo, hi):
+        if acc[2, row, 0] > 0:
+            _settle(acc, row)
+
+
+@njit(inline="always")
+def _pend(acc, row, v):
+    """A token's terms v into the plain partial sums of a wide `row` (settled every RUN tokens)."""
+    for j in range(NW):
+        acc[2, row, j] += v[j]
+    if acc[2, row, 0] >= RUN:
+        _settle(acc, row)
+
+
+@njit(inline="always")
+def _pend_band(acc, row, rm1, rm1_sq):
+    """A token's (1, r − 1, (r − 1)²) into the plain partial sums of a band cell."""
+    acc[2, row, 0] += 1.0
+    acc[2, row, 1] += rm1
+    acc[2, row, 2] += rm1_sq
+    if acc[2, row, 0] >= RUN:
+        _settle(acc, row)
+
+
+@njit(inline="always")
+def _top(top, row, x):
+    for j in range(NX):
+        top[row, j] = max(top[row, j], x[j])
+
+
+@njit(inline="always")
+def _series_k3(x):
+    """e^x − 1 − x by compute.series_k3_sql's Horner form, the same operations in the same order."""
+    inner = 1.0 / 40320
+    inner = 1.0 / 5040 + x * inner
+    inner = 1.0 / 720 + x * inner
+    inner = 1.0 / 120 + x * inner
+    inner = 1.0 / 24 + x * inner
+    inner = 1.0 / 6 + x * inner
+    inner = 1.0 / 2 + x * inner
+    return x * x * inner
+
+
+@njit(inline="always")
+def _d_bin(d, d_bits, bin_start, d_padded):
+    """The fine Δ bin of d (its float64 bits d_bits): the edges below the smallest value sharing d's top 16
+    bits, from a table, then the at most 3 edges within that range, without branches (so that the loop over
+    a chunk vectorises; a binary search, a mispredicted branch per step, measured 4x slower)."""
+    c = bin_start[(d_bits >> 48) & 0xFFFF]
+    c += d_padded[c] < d
+    c += d_padded[c] < d
+    c += d_padded[c] < d
+    return 2 * c + (d_padded[c] == d)
+
+
+@njit(inline="always")
+def _bit_length(p):
+    k = 0
+    while p > 0:
+        p >>= 1
+        k += 1
+    return k
+
+
+@njit(cache=True, nogil=True)
+def accumulate(s, t, d_a, rm1_a, r_a, ps_a, em1s_a, pt_a, bin_a, prob_a, pos, seq, valid, T, lo, hi, seq_lag,
+               tok_lag, entropy, flipped, d_padded, bin_start, band_of_bin, ent_edges,
+               seq_acc, seq_top, seq_max_pos, seq_flip, seq_band, wide, wide_top, band, hist, flip):
+    """Add tokens lo .. hi − 1 to the accumulators (the module docstring lists the inputs, `Accumulators` the
+    outputs). d_a, rm1_a, r_a, ps_a, em1s_a, pt_a hold t − s, expm1(cd), exp(cd), exp(s), expm1(s), exp(t) of
+    tokens lo .. hi − 1 (numpy's vectorised functions, `Accumulators.add`); bin_a and prob_a take their Δ bin
+    and probability-bucket row.
+
+    The per-token terms are compute.token_terms_sql's, from those five: the SQL forms expm1 from exp by
+    Kahan's (u − 1)·x / ln u, accurate to a few ulps, and numpy's exp and expm1 are within a few ulps too, so
+    the two agree per term to a few ulps, which the compensated sums then preserve. The k3 series is the
+    SQL's Horner form, operation for operation.
+    """
+    d_bits = d_a.view(np.int64)
+    for k in range(hi - lo):  # vectorised: each token's Δ bin and probability bucket
+        bin_a[k] = _d_bin(d_a[k], d_bits[k], bin_start, d_padded)
+        prob_a[k] = PROB0 + int(min(max(math.floor((s[lo + k] / LN10 - PROB_LO) / PROB_WIDTH), 0.0), PROB_TOP))
+    grid = len(seq) == 0
+    masked = len(valid) > 0
+    has_seq_lag, has_tok_lag = len(seq_lag) > 0, len(tok_lag) > 0
+    has_ent, has_flip = len(entropy) > 0, len(flipped) > 0
+    v = np.zeros(NW)
+    x = np.empty(NX)
+    run = np.zeros(NW)  # the run's plain sums and maxima
+    run_top = np.full(NX, -np.inf)
+    run_band = np.zeros((NB, 3))  # and its band cells, those touched listed in run_bands[:n_bands]
+    run_bands = np.empty(NB, np.int64)
+    n_bands = 0
+    run_seq, run_pb, run_lo, run_hi, run_n, run_max_pos = -1, 0, 0, 0, 0, -1
+    for i in range(lo, hi + 1):
+        if i < hi:
+            if masked and not valid[i]:
+                continue
+            if grid:
+                b = i // T
+                p = i - b * T
+            else:
+                b = seq[i]
+                p = pos[i]
+            same_run = b == run_seq and run_lo <= p < run_hi and run_n < RUN
+        else:
+            b, p, same_run = -1, 0, False  # past the end: add the last run
+        if not same_run and run_n > 0:  # the run into its sequence, the step, its position (and lag) bucket
+            lag_g = LAG0 + seq_lag[run_seq] if has_seq_lag and seq_lag[run_seq] >= 0 else -1
+            pos_g = POS0 + run_pb
+            for j in range(NW):
+                run_j = run[j]
+                _add(seq_acc, run_seq, j, run_j)
+                _add(wide, STEP, j, run_j)
+                _add(wide, pos_g, j, run_j)
+                if lag_g >= 0:
+                    _add(wide, lag_g, j, run_j)
+                run[j] = 0.0
+            _top(seq_top, run_seq, run_top)
+            _top(wide_top, STEP, run_top)
+            _top(wide_top, pos_g, run_top)
+            if lag_g >= 0:
+                _top(wide_top, lag_g, run_top)
+            run_top[:] = -np.inf
+            seq_max_pos[run_seq] = max(seq_max_pos[run_seq], run_max_pos)
+            for m in range(n_bands):  # the run's band cells into the sequence's, the position's, the lag's
+                bd = run_bands[m]
+                for j in range(3):
+                    c = run_band[bd, j]
+                    _add(seq_band, run_seq * NB + bd, j, c)
+                    _add(band, pos_g * NB + bd, j, c)
+                    if lag_g >= 0:
+                        _add(band, lag_g * NB + bd, j, c)
+                    run_band[bd, j] = 0.0
+            n_bands = 0
+            run_n = 0
+        if i == hi:
+            break
+        if not same_run:
+            pb = _bit_length(p)
+            run_seq, run_pb = b, pb
+            run_lo = 0 if pb == 0 else 1 << (pb - 1)
+            run_hi = 1 << pb
+            run_max_pos = -1
+
+        # the terms (compute.token_terms_sql)
+        k = i - lo
+        si, ti = s[i], t[i]
+        d = d_a[k]  # t − s
+        cd = min(max(d, -CLAMP), CLAMP)
+        rm1 = rm1_a[k]
+        em = -rm1 / r_a[k]
+        ad = abs(d)
+        if ad < SERIES_BELOW:
+            k3 = _series_k3(d)
+            k3r = _series_k3(-d)
+        else:
+            k3 = max(rm1 - d, 0.0)
+            k3r = max(em + d, 0.0)
+        ps, pt = ps_a[k], pt_a[k]
+        qs = -em1s_a[k]
+        dp = ps * rm1 if d == cd else pt - ps
+        qt = qs - dp
+        adp = abs(dp)
+        rm1_sq = rm1 * rm1
+        v[0] = 1.0
+        v[I_RM1] = rm1
+        v[I_RM1_SQ] = rm1_sq
+        v[I_D] = d
+        v[I_D2] = d * d
+        v[I_ABS_D] = ad
+        v[I_K3] = k3
+        v[I_K3R] = k3r
+        v[I_MPE] = rm1 if cd >= 0 else em
+        v[I_ADP] = adp
+        v[I_QS] = qs
+        v[I_QT] = qt
+        v[I_QS2] = qs * qs
+        v[I_QT2] = qt * qt
+        v[I_QSQT] = qs * qt
+        v[I_PS] = ps
+        v[I_PT] = pt
+        v[I_PS2] = ps * ps
+        v[I_PT2] = pt * pt
+        v[I_PSPT] = ps * pt
+        x[X_MAX_D] = d
+        x[X_MIN_D] = -d
+        x[X_MAX_ADP] = adp
+        x[X_MAX_S] = si
+        x[X_MIN_S] = -si
+        x[X_MAX_T] = ti
+        x[X_MIN_T] = -ti
+
+        # the run (sequence, step, position bucket, the sequence's lag)
+        for j in range(NW):
+            run[j] += v[j]
+        for j in range(NX):
+            run_top[j] = max(run_top[j], x[j])
+        run_max_pos = max(run_max_pos, p)
+        run_n += 1
+
+        # the groupings of each token: probability bucket, per-token lag, entropy bucket, with their bands
+        dbin = bin_a[k]
+        bd = band_of_bin[dbin]
+        _pend_band(hist, dbin, rm1, rm1_sq)
+        if run_band[bd, 0] == 0:
+            run_bands[n_bands] = bd
+            n_bands += 1
+        run_band[bd, 0] += 1.0
+        run_band[bd, 1] += rm1
+        run_band[bd, 2] += rm1_sq
+        pr = prob_a[k]
+        _pend(wide, pr, v)
+        _top(wide_top, pr, x)
+        _pend_band(band, pr * NB + bd, rm1, rm1_sq)
+        if not has_seq_lag and has_tok_lag and tok_lag[i] >= 0:
+            g = LAG0 + tok_lag[i]
+            _pend(wide, g, v)
+            _top(wide_top, g, x)
+            _pend_band(band, g * NB + bd, rm1, rm1_sq)
+        if has_ent and entropy[i] == entropy[i]:  # NaN: no entropy
+            e = entropy[i]
+            g = ENT0
+            while g + 1 < ENT0 + len(ent_edges) and e >= ent_edges[g + 1 - ENT0]:
+                g += 1
+            _pend(wide, g, v)
+            _top(wide_top, g, x)
+            _pend_band(band, g * NB + bd, rm1, rm1_sq)
+        if has_flip and flipped[i] >= 0:  # a token with routing of both sides
+            fl = flipped[i]
+            flip[0, 0, 6] += 1.0  # n_routed
+            if fl > 0:
+                seq_flip[b] += 1
+                flip[0, 0, 0] += 1.0
+                flip[0, 0, 1] += fl
+                _add(flip, 0, 2, ad)
+                _add(flip, 0, 3, k3)
+            else:
+                _add(flip, 0, 4, ad)
+                _add(flip, 0, 5, k3)
+    _settle_rows(wide, 0, wide.shape[1])
+    _settle_rows(band, 0, band.shape[1])
+    _settle_rows(hist, 0, hist.shape[1])
+
+
+CHUNK = 1 << 15  # tokens whose exp / expm1 are computed at once (numpy's vectorised functions; in L2)
+
+
+@dataclass
+class Accumulators:
+    """What `accumulate` adds into, for n_seq sequences and n_lag lags; merge two by `merge`.
+    [planes, rows, cols] arrays hold compensated sums (see "the kernel" above)."""
+    seq: np.ndarray  # [2, n_seq, NW]
+    seq_top: np.ndarray  # [n_seq, NX], −inf where empty
+    seq_max_pos: np.ndarray  # [n_seq] int64, −1 where empty
+    seq_flip: np.ndarray  # [n_seq] int64: tokens with a flip at some layer
+    seq_band: np.ndarray  # [2, n_seq·NB, 3]: (sequence, band) cells
+    wide: np.ndarray  # [3, LAG0 + n_lag, NW]: step, prob, position, entropy, lag rows
+    wide_top: np.ndarray  # [LAG0 + n_lag, NX]
+    band: np.ndarray  # [3, (LAG0 + n_lag)·NB, 3]: (bucket, band) cells (the step's unused)
+    hist: np.ndarray  # [3, N_BINS, 3]
+    flip: np.ndarray  # [2, 1, 7]: FLIPS, then n_routed
+
+    @staticmethod
+    def zeros(n_seq: int, n_lag: int = 0) -> "Accumulators":
+        rows = LAG0 + n_lag
+        return Accumulators(np.zeros((2, n_seq, NW)), np.full((n_seq, NX), -np.inf), np.full(n_seq, -1, np.int64),
+                            np.zeros(n_seq, np.int64), np.zeros((2, n_seq * NB, 3)), np.zeros((3, rows, NW)),
+                            np.full((rows, NX), -np.inf), np.zeros((3, rows * NB, 3)), np.zeros((3, S.N_BINS, 3)),
+                            np.zeros((2, 1, len(FLIPS) + 1)))
+
+    def add(self, s, t, pos=None, seq=None, valid=None, T: int = 0, lo: int = 0, hi: int | None = None,
+            seq_lag=None, tok_lag=None, entropy=None, flipped=None) -> "Accumulators":
+        """Add tokens lo .. hi − 1 (see the module docstring; None: absent; pos and seq None: grid form)."""
+        def arr(a, dtype):
+            return np.empty(0, dtype) if a is None else np.ascontiguousarray(a, dtype)
+        s, t = arr(s, np.float64), arr(t, np.float64)
+        rest = (arr(pos, np.int64), arr(seq, np.int64), arr(valid, np.bool_), T)
+        tail = (arr(seq_lag, np.int64), arr(tok_lag, np.int64), arr(entropy, np.float64), arr(flipped, np.int64),
+                D_PADDED, BIN_START, BAND_OF_BIN, ENTROPY_EDGES, *vars(self).values())
+        hi = len(s) if hi is None else hi
+        scratch = np.empty((6, min(CHUNK, max(hi - lo, 0))))
+        d, rm1, r, ps, em1s, pt = scratch
+        bins, probs = np.empty((2, len(d)), np.int64)
+        for a in range(lo, hi, CHUNK):
+            b = min(hi, a + CHUNK)
+            n = b - a
+            with np.errstate(invalid="ignore"):  # NaN at padding: never read
+                np.subtract(t[a:b], s[a:b], out=d[:n])
+                np.clip(d[:n], -S.CLAMP, S.CLAMP, out=r[:n])
+                np.expm1(r[:n], out=rm1[:n])
+                np.exp(r[:n], out=r[:n])
+                np.exp(s[a:b], out=ps[:n])
+                np.expm1(s[a:b], out=em1s[:n])
+                np.exp(t[a:b], out=pt[:n])
+            accumulate(s, t, d, rm1, r, ps, em1s, pt, bins, probs, *rest, a, b, *tail)
+        return self
+
+    def merge(self, other: "Accumulators") -> "Accumulators":
+        """The accumulators of both token sets: sums add (their errors too), extremes take the max."""
+        out = {}
+        for name, a in vars(self).items():
+            b = getattr(other, name)
+            if name.endswith("_top") or name == "seq_max_pos":
+                out[name] = np.maximum(a, b)
+            elif a.ndim == 3:
+                total = a[0] + b[0]
+                err = np.where(np.abs(a[0]) >= np.abs(b[0]), (a[0] - total) + b[0], (b[0] - total) + a[0])
+                out[name] = np.concatenate([np.stack([total, a[1] + b[1] + err]), a[2:] + b[2:]])
+            else:
+                out[name] = a + b
+        return Accumulators(**out)
+
+
+def _value(acc: np.ndarray) -> np.ndarray:
+    """The compensated sums' values: sum + rounding error."""
+    return acc[0] + acc[1]
+
+
+def _wide_rows(sums: np.ndarray, top: np.ndarray | None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(ids of the non-empty rows, column -> values) of a [rows, NW or 3] block of sums and its maxima."""
+    ids = np.flatnonzero(sums[:, 0])
+    kept = sums[ids]
+    out = {"n_tokens": kept[:, 0].astype(np.int64)}
+    out |= {c: np.ascontiguousarray(kept[:, j]) for j, c in enumerate(WIDE[1:sums.shape[1]], 1)}
+    if top is not None:
+        hi = top[ids]
+        out |= {c: -hi[:, j] if c.startswith("min_") else hi[:, j].copy() for j, c in enumerate(EXTREMES)}
+        out[DERIVED] = np.maximum(hi[:, X_MAX_D], hi[:, X_MIN_D])
+    return ids, out
+
+
+def tables(acc: Accumulators, samples: np.ndarray, lag_lo: int = 0, n_lag: int = 0,
+           routed: bool = False) -> dict[str, dict]:
+    """The summary rows of the accumulated tokens, as the torch writer returns them (columns as numpy arrays,
+    no run/step/file_id): summary_seq, summary_seq_band, summary_step, summary_hist, summary_bucket,
+    summary_bucket_band. `samples` maps the dense sequence index to the sample id; lag row k is lag lag_lo + k;
+    routed: the flip columns were accumulated (trainer routing given)."""
+    ids, seq = _wide_rows(_value(acc.seq), acc.seq_top)
+    seq["max_pos"] = acc.seq_max_pos[ids]
+    seq["sample"] = samples[ids]
+    if routed:
+        seq["n_flip_tokens"] = acc.seq_flip[ids]
+    out = {"summary_seq": seq if len(ids) else {}}
+    cells, cell = _wide_rows(_value(acc.seq_band), None)
+    out["summary_seq_band"] = {"sample": samples[cells // NB], "band": cells % NB} | cell if len(ids) else {}
+    wide = _value(acc.wide)
+    step_ids, step = _wide_rows(wide[STEP:STEP + 1], acc.wide_top[STEP:STEP + 1])
+    if len(step_ids):
+        step = {k: v.tolist() for k, v in step.items()}
+        if routed:
+            flips = _value(acc.flip)[0]
+            step["n_routed"] = [int(flips[6])]
+            step |= {c: [int(flips[j]) if c.startswith("n_") or c == "sum_flipped_layers" else float(flips[j])]
+                     for j, c in enumerate(FLIPS)}
+        out["summary_step"] = step
+    else:
+        out["summary_step"] = {}
+    bins, hist = _wide_rows(_value(acc.hist), None)
+    out["summary_hist"] = {"bin": bins} | hist
+    dims = dict(DIMS) | {"lag": (LAG0, n_lag)}
+    offsets = {"lag": lag_lo}
+    buckets, banded = [], []
+    band = _value(acc.band)
+    for dim, (first, n) in dims.items():
+        b_ids, rows = _wide_rows(wide[first:first + n], acc.wide_top[first:first + n])
+        if dim == "entropy" and not len(b_ids):
+            continue
+        buckets.append({"dim": np.full(len(b_ids), dim, dtype=object), "bucket": b_ids + offsets.get(dim, 0)} | rows)
+        c_ids, c_rows = _wide_rows(band[first * NB:(first + n) * NB], None)
+        banded.append({"dim": np.full(len(c_ids), dim, dtype=object), "bucket": c_ids // NB + offsets.get(dim, 0),
+                       "band": c_ids % NB} | c_rows)
+    out["summary_bucket"] = {k: np.concatenate([p[k] for p in buckets]) for k in buckets[0]}
+    out["summary_bucket_band"] = {k: np.concatenate([p[k] for p in banded]) for k in banded[0]}
+    return out
