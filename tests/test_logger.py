@@ -157,6 +157,23 @@ def test_bad_input_messages(tmp_path):
     assert not list((tmp_path / "bad").glob("*.parquet"))
 
 
+@pytest.mark.parametrize("value, shown", [(float("nan"), "nan"), (float("inf"), "inf"), (-float("inf"), "-inf"),
+                                          (0.5, "0.5")])
+@pytest.mark.parametrize("side", ["sampler_logprobs", "trainer_logprobs"])
+def test_every_bad_log_prob_is_refused_and_a_masked_one_is_not(tmp_path, value, shown, side):
+    log = DriftLogger(tmp_path, "bad")
+    d = make_step()
+    mask = torch.ones(5, 7)
+    bad = {k: torch.where(d["mask"] != 0, d[k], -1.0) for k in ("sampler_logprobs", "trainer_logprobs")}
+    bad[side][3, 4] = value
+    with pytest.raises(ValueError, match=rf"{side}\[3, 4\] = {shown}: a log-probability must be finite and <= 0"):
+        log.log_step(0, bad["sampler_logprobs"], bad["trainer_logprobs"], mask)
+    assert not list((tmp_path / "bad").glob("*.parquet"))
+    mask[3, 4] = 0  # padding may hold anything
+    log.log_step(0, bad["sampler_logprobs"], bad["trainer_logprobs"], mask)
+    assert list((tmp_path / "bad").glob("summary-step000000.parquet"))
+
+
 @settings(max_examples=25, deadline=None)
 @given(B=st.integers(1, 4), T=st.integers(1, 5), L=st.integers(1, 3), K=st.integers(1, 3),
        seed=st.integers(0, 2**16))
