@@ -3,6 +3,7 @@
     python benchmarks/bench_scale.py [--tokens 40000000] [--steps 400] [--routing-tokens 500000] [--layers 32]
                                      [--repeat 1] [--keep]
     python benchmarks/bench_scale.py --tokens 100000000 --routing-tokens 0
+    python benchmarks/bench_scale.py --keep --repeat 2 --per-file --code OTHER_CHECKOUT   # also each file alone
 
 Builds one tokens Parquet file (`--tokens` tokens over `--steps` steps, sequences of 500) and, unless
 `--routing-tokens 0`, one routing Parquet file (the first tokens of every step, `--layers` layers, top-8 of 64
@@ -121,6 +122,21 @@ def run_side(which: str, files: list[Path], code: Path | None = None) -> dict:
     return res
 
 
+def run_per_file(which: str, files: list[Path], code: Path | None = None) -> list[dict]:
+    """Each file timed alone, in order, into one fresh database (routing after its tokens): ctas, ingest or
+    other, as run_side."""
+    db = fresh_db(f"{which}-per-file")
+    out = []
+    for f in files:
+        if which == "ctas":
+            cmd = [sys.executable, "-c", CTAS, str(db), str(f)]
+        else:
+            cmd = [sys.executable, "-m", "analysis", "ingest", str(f), "--db", str(db)]
+        out.append(timed(cmd, code if which == "other" else None))
+    db.unlink(missing_ok=True)
+    return out
+
+
 def routing_bytes(files: list[Path], code: Path | None) -> None:
     """Database growth per routing row: ingest the tokens (closing the database checkpoints it), then the
     routing file; `code`: another checkout of the project to run the ingest from (a before/after comparison)."""
@@ -150,6 +166,8 @@ def main() -> None:
     ap.add_argument("--code", type=Path, help="another checkout of the project: its ingest is timed too ('other') "
                                               "and, with --routing-bytes, its bytes per routing row")
     ap.add_argument("--only", choices=("ctas", "ingest", "none"), help="time one side only, or none")
+    ap.add_argument("--per-file", action="store_true", help="also time each file alone (tokens, then routing into "
+                                                                "the same database), per side")
     ap.add_argument("--keep", action="store_true", help="keep the input files (default: delete them at the end)")
     a = ap.parse_args()
     t0 = time.perf_counter()
@@ -174,6 +192,12 @@ def main() -> None:
                 best.setdefault(which, {}).setdefault(key, []).append(res[key])
             print(f"repeat {r + 1} {which:>6}: {res['seconds']:6.2f} s wall, {res['cpu_seconds']:6.2f} s cpu, "
                   f"{res['peak_rss_mb']:5.0f} MB peak RSS, db {res['db_mb']:.0f} MiB", flush=True)
+            if a.per_file:
+                for f, res in zip(files, run_per_file(which, files, code)):
+                    for key in ("seconds", "cpu_seconds"):
+                        best.setdefault(f"{which} {f.stem}", {}).setdefault(key, []).append(res[key])
+                    print(f"repeat {r + 1} {which:>6} {f.name} alone: {res['seconds']:6.2f} s wall, "
+                          f"{res['cpu_seconds']:6.2f} s cpu, {res['peak_rss_mb']:5.0f} MB peak RSS", flush=True)
     if "other" in best:
         b, o = best["ctas"], best["other"]
         print(f"best of {a.repeat}: other ({code}) {min(o['seconds']):.2f} s = {min(o['seconds']) / min(b['seconds']):.2f}x "
@@ -184,6 +208,9 @@ def main() -> None:
               f"wall ratio {min(o['seconds']) / min(b['seconds']):.2f}x | cpu ratio "
               f"{min(o['cpu_seconds']) / min(b['cpu_seconds']):.2f}x | ingest peak RSS {max(o['peak_rss_mb']):.0f} MB "
               f"(ctas {max(b['peak_rss_mb']):.0f} MB) | load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for key in sorted(k for k in best if " " in k):
+        print(f"best of {a.repeat}: {key} alone {min(best[key]['seconds']):.2f} s wall, "
+              f"{min(best[key]['cpu_seconds']):.2f} s cpu")
     if a.routing_bytes and a.routing_tokens:
         for c in ([code] if code else []) + [None]:
             routing_bytes(files, c)
