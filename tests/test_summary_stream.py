@@ -125,3 +125,18 @@ def test_versions_and_entropy_absent(tmp_path, monkeypatch, caplog):
     want = ingest(tmp_path / "s.duckdb", [str(f)], monkeypatch, streamed=False)
     assert_same(got, want)
     assert {r["dim"] for r in got["summary_bucket"]} == {"prob", "position"}
+
+
+def test_versions_far_apart_fall_back_to_sql(tmp_path, monkeypatch, caplog):
+    """Versions that are not small counters (timestamps, say) would need a lag bucket per version in between."""
+    caplog.set_level(logging.INFO, logger="analysis.ingest.load")
+    steps = tokens()
+    table = pa.concat_tables([steps[k] for k in sorted(steps)])
+    n = table.num_rows
+    far = np.where(np.arange(n) % 2 == 0, 0, 10_000_000).astype(np.int64)
+    table = table.set_column(table.column_names.index("sampler_version"), "sampler_version", pa.array(far))
+    f = tmp_path / "a.parquet"
+    pq.write_table(table, f)
+    got = ingest(tmp_path / "k.duckdb", [str(f)], monkeypatch)
+    assert f"lags over more than {stream_summaries.MAX_LAGS} versions" in messages(caplog)
+    assert_same(got, ingest(tmp_path / "s.duckdb", [str(f)], monkeypatch, streamed=False))

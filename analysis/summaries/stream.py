@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 STAGED = "_staged_summaries"  # the temporary table of a load's summary rows
 MAX_SEQUENCES = 100_000  # sequences of one step held at once (~300 MB of accumulators)
+MAX_LAGS = 4096  # lag buckets of one step (~0.5 MB each): versions that are not small counters go to the SQL
 TOKEN_TABLES = ("summary_seq", "summary_seq_band", "summary_step", "summary_hist", "summary_bucket",
                 "summary_bucket_band")
 
@@ -58,20 +59,24 @@ class _Step:
             self.samples, self.index = samples[order], np.concatenate([self.index, idx[new]])[order]
         return idx[inv]
 
-    def fit(self, seen: np.ndarray) -> None:
-        """Grow the accumulators to n_seq sequences and to the lag range of the (non-null) lags `seen`."""
+    def fit(self, seen: np.ndarray) -> bool:
+        """Grow the accumulators to n_seq sequences and to the lag range of the (non-null) lags `seen`;
+        False, leaving them as they are, where that range would span more than MAX_LAGS lags."""
         lo, n_lag = self.lag_lo, self.n_lag
         if len(seen):
             a, b = int(seen.min()), int(seen.max())
             if n_lag:
                 a, b = min(a, lo), max(b, lo + n_lag - 1)
             lo, n_lag = a, b - a + 1
+        if n_lag > MAX_LAGS:
+            return False
         cap = len(self.acc.seq_max_pos)
         if self.n_seq <= cap and (lo, n_lag) == (self.lag_lo, self.n_lag):
-            return
-        cap = max(self.n_seq, 2 * cap, 64) if self.n_seq > cap else cap
+            return True
+        cap = max(self.n_seq, min(2 * cap, MAX_SEQUENCES), 64) if self.n_seq > cap else cap
         self.acc = _resized(self.acc, cap, n_lag, self.lag_lo - lo if self.n_lag else 0)
         self.lag_lo, self.n_lag = lo, n_lag
+        return True
 
     def rows(self) -> pa.Table:
         samples = np.zeros(len(self.acc.seq_max_pos), np.int64)
@@ -108,7 +113,7 @@ def _lags(data: pa.Table) -> np.ndarray:
     tv, sv = _optional(data, "trainer_version"), _optional(data, "sampler_version")
     if tv is None or sv is None:
         return np.empty(0, np.int64)
-    lag = pc.subtract(tv, sv)
+    lag = pc.subtract_checked(tv, sv)  # an overflow raises: the SQL then refuses the file as before
     return np.asarray(pc.fill_null(lag, np.iinfo(np.int64).min).to_numpy(), np.int64)
 
 
@@ -127,9 +132,18 @@ class StepSummaries:
         self.ok, self.why, self._cur = False, why, None
 
     def feed(self, data: pa.Table) -> list[pa.Table]:
-        """Add a tokens batch; the rows of the steps it finished (summary-file layout, without file_id)."""
+        """Add a tokens batch; the rows of the steps it finished (summary-file layout, without file_id).
+        An unexpected error gives up (logged) rather than refuse the file: the SQL then summarises it."""
         if not self.ok or data.num_rows == 0:
             return []
+        try:
+            return self._feed(data)
+        except Exception as e:
+            log.warning("token summaries while streaming failed; the SQL computes them", exc_info=e)
+            self._give_up(f"{type(e).__name__} while streaming")
+            return []
+
+    def _feed(self, data: pa.Table) -> list[pa.Table]:
         runs = pc.dictionary_encode(data.column("run").combine_chunks())
         codes = runs.indices.to_numpy(zero_copy_only=False)
         names = runs.dictionary.to_pylist()
@@ -162,7 +176,9 @@ class StepSummaries:
                 return out
             lag = lags[a:b]
             none = lag == np.iinfo(np.int64).min
-            cur.fit(lag[~none])
+            if not cur.fit(lag[~none]):
+                self._give_up(f"run {key[0]!r}, step {key[1]} has lags over more than {MAX_LAGS} versions")
+                return out
             tok_lag = np.where(none, -1, lag - cur.lag_lo) if len(lag) else None
             cur.acc.add(s[a:b], t[a:b], pos=pos[a:b], seq=seq, tok_lag=tok_lag,
                         entropy=None if entropy is None else entropy[a:b])
