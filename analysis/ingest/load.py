@@ -217,8 +217,7 @@ def _load_into(tx: Transaction, unit: Unit, run: str | None, limits: Limits, con
                 continue
             keys[batch.table].add(data)
             if streamed is not None and batch.table == "tokens":
-                for part in streamed.feed(data):
-                    yield stream_summaries.STAGED, part
+                yield from streamed.feed(data)
             if experts is not None:
                 # per-batch partial results go to the database, which spills: nothing here grows with the file
                 if not summarised:  # a sample's expert load comes in its summary file
@@ -227,19 +226,18 @@ def _load_into(tx: Transaction, unit: Unit, run: str | None, limits: Limits, con
                     yield STAGED_TOKENS, routing_tokens(data)
             yield batch.table, data
         if streamed is not None:
-            for part in streamed.finish():
-                yield stream_summaries.STAGED, part
+            yield from streamed.finish()
 
     # reading and checking batch i+1 overlaps with DuckDB inserting batch i (both release the GIL); a small
     # file is one batch, with nothing to overlap, and a thread per file would only add its start-up
     items = whole_row_groups(prepared())
     insert_items(w, prefetch(items) if unit_bytes(unit) > ALONE_BYTES else items,
-                 (STAGED_LOAD, STAGED_TOKENS, stream_summaries.STAGED), rows, fid, _rows_reporter(unit, on_rows))
+                 (STAGED_LOAD, STAGED_TOKENS, *stream_summaries.STAGED.values()), rows, fid, _rows_reporter(unit, on_rows))
     _check_file(w, unit.name, fid, rows, keys)
     if rows["routing"] and not summarised:
         w.finish_expert_load(STAGED_LOAD, fid)  # the partial counts of every batch, summed
     tokens_done = _streamed_summaries(w, unit.name, fid, streamed, rows["tokens"])
-    w.drop_staged(STAGED_LOAD, STAGED_TOKENS, stream_summaries.STAGED)
+    w.drop_staged(STAGED_LOAD, STAGED_TOKENS, *stream_summaries.STAGED.values())
     summaries.add_file(w, fid, summarised, unit.name, tokens_done=tokens_done)
     runs = sorted(set().union(*(k.runs for k in keys.values())))
     tx.ensure_runs(runs, config or unit.config)
@@ -255,7 +253,7 @@ def _streamed_summaries(w, name: str, fid: int, streamed, n_tokens: int) -> bool
     if not streamed.ok:
         log.info("%s: token summaries by SQL (%s)", name, streamed.why)
         return False
-    stream_summaries.insert_staged(w, fid)
+    streamed.insert(w, fid)
     log.info("%s: token summaries of %d steps computed while streaming", name, streamed.steps)
     return True
 

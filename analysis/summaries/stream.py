@@ -3,14 +3,14 @@
 Ingest hands every checked `tokens` batch to `StepSummaries.feed` (in its prefetch worker, while DuckDB inserts
 on the main thread). The batches of a file in (run, step) order make one group of accumulators per (run, step):
 a step may span several batches, its sequences get a dense index as their samples first appear. When the
-(run, step) changes, the finished step becomes summary rows (`kernel.tables`), returned as one Arrow table in
-the summary-file layout (analysis/ingest/summary_files.py) that ingest stages in the database; `insert_staged`
-moves them into the summary tables with the file's id once the file is checked.
+(run, step) changes, the finished step becomes summary rows (`kernel.tables`), an Arrow table per summary
+table, which ingest stages in the database (a temporary table each); `insert` moves them into the summary
+tables with the file's id once the file is checked.
 
 A file this does not handle gives up (`ok` False) and ingest falls back to compute.py's SQL over the stored rows:
-a (run, step) that comes back after another one started (a file not ordered by step), or a step with more than
-`max_sequences` sequences (its accumulators take ~3 KB per sequence). The rows are the SQL's to a few ulps
-(tests/test_summary_kernel.py, tests/test_summary_stream.py).
+a (run, step) that comes back after another one started (a file not ordered by step), a step with more than
+`max_sequences` sequences (its accumulators take ~3 KB per sequence) or with lags over more than MAX_LAGS
+versions. The rows are the SQL's to a few ulps (tests/test_summary_kernel.py, tests/test_summary_stream.py).
 """
 from __future__ import annotations
 
@@ -25,11 +25,13 @@ from analysis.summaries import kernel as K
 
 log = logging.getLogger(__name__)
 
-STAGED = "_staged_summaries"  # the temporary table of a load's summary rows
 MAX_SEQUENCES = 100_000  # sequences of one step held at once (~300 MB of accumulators)
 MAX_LAGS = 4096  # lag buckets of one step (~0.5 MB each): versions that are not small counters go to the SQL
 TOKEN_TABLES = ("summary_seq", "summary_seq_band", "summary_step", "summary_hist", "summary_bucket",
                 "summary_bucket_band")
+# the temporary table of each summary table's rows of a load (one per table: a union of their columns, mostly
+# NULL, took ~300 MB more of DuckDB's memory on 40M tokens)
+STAGED = {t: f"_staged_{t}" for t in TOKEN_TABLES}
 
 
 class _Step:
@@ -78,11 +80,20 @@ class _Step:
         self.lag_lo, self.n_lag = lo, n_lag
         return True
 
-    def rows(self) -> pa.Table:
+    def rows(self) -> list[tuple[str, pa.Table]]:
+        """(staged table, its rows with run and step) of the step's summary tables that have rows."""
         samples = np.zeros(len(self.acc.seq_max_pos), np.int64)
         samples[self.index] = self.samples
         tables = K.tables(self.acc, samples, self.lag_lo, self.n_lag)
-        return summary_files.build(self.run, self.step, {t: tables[t] for t in TOKEN_TABLES})
+        out = []
+        for name in TOKEN_TABLES:
+            cols = tables[name]
+            n = len(next(iter(cols.values()), []))
+            if n:
+                types = {c.name: summary_files.ARROW[c.sql_type] for c in summary_files.TABLES[name]}
+                data = {"run": pa.repeat(pa.scalar(self.run), n), "step": pa.repeat(pa.scalar(self.step, pa.int64()), n)}
+                out.append((STAGED[name], pa.table(data | {k: pa.array(v, types[k]) for k, v in cols.items()})))
+        return out
 
 
 def _resized(acc: K.Accumulators, cap: int, n_lag: int, shift: int) -> K.Accumulators:
@@ -127,12 +138,13 @@ class StepSummaries:
         self.steps = 0  # (run, step) groups summarised
         self._cur: _Step | None = None
         self._done: set[tuple[str, int]] = set()
+        self.staged: dict[str, list[str]] = {}  # staged tables that received rows: their columns
 
     def _give_up(self, why: str) -> None:
         self.ok, self.why, self._cur = False, why, None
 
-    def feed(self, data: pa.Table) -> list[pa.Table]:
-        """Add a tokens batch; the rows of the steps it finished (summary-file layout, without file_id).
+    def feed(self, data: pa.Table) -> list[tuple[str, pa.Table]]:
+        """Add a tokens batch; (staged table, rows) of the steps it finished (without file_id).
         An unexpected error gives up (logged) rather than refuse the file: the SQL then summarises it."""
         if not self.ok or data.num_rows == 0:
             return []
@@ -143,7 +155,7 @@ class StepSummaries:
             self._give_up(f"{type(e).__name__} while streaming")
             return []
 
-    def _feed(self, data: pa.Table) -> list[pa.Table]:
+    def _feed(self, data: pa.Table) -> list[tuple[str, pa.Table]]:
         runs = pc.dictionary_encode(data.column("run").combine_chunks())
         codes = runs.indices.to_numpy(zero_copy_only=False)
         names = runs.dictionary.to_pylist()
@@ -166,7 +178,7 @@ class StepSummaries:
                     self._give_up(f"run {key[0]!r}, step {key[1]} comes back after another step: not ordered by step")
                     return out
                 if cur is not None:
-                    out.append(cur.rows())
+                    out += self._staged(cur.rows())
                     self.steps += 1
                 self._done.add(key)
                 cur = self._cur = _Step(*key)
@@ -184,18 +196,22 @@ class StepSummaries:
                         entropy=None if entropy is None else entropy[a:b])
         return out
 
-    def finish(self) -> list[pa.Table]:
+    def _staged(self, rows: list[tuple[str, pa.Table]]) -> list[tuple[str, pa.Table]]:
+        for name, data in rows:
+            self.staged.setdefault(name, data.column_names)
+        return rows
+
+    def finish(self) -> list[tuple[str, pa.Table]]:
         """The rows of the last step (call after the last batch)."""
         if not self.ok or self._cur is None:
             return []
         rows, self._cur = self._cur.rows(), None
         self.steps += 1
-        return [rows]
+        return self._staged(rows)
 
-
-def insert_staged(w, file_id: int) -> None:
-    """Move the staged summary rows (summary-file layout) into the summary tables with `file_id`."""
-    for table in TOKEN_TABLES:
-        cols = ", ".join(c.name for c in summary_files.TABLES[table])
-        w.execute(f"INSERT INTO {table} ({cols}, file_id) SELECT {cols}, ? FROM {STAGED} WHERE summary = ?",
-                  [file_id, table])
+    def insert(self, w, file_id: int) -> None:
+        """Move the staged rows into the summary tables with `file_id`."""
+        for table in TOKEN_TABLES:
+            if STAGED[table] in self.staged:
+                cols = ", ".join(self.staged[STAGED[table]])
+                w.execute(f"INSERT INTO {table} ({cols}, file_id) SELECT {cols}, ? FROM {STAGED[table]}", [file_id])
