@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from analysis.ingest import frameworks, long, sequences, summary_files, tensors
 from analysis.ingest.batches import ALONE_BYTES, Transaction, load_groups, unit_bytes
 from analysis.summaries import compute as summaries
+from analysis.summaries import stream as stream_summaries
 from analysis.ingest.detect import detect
 from analysis.ingest.errors import BadExperts, DuplicateKey, IngestError, NotALogFile, OrphanRouting, TooLarge
 from analysis.ingest.keys import TableKeys, expert_load, routing_tokens
@@ -206,6 +207,8 @@ def _load_into(tx: Transaction, unit: Unit, run: str | None, limits: Limits, con
     summarised = summaries.tokens_summarised(unit.paths, fmt)  # DriftLogger's sample: its summaries come separately
     fid = tx.new_file(sha, unit.name, size, fmt, run)
     keys = {t: TableKeys(t) for t in rows}
+    # token summaries by the kernel as the batches pass (compute.py's SQL after the insert where it gives up)
+    streamed = None if summarised or not STREAM_SUMMARIES else stream_summaries.StepSummaries()
 
     def prepared():
         for batch in unit.reader(unit, limits):
@@ -213,6 +216,8 @@ def _load_into(tx: Transaction, unit: Unit, run: str | None, limits: Limits, con
             if data.num_rows == 0:
                 continue
             keys[batch.table].add(data)
+            if streamed is not None and batch.table == "tokens":
+                yield from streamed.feed(data)
             if experts is not None:
                 # per-batch partial results go to the database, which spills: nothing here grows with the file
                 if not summarised:  # a sample's expert load comes in its summary file
@@ -220,21 +225,37 @@ def _load_into(tx: Transaction, unit: Unit, run: str | None, limits: Limits, con
                 if keys["routing"].ordered:
                     yield STAGED_TOKENS, routing_tokens(data)
             yield batch.table, data
+        if streamed is not None:
+            yield from streamed.finish()
 
     # reading and checking batch i+1 overlaps with DuckDB inserting batch i (both release the GIL); a small
     # file is one batch, with nothing to overlap, and a thread per file would only add its start-up
     items = whole_row_groups(prepared())
-    insert_items(w, prefetch(items) if unit_bytes(unit) > ALONE_BYTES else items, (STAGED_LOAD, STAGED_TOKENS),
-                 rows, fid, _rows_reporter(unit, on_rows))
+    insert_items(w, prefetch(items) if unit_bytes(unit) > ALONE_BYTES else items,
+                 (STAGED_LOAD, STAGED_TOKENS, *stream_summaries.STAGED.values()), rows, fid, _rows_reporter(unit, on_rows))
     _check_file(w, unit.name, fid, rows, keys)
     if rows["routing"] and not summarised:
         w.finish_expert_load(STAGED_LOAD, fid)  # the partial counts of every batch, summed
-    w.drop_staged(STAGED_LOAD, STAGED_TOKENS)
-    summaries.add_file(w, fid, summarised, unit.name)
+    tokens_done = _streamed_summaries(w, unit.name, fid, streamed, rows["tokens"])
+    w.drop_staged(STAGED_LOAD, STAGED_TOKENS, *stream_summaries.STAGED.values())
+    summaries.add_file(w, fid, summarised, unit.name, tokens_done=tokens_done)
     runs = sorted(set().union(*(k.runs for k in keys.values())))
     tx.ensure_runs(runs, config or unit.config)
     w.finish_file(fid, sum(rows.values()))
     return Outcome(unit.name, "loaded", fmt, rows, runs)
+
+
+def _streamed_summaries(w, name: str, fid: int, streamed, n_tokens: int) -> bool:
+    """Store the token summaries computed while the file streamed; False where they were not (the caller then
+    runs the SQL)."""
+    if streamed is None or not n_tokens:
+        return False
+    if not streamed.ok:
+        log.info("%s: token summaries by SQL (%s)", name, streamed.why)
+        return False
+    streamed.insert(w, fid)
+    log.info("%s: token summaries of %d steps computed while streaming", name, streamed.steps)
+    return True
 
 
 def _load_summary(tx: Transaction, unit: Unit, sha: str, size: int, run: str | None, limits: Limits,
@@ -257,6 +278,9 @@ def _load_summary(tx: Transaction, unit: Unit, sha: str, size: int, run: str | N
 # DuckDB stores tables in row groups of 122,880 rows; appends in whole multiples of that fill row groups
 # completely and were measured ~25% cheaper than 500,000-row appends (benchmarks/RESULTS-ingest.md).
 INSERT_ROWS = 4 * 122_880
+
+# Token summaries computed while the batches stream (analysis/summaries/stream.py); off: compute.py's SQL only.
+STREAM_SUMMARIES = True
 
 # Temporary tables of one load: per-batch expert-load counts and the tokens that key-ordered routing rows refer to.
 STAGED_LOAD, STAGED_TOKENS = "_staged_expert_load", "_staged_routing_tokens"

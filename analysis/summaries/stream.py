@@ -1,0 +1,217 @@
+"""A file's token summaries computed while its batches stream in, by the one-pass kernel (kernel.py).
+
+Ingest hands every checked `tokens` batch to `StepSummaries.feed` (in its prefetch worker, while DuckDB inserts
+on the main thread). The batches of a file in (run, step) order make one group of accumulators per (run, step):
+a step may span several batches, its sequences get a dense index as their samples first appear. When the
+(run, step) changes, the finished step becomes summary rows (`kernel.tables`), an Arrow table per summary
+table, which ingest stages in the database (a temporary table each); `insert` moves them into the summary
+tables with the file's id once the file is checked.
+
+A file this does not handle gives up (`ok` False) and ingest falls back to compute.py's SQL over the stored rows:
+a (run, step) that comes back after another one started (a file not ordered by step), a step with more than
+`max_sequences` sequences (its accumulators take ~3 KB per sequence) or with lags over more than MAX_LAGS
+versions. The rows are the SQL's to a few ulps (tests/test_summary_kernel.py, tests/test_summary_stream.py).
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analysis.ingest import summary_files
+from analysis.summaries import kernel as K
+
+log = logging.getLogger(__name__)
+
+MAX_SEQUENCES = 100_000  # sequences of one step held at once (~300 MB of accumulators)
+MAX_LAGS = 4096  # lag buckets of one step (~0.5 MB each): versions that are not small counters go to the SQL
+TOKEN_TABLES = ("summary_seq", "summary_seq_band", "summary_step", "summary_hist", "summary_bucket",
+                "summary_bucket_band")
+# the temporary table of each summary table's rows of a load (one per table: a union of their columns, mostly
+# NULL, took ~300 MB more of DuckDB's memory on 40M tokens)
+STAGED = {t: f"_staged_{t}" for t in TOKEN_TABLES}
+
+
+class _Step:
+    """The accumulators of one (run, step), grown as its sequences and lags appear."""
+
+    def __init__(self, run: str, step: int):
+        self.run, self.step = run, step
+        self.samples = np.empty(0, np.int64)  # sorted sample ids seen so far
+        self.index = np.empty(0, np.int64)  # their dense sequence index
+        self.n_seq, self.lag_lo, self.n_lag = 0, 0, 0
+        self.acc = K.Accumulators.zeros(0, 0)
+
+    def seq_index(self, sample: np.ndarray) -> np.ndarray:
+        """The dense index of each token's sample, new samples numbered in order of first appearance."""
+        uniq, inv = np.unique(sample, return_inverse=True)
+        at = np.searchsorted(self.samples, uniq)
+        known = (at < len(self.samples)) & (self.samples[np.minimum(at, len(self.samples) - 1)] == uniq) \
+            if len(self.samples) else np.zeros(len(uniq), bool)
+        idx = np.empty(len(uniq), np.int64)
+        idx[known] = self.index[at[known]]
+        new = ~known
+        idx[new] = self.n_seq + np.arange(new.sum())
+        if new.any():
+            self.n_seq += int(new.sum())
+            samples = np.concatenate([self.samples, uniq[new]])
+            order = np.argsort(samples, kind="stable")
+            self.samples, self.index = samples[order], np.concatenate([self.index, idx[new]])[order]
+        return idx[inv]
+
+    def fit(self, seen: np.ndarray) -> bool:
+        """Grow the accumulators to n_seq sequences and to the lag range of the (non-null) lags `seen`;
+        False, leaving them as they are, where that range would span more than MAX_LAGS lags."""
+        lo, n_lag = self.lag_lo, self.n_lag
+        if len(seen):
+            a, b = int(seen.min()), int(seen.max())
+            if n_lag:
+                a, b = min(a, lo), max(b, lo + n_lag - 1)
+            lo, n_lag = a, b - a + 1
+        if n_lag > MAX_LAGS:
+            return False
+        cap = len(self.acc.seq_max_pos)
+        if self.n_seq <= cap and (lo, n_lag) == (self.lag_lo, self.n_lag):
+            return True
+        cap = max(self.n_seq, min(2 * cap, MAX_SEQUENCES), 64) if self.n_seq > cap else cap
+        self.acc = _resized(self.acc, cap, n_lag, self.lag_lo - lo if self.n_lag else 0)
+        self.lag_lo, self.n_lag = lo, n_lag
+        return True
+
+    def rows(self) -> list[tuple[str, pa.Table]]:
+        """(staged table, its rows with run and step) of the step's summary tables that have rows."""
+        samples = np.zeros(len(self.acc.seq_max_pos), np.int64)
+        samples[self.index] = self.samples
+        tables = K.tables(self.acc, samples, self.lag_lo, self.n_lag)
+        out = []
+        for name in TOKEN_TABLES:
+            cols = tables[name]
+            n = len(next(iter(cols.values()), []))
+            if n:
+                types = {c.name: summary_files.ARROW[c.sql_type] for c in summary_files.TABLES[name]}
+                data = {"run": pa.repeat(pa.scalar(self.run), n), "step": pa.repeat(pa.scalar(self.step, pa.int64()), n)}
+                out.append((STAGED[name], pa.table(data | {k: pa.array(v, types[k]) for k, v in cols.items()})))
+        return out
+
+
+def _resized(acc: K.Accumulators, cap: int, n_lag: int, shift: int) -> K.Accumulators:
+    """Empty accumulators for `cap` sequences and n_lag lags holding `acc`'s sums; its lag row k moves to k + shift."""
+    new = K.Accumulators.zeros(cap, n_lag)
+    n = len(acc.seq_max_pos)
+    old_lag = acc.wide.shape[1] - K.LAG0
+    for name in ("seq", "seq_top", "seq_max_pos", "seq_flip"):  # sequences: rows 0 .. n − 1
+        a = getattr(acc, name)
+        getattr(new, name)[(slice(None),) * (a.ndim - 2) + (slice(0, n),)] = a
+    new.seq_band[:, :n * K.NB] = acc.seq_band
+    for name, per in (("wide", 1), ("wide_top", 1), ("band", K.NB)):  # buckets, then the lag rows shifted
+        a, b = getattr(acc, name), getattr(new, name)
+        lead = (slice(None),) * (a.ndim - 2)
+        b[lead + (slice(0, K.LAG0 * per),)] = a[lead + (slice(0, K.LAG0 * per),)]
+        to = (K.LAG0 + shift) * per
+        b[lead + (slice(to, to + old_lag * per),)] = a[lead + (slice(K.LAG0 * per, None),)]
+    new.hist[...], new.flip[...] = acc.hist, acc.flip
+    return new
+
+
+def _optional(data: pa.Table, name: str) -> pa.ChunkedArray | None:
+    return data.column(name) if name in data.column_names else None
+
+
+def _lags(data: pa.Table) -> np.ndarray:
+    """trainer_version − sampler_version per token; −1 where either is null or absent (made ≥ 0 by the caller)."""
+    tv, sv = _optional(data, "trainer_version"), _optional(data, "sampler_version")
+    if tv is None or sv is None:
+        return np.empty(0, np.int64)
+    lag = pc.subtract_checked(tv, sv)  # an overflow raises: the SQL then refuses the file as before
+    return np.asarray(pc.fill_null(lag, np.iinfo(np.int64).min).to_numpy(), np.int64)
+
+
+class StepSummaries:
+    """Token summaries of one file, per (run, step), fed batch by batch; see the module docstring."""
+
+    def __init__(self, max_sequences: int | None = None):
+        self.max_sequences = MAX_SEQUENCES if max_sequences is None else max_sequences
+        self.ok = True
+        self.why = ""
+        self.steps = 0  # (run, step) groups summarised
+        self._cur: _Step | None = None
+        self._done: set[tuple[str, int]] = set()
+        self.staged: dict[str, list[str]] = {}  # staged tables that received rows: their columns
+
+    def _give_up(self, why: str) -> None:
+        self.ok, self.why, self._cur = False, why, None
+
+    def feed(self, data: pa.Table) -> list[tuple[str, pa.Table]]:
+        """Add a tokens batch; (staged table, rows) of the steps it finished (without file_id).
+        An unexpected error gives up (logged) rather than refuse the file: the SQL then summarises it."""
+        if not self.ok or data.num_rows == 0:
+            return []
+        try:
+            return self._feed(data)
+        except Exception as e:
+            log.warning("token summaries while streaming failed; the SQL computes them", exc_info=e)
+            self._give_up(f"{type(e).__name__} while streaming")
+            return []
+
+    def _feed(self, data: pa.Table) -> list[tuple[str, pa.Table]]:
+        runs = pc.dictionary_encode(data.column("run").combine_chunks())
+        codes = runs.indices.to_numpy(zero_copy_only=False)
+        names = runs.dictionary.to_pylist()
+        step = np.asarray(data.column("step").to_numpy(), np.int64)
+        cut = np.flatnonzero((step[1:] != step[:-1]) | (codes[1:] != codes[:-1])) + 1
+        bounds = np.concatenate([[0], cut, [len(step)]])
+        s = np.asarray(data.column("sampler_logprob").to_numpy(), np.float64)
+        t = np.asarray(data.column("trainer_logprob").to_numpy(), np.float64)
+        pos = np.asarray(data.column("pos").to_numpy(), np.int64)
+        sample = np.asarray(data.column("sample").to_numpy(), np.int64)
+        ent = _optional(data, "sampler_entropy")
+        entropy = None if ent is None else np.asarray(pc.fill_null(ent, np.nan).to_numpy(), np.float64)
+        lags = _lags(data)
+        out = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            key = (names[codes[a]], int(step[a]))
+            cur = self._cur
+            if cur is None or (cur.run, cur.step) != key:
+                if key in self._done:
+                    self._give_up(f"run {key[0]!r}, step {key[1]} comes back after another step: not ordered by step")
+                    return out
+                if cur is not None:
+                    out += self._staged(cur.rows())
+                    self.steps += 1
+                self._done.add(key)
+                cur = self._cur = _Step(*key)
+            seq = cur.seq_index(sample[a:b])
+            if cur.n_seq > self.max_sequences:
+                self._give_up(f"run {key[0]!r}, step {key[1]} has more than {self.max_sequences} sequences")
+                return out
+            lag = lags[a:b]
+            none = lag == np.iinfo(np.int64).min
+            if not cur.fit(lag[~none]):
+                self._give_up(f"run {key[0]!r}, step {key[1]} has lags over more than {MAX_LAGS} versions")
+                return out
+            tok_lag = np.where(none, -1, lag - cur.lag_lo) if len(lag) else None
+            cur.acc.add(s[a:b], t[a:b], pos=pos[a:b], seq=seq, tok_lag=tok_lag,
+                        entropy=None if entropy is None else entropy[a:b])
+        return out
+
+    def _staged(self, rows: list[tuple[str, pa.Table]]) -> list[tuple[str, pa.Table]]:
+        for name, data in rows:
+            self.staged.setdefault(name, data.column_names)
+        return rows
+
+    def finish(self) -> list[tuple[str, pa.Table]]:
+        """The rows of the last step (call after the last batch)."""
+        if not self.ok or self._cur is None:
+            return []
+        rows, self._cur = self._cur.rows(), None
+        self.steps += 1
+        return self._staged(rows)
+
+    def insert(self, w, file_id: int) -> None:
+        """Move the staged rows into the summary tables with `file_id`."""
+        for table in TOKEN_TABLES:
+            if STAGED[table] in self.staged:
+                cols = ", ".join(self.staged[STAGED[table]])
+                w.execute(f"INSERT INTO {table} ({cols}, file_id) SELECT {cols}, ? FROM {STAGED[table]}", [file_id])

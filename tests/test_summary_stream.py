@@ -1,0 +1,142 @@
+"""Ingest's token summaries computed while a file streams (analysis/summaries/stream.py) equal those of the SQL
+over the stored rows (compute.py) at rel 1e-12: a step split across batches and across files, sequences whose
+tokens span batches, lag ranges that widen from batch to batch, null entropy and versions; and a file the stream
+cannot handle (not ordered by step, too many sequences in a step) falls back to the SQL with the same rows."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from analysis.ingest import ingest_paths, load
+from analysis.ingest.limits import Limits
+from analysis.store import Store
+from analysis.summaries import stream as stream_summaries
+from tests.test_logger_summaries import assert_same_rows, merged
+
+TABLES = stream_summaries.TOKEN_TABLES
+SMALL = Limits(batch_rows=37)  # steps and sequences split over many batches
+
+
+def tokens(steps=(1, 2, 3), n_seq=6, seed=5, samples_from=0) -> dict[int, pa.Table]:
+    """Per step, shuffled long-format tokens with null entropy and versions and lags growing with the step."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for step in steps:
+        lengths = rng.integers(1, 30, n_seq)
+        sample = np.repeat(samples_from + rng.choice(1000, n_seq, replace=False), lengths)
+        pos = np.concatenate([np.arange(k) for k in lengths])
+        n = len(sample)
+        s = -rng.exponential(1.5, n)
+        t = np.minimum(s + rng.normal(0, 0.2, n), 0.0)
+        entropy = rng.exponential(1.0, n)
+        sv = rng.integers(10 - step, 11, n)  # lags 0 .. step, the first batches see fewer
+        tv = np.full(n, 10, np.int64)
+        tv[rng.random(n) < 0.1] = 8  # lag −2 .. : below the range seen so far
+        order = rng.permutation(n)
+        out[step] = pa.table({
+            "run": pa.array(["r"] * n), "step": pa.array(np.full(n, step, np.int64)),
+            "sample": pa.array(sample[order]), "pos": pa.array(pos[order].astype(np.int32)),
+            "sampler_logprob": pa.array(s[order]), "trainer_logprob": pa.array(t[order]),
+            "sampler_entropy": pa.array(entropy[order], mask=rng.random(n) < 0.2),
+            "sampler_version": pa.array(sv[order], mask=rng.random(n) < 0.1),
+            "trainer_version": pa.array(tv[order], mask=rng.random(n) < 0.05)})
+    return out
+
+
+def write(path, parts) -> str:
+    pq.write_table(pa.concat_tables(parts), path)
+    return str(path)
+
+
+def ingest(db, paths, monkeypatch, streamed=True, limits=SMALL) -> dict[str, list[dict]]:
+    monkeypatch.setattr(load, "STREAM_SUMMARIES", streamed)
+    store = Store(db)
+    assert {o.status for o in ingest_paths(store, paths, limits=limits)} == {"loaded"}
+    return {t: merged(store, t) for t in TABLES}
+
+
+def assert_same(got, want):
+    for t in TABLES:
+        assert want[t], t
+        assert_same_rows(got[t], want[t], t)
+
+
+def messages(caplog) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records)
+
+
+def test_step_split_across_batches_equals_sql(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="analysis.ingest.load")
+    steps = tokens()
+    f = write(tmp_path / "a.parquet", [steps[k] for k in sorted(steps)])
+    got = ingest(tmp_path / "k.duckdb", [f], monkeypatch)
+    assert "token summaries of 3 steps computed while streaming" in messages(caplog)
+    want = ingest(tmp_path / "s.duckdb", [f], monkeypatch, streamed=False)
+    assert_same(got, want)
+    lags = {r["bucket"] for r in want["summary_bucket"] if r["dim"] == "lag"}
+    assert min(lags) < 0 and max(lags) == 3 and {r["dim"] for r in got["summary_bucket"]} >= {"entropy", "lag"}
+
+
+def test_step_split_across_two_files_equals_one_file(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="analysis.ingest.load")
+    first, second = tokens(seed=1), tokens(steps=(3, 4), seed=2, samples_from=5000)  # step 3 in both files
+    a = write(tmp_path / "a.parquet", [first[k] for k in (1, 2, 3)])
+    b = write(tmp_path / "b.parquet", [second[k] for k in (3, 4)])
+    got = ingest(tmp_path / "k.duckdb", [a, b], monkeypatch)
+    assert messages(caplog).count("computed while streaming") == 2
+    one = write(tmp_path / "one.parquet", [first[1], first[2], first[3], second[3], second[4]])
+    assert_same(got, ingest(tmp_path / "s.duckdb", [one], monkeypatch, streamed=False))
+
+
+def test_unordered_file_falls_back_to_sql(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="analysis.ingest.load")
+    steps = tokens()
+    f = write(tmp_path / "a.parquet", [steps[1], steps[2], steps[1].slice(0, 0), steps[3]])
+    mixed = pa.concat_tables([steps[1].slice(0, 20), steps[2], steps[1].slice(20), steps[3]])  # step 1 comes back
+    pq.write_table(mixed, f)
+    got = ingest(tmp_path / "k.duckdb", [f], monkeypatch)
+    assert "step 1 comes back after another step: not ordered by step" in messages(caplog)
+    assert "computed while streaming" not in messages(caplog)
+    assert_same(got, ingest(tmp_path / "s.duckdb", [f], monkeypatch, streamed=False))
+
+
+def test_too_many_sequences_falls_back_to_sql(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="analysis.ingest.load")
+    monkeypatch.setattr(stream_summaries, "MAX_SEQUENCES", 4)
+    steps = tokens()
+    f = write(tmp_path / "a.parquet", [steps[k] for k in sorted(steps)])
+    got = ingest(tmp_path / "k.duckdb", [f], monkeypatch)
+    assert "has more than 4 sequences" in messages(caplog)
+    assert_same(got, ingest(tmp_path / "s.duckdb", [f], monkeypatch, streamed=False))
+
+
+def test_versions_and_entropy_absent(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="analysis.ingest.load")
+    steps = tokens()
+    plain = pa.concat_tables([steps[k] for k in sorted(steps)]).drop_columns(
+        ["sampler_entropy", "sampler_version", "trainer_version"])
+    f = tmp_path / "a.parquet"
+    pq.write_table(plain, f)
+    got = ingest(tmp_path / "k.duckdb", [str(f)], monkeypatch)
+    assert "computed while streaming" in messages(caplog)
+    want = ingest(tmp_path / "s.duckdb", [str(f)], monkeypatch, streamed=False)
+    assert_same(got, want)
+    assert {r["dim"] for r in got["summary_bucket"]} == {"prob", "position"}
+
+
+def test_versions_far_apart_fall_back_to_sql(tmp_path, monkeypatch, caplog):
+    """Versions that are not small counters (timestamps, say) would need a lag bucket per version in between."""
+    caplog.set_level(logging.INFO, logger="analysis.ingest.load")
+    steps = tokens()
+    table = pa.concat_tables([steps[k] for k in sorted(steps)])
+    n = table.num_rows
+    far = np.where(np.arange(n) % 2 == 0, 0, 10_000_000).astype(np.int64)
+    table = table.set_column(table.column_names.index("sampler_version"), "sampler_version", pa.array(far))
+    f = tmp_path / "a.parquet"
+    pq.write_table(table, f)
+    got = ingest(tmp_path / "k.duckdb", [str(f)], monkeypatch)
+    assert f"lags over more than {stream_summaries.MAX_LAGS} versions" in messages(caplog)
+    assert_same(got, ingest(tmp_path / "s.duckdb", [str(f)], monkeypatch, streamed=False))
