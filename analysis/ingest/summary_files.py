@@ -44,14 +44,15 @@ def is_summary_file(metadata: dict | None) -> bool:
 
 def build(run: str, step: int, tables: dict[str, dict[str, list]]) -> pa.Table:
     """The summary file's table for one step: `tables` maps a table to its columns (without run and step)."""
-    typed = {}
-    for name, cols in tables.items():
-        n = len(next(iter(cols.values()), []))
-        types = {c.name: ARROW[c.sql_type] for c in TABLES[name]}
-        data = {"run": pa.repeat(pa.scalar(run), n), "step": pa.repeat(pa.scalar(step, pa.int64()), n)}
-        data |= {k: pa.array(v, types[k]) for k, v in cols.items()}  # numpy columns convert without a copy
-        typed[name] = pa.table(data)
-    return from_tables(typed)
+    return from_tables({name: step_rows(run, step, name, cols) for name, cols in tables.items()})
+
+
+def step_rows(run: str, step: int, table: str, cols: dict) -> pa.Table:
+    """One step's rows of summary table `table`, typed as stored: its columns (without run and step) plus both."""
+    n = len(next(iter(cols.values()), []))
+    types = {c.name: ARROW[c.sql_type] for c in TABLES[table]}
+    data = {"run": pa.repeat(pa.scalar(run), n), "step": pa.repeat(pa.scalar(step, pa.int64()), n)}
+    return pa.table(data | {k: pa.array(v, types[k]) for k, v in cols.items()})  # numpy columns: no copy
 
 
 def from_tables(tables: dict[str, pa.Table]) -> pa.Table:

@@ -85,15 +85,8 @@ class _Step:
         samples = np.zeros(len(self.acc.seq_max_pos), np.int64)
         samples[self.index] = self.samples
         tables = K.tables(self.acc, samples, self.lag_lo, self.n_lag)
-        out = []
-        for name in TOKEN_TABLES:
-            cols = tables[name]
-            n = len(next(iter(cols.values()), []))
-            if n:
-                types = {c.name: summary_files.ARROW[c.sql_type] for c in summary_files.TABLES[name]}
-                data = {"run": pa.repeat(pa.scalar(self.run), n), "step": pa.repeat(pa.scalar(self.step, pa.int64()), n)}
-                out.append((STAGED[name], pa.table(data | {k: pa.array(v, types[k]) for k, v in cols.items()})))
-        return out
+        return [(STAGED[name], summary_files.step_rows(self.run, self.step, name, tables[name]))
+                for name in TOKEN_TABLES if len(next(iter(tables[name].values()), []))]
 
 
 def _resized(acc: K.Accumulators, cap: int, n_lag: int, shift: int) -> K.Accumulators:
