@@ -84,12 +84,54 @@ ROUTING_VIEW = f"""CREATE VIEW IF NOT EXISTS routing AS
     FROM {ROUTING_STORE}"""
 
 
-def stored_table(table: str) -> str:
-    """The DuckDB table that rows of `table` are inserted into (routing: the compact one behind the view)."""
-    return ROUTING_STORE if table == "routing" else table
+# Tokens are stored in two tables behind the view `tokens`. DuckDB writes a column that is NULL in every row
+# about as slowly as one with data (40M rows: ~1.3 CPU-s each; benchmarks/RESULTS-scale.md), and most logs carry
+# none of the optional columns but token_id: their rows go to the narrow `token_rows`, the others to
+# `token_rows_full` (every column). The view shows SCHEMA.md's table; every reader queries it.
+TOKENS_VIEW_NAME = "tokens"
+TOKEN_STORE = "token_rows"
+TOKEN_STORE_FULL = "token_rows_full"
+TOKEN_NARROW = ("run", "step", "sample", "pos", "token_id", "sampler_logprob", "trainer_logprob")
 
 
-def stored_columns(table: str) -> tuple[Column, ...]:
-    """Columns as stored in DuckDB: the schema's, derived ones, and the id of the file that brought the row."""
+def _file_id() -> Column:
+    return Column("file_id", "INTEGER", True)
+
+
+def token_narrow(columns) -> bool:
+    """Whether token rows of these columns fit the narrow table (no optional column but token_id)."""
+    return set(columns) - {"file_id"} <= set(TOKEN_NARROW)
+
+
+def tokens_view() -> str:
+    narrow = ", ".join(c.name if c.name in TOKEN_NARROW else f"NULL::{c.sql_type} AS {c.name}" for c in TOKENS)
+    full = ", ".join(c.name for c in TOKENS)
+    return f"""CREATE OR REPLACE VIEW {TOKENS_VIEW_NAME} AS
+    SELECT {narrow}, file_id FROM {TOKEN_STORE}
+    UNION ALL SELECT {full}, file_id FROM {TOKEN_STORE_FULL}"""
+
+
+def stored_table(table: str, columns=None) -> str:
+    """The DuckDB table that rows of `table` with these columns are inserted into (routing: the compact one
+    behind the view; tokens: the narrow one where the columns allow, see TOKEN_STORE)."""
+    if table == "routing":
+        return ROUTING_STORE
+    if table == "tokens":
+        return TOKEN_STORE if columns is not None and token_narrow(columns) else TOKEN_STORE_FULL
+    return table
+
+
+def stored_tables(table: str) -> tuple[str, ...]:
+    """Every DuckDB table that holds rows of `table` (to delete them)."""
+    if table == "tokens":
+        return TOKEN_STORE, TOKEN_STORE_FULL
+    return (stored_table(table),)
+
+
+def stored_columns(table: str, narrow: bool = False) -> tuple[Column, ...]:
+    """Columns as stored in DuckDB: the schema's (tokens, `narrow`: only TOKEN_NARROW), derived ones, and the
+    id of the file that brought the row."""
+    if table == "tokens" and narrow:
+        return tuple(c for c in TOKENS if c.name in TOKEN_NARROW) + (_file_id(),)
     extra = ROUTING_DERIVED if table == "routing" else ()
-    return TABLES[table] + extra + (Column("file_id", "INTEGER", True),)
+    return TABLES[table] + extra + (_file_id(),)

@@ -49,11 +49,24 @@ def _ddl() -> list[str]:
                n_sampler BIGINT, n_trainer BIGINT, file_id INTEGER)""",
     ]
     for table in schema.TABLES:
-        cols = ", ".join(f"{c.name} {c.sql_type}" for c in schema.stored_columns(table))
-        stmts.append(f"CREATE TABLE IF NOT EXISTS {schema.stored_table(table)} ({cols})")
+        shapes = [(schema.TOKEN_STORE, True), (schema.TOKEN_STORE_FULL, False)] if table == "tokens" \
+            else [(schema.stored_table(table), False)]
+        for name, narrow in shapes:
+            cols = ", ".join(f"{c.name} {c.sql_type}" for c in schema.stored_columns(table, narrow))
+            stmts.append(f"CREATE TABLE IF NOT EXISTS {name} ({cols})")
+    stmts.append(schema.tokens_view())
     # databases made before sequences had the response text
     stmts.append("ALTER TABLE sequences ADD COLUMN IF NOT EXISTS response VARCHAR")
     return stmts + summary_schema.ddl()
+
+
+def _split_tokens(con: duckdb.DuckDBPyConnection) -> None:
+    """A database written before the token rows were split (`tokens` a plain table of every column): that
+    table becomes `token_rows_full`, and the DDL then adds the narrow table and the view."""
+    old = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND NOT temporary "
+                      "AND schema_name = 'main'", [schema.TOKENS_VIEW_NAME]).fetchall()
+    if old[0][0]:
+        con.execute(f"ALTER TABLE {schema.TOKENS_VIEW_NAME} RENAME TO {schema.TOKEN_STORE_FULL}")
 
 
 def _compact_routing(con: duckdb.DuckDBPyConnection) -> None:
@@ -103,6 +116,7 @@ class Store:
         self._closing = False
         if not read_only:
             with self.write_lock:
+                _split_tokens(self._con)
                 for stmt in _ddl():
                     self._con.execute(stmt)
                 _compact_routing(self._con)
@@ -281,7 +295,7 @@ class Store:
                 "WHERE run = ? UNION SELECT DISTINCT file_id FROM sequences WHERE run = ? "
                 "UNION SELECT DISTINCT file_id FROM summary_step WHERE run = ?",
                 [run, run, run, run]).fetchall()]
-            for table in ("tokens", schema.ROUTING_STORE, "sequences", "expert_load", "runs",
+            for table in (*schema.stored_tables("tokens"), schema.ROUTING_STORE, "sequences", "expert_load", "runs",
                           *(t for t in summary_schema.TABLES if "run" in summary_schema.columns(t))):
                 w.execute(f"DELETE FROM {table} WHERE run = ?", [run])
             # a file that held several runs keeps its record while any of its rows remain
@@ -324,7 +338,8 @@ class Writer:
         cols = ", ".join(data.column_names)
         self.cur.register("_ingest_batch", data)
         try:
-            self.cur.execute(f"INSERT INTO {schema.stored_table(table)} ({cols}) SELECT {cols} FROM _ingest_batch")
+            self.cur.execute(f"INSERT INTO {schema.stored_table(table, data.column_names)} ({cols}) "
+                             f"SELECT {cols} FROM _ingest_batch")
         finally:
             self.cur.unregister("_ingest_batch")
 
@@ -339,7 +354,7 @@ class Writer:
         cols = [c for c in columns if c != "file_id"]
         self.cur.register("_ingest_stream", reader)
         try:
-            self.cur.execute(f"INSERT INTO {schema.stored_table(table)} ({', '.join(cols)}, file_id) "
+            self.cur.execute(f"INSERT INTO {schema.stored_table(table, cols)} ({', '.join(cols)}, file_id) "
                              f"SELECT {', '.join(cols)}, ? FROM _ingest_stream", [file_id])
         finally:
             self.cur.unregister("_ingest_stream")

@@ -74,7 +74,7 @@ time.sleep(float(sys.argv[3]))
 def build_db(path: Path, n_tokens: int) -> None:
     store = Store(path)
     with store.transaction() as w:
-        w.execute("""INSERT INTO tokens (run, step, sample, pos, sampler_logprob, trainer_logprob, file_id)
+        w.execute("""INSERT INTO token_rows (run, step, sample, pos, sampler_logprob, trainer_logprob, file_id)
                      SELECT 'base', i // 10000, (i // 100) % 100, i % 100, -1.0 - (i % 7) / 10.0,
                             -1.0 - (i % 5) / 10.0, 0 FROM range(?) t(i)""", [n_tokens])
         w.execute("INSERT INTO runs (run) VALUES ('base')")

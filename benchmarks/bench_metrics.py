@@ -49,7 +49,7 @@ def build(path: Path) -> None:
     t0 = time.perf_counter()
     # s ~ −Exp(1.5) (natural log-probs ≤ 0); Δ ~ N(0, 0.05) via Box–Muller, 0.5% of tokens ×20 (heavy tail)
     con.execute(f"""
-        INSERT INTO tokens (run, step, sample, pos, token_id, sampler_logprob, trainer_logprob,
+        INSERT INTO token_rows_full (run, step, sample, pos, token_id, sampler_logprob, trainer_logprob,
                             sampler_version, trainer_version, file_id)
         SELECT '{RUN}', i // {SEQS * LEN}, (i // {LEN}) % {SEQS}, (i % {LEN})::INTEGER, (hash(i) % 50000)::INTEGER,
                s, least(s + d, 0.0), i // {SEQS * LEN} - 1, i // {SEQS * LEN}, 1

@@ -55,7 +55,7 @@ def build(path: Path) -> dict:
     n_files = STEPS // FILE_STEPS
     # s ~ −Exp(1.5); Δ ~ N(0, 0.05), 0.5% ×20; staleness 0–1; entropy ~ Exp(1); file_id = 1 + step // FILE_STEPS
     con.execute(f"""
-        INSERT INTO tokens (run, step, sample, pos, token_id, sampler_logprob, trainer_logprob, sampler_version,
+        INSERT INTO token_rows_full (run, step, sample, pos, token_id, sampler_logprob, trainer_logprob, sampler_version,
                             trainer_version, sampler_entropy, file_id)
         SELECT '{RUN}', st, (i // {LEN}) % {SEQS}, (i % {LEN})::INTEGER, (hash(i) % 50000)::INTEGER, s,
                least(s + d, 0.0), st - (hash(i // {LEN}) % 2)::BIGINT, st, -ln(1.0 - random()),

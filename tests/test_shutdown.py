@@ -26,7 +26,7 @@ def build_large_db(db: Path, n: int) -> None:
         w.execute("INSERT INTO files (file_id, sha256, name, size, format, rows) VALUES (1, '0', 'gen', 0, 'gen', ?)",
                   [n])
         w.execute("""
-            INSERT INTO tokens (run, step, sample, pos, token_id, sampler_logprob, trainer_logprob, file_id)
+            INSERT INTO token_rows (run, step, sample, pos, token_id, sampler_logprob, trainer_logprob, file_id)
             SELECT 'big', i // 6250, (i // 250) % 25, i % 250, (i * 7919) % 5000,
                    -0.05 - ((i * 2654435761) % 1000) / 300.0 AS s,
                    -0.05 - ((i * 2654435761) % 1000) / 300.0 - ((i * 40503) % 100) / 2000.0 * (i % 3), 1
