@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis import schema
+from analysis.ingest import routing_kernel
 from analysis.ingest.errors import BadExperts, BadValue, LengthMismatch, MissingColumn, WrongType
 
 ARROW_TYPES = {
@@ -96,7 +97,7 @@ def normalise(file: str, batch: Batch, run: str | None, file_id: int) -> tuple[p
     out: dict[str, pa.Array] = {}
     for c in cols:
         if c.name == "run" and run is not None:
-            out["run"] = pa.array(np.full(n, run, dtype=object), pa.string())
+            out["run"] = pa.repeat(pa.scalar(run, pa.string()), n)
             continue
         if c.name not in present:
             if c.required:
@@ -191,18 +192,17 @@ def _check_routing(file: str, batch: Batch, out: dict) -> "RoutingMatrices":
             raise BadExperts(file, f"{batch.where(int(rows[0]))}", f"trainer top-k has {T.shape[1]} experts, "
                              f"sampler top-k has {k}", "both sides must record the same k")
         t_mask = _check_ids(file, batch, "trainer_experts", T, rows)
-        if s_mask is not None and t_mask is not None:
+        if not len(rows):
+            pass  # a trainer_experts column of nulls only (sampler side alone) gives T of shape (0, 0)
+        elif s_mask is not None and t_mask is not None:
             # sets as 64-bit masks: equality is set equality, popcount of the AND is |E_s ∩ E_t|
-            sm = s_mask[rows]
-            flip[rows] = sm != t_mask
-            common[rows] = np.bitwise_count(sm & t_mask)
+            routing_kernel.compare(S, T, rows, s_mask, t_mask, flip, top1, common, same)
         else:
             Ss, Ts = np.sort(S[rows], axis=1), np.sort(T, axis=1)
             flip[rows] = (Ss != Ts).any(axis=1)
             for lo in range(0, len(rows), 262144):  # bounded (n, k, k) temporaries
                 hi = lo + 262144
                 common[rows[lo:hi]] = (Ss[lo:hi, :, None] == Ts[lo:hi, None, :]).sum(axis=(1, 2))
-        if len(rows):  # a trainer_experts column of nulls only (sampler side alone) gives T of shape (0, 0)
             top1[rows] = S[rows, 0] != T[:, 0]
             same[rows] = (S[rows] == T).all(axis=1)
         has_t[rows] = True
@@ -240,28 +240,21 @@ class RoutingMatrices:
     t_rows: np.ndarray
 
 
-_BITS = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))  # _BITS[e] = 1 << e
-
-
 def _check_ids(file: str, batch: Batch, name: str, M: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
     """Refuse negative or repeated ids; return the rows' 64-bit set masks when every id is < 64."""
     if M.size == 0:
         return np.zeros(0, dtype=np.uint64)
-    if M.min() < 0:
-        j = _first((M < 0).any(axis=1))
-        raise BadExperts(file, f"{batch.where(int(rows[j]))}, column '{name}'",
-                         f"negative expert id in {M[j].tolist()}", "expert ids are 0-based")
-    if M.max() < 64:
-        mask = np.zeros(len(M), dtype=np.uint64)
-        for c in range(M.shape[1]):
-            mask |= _BITS[M[:, c]]  # a table lookup: no uint64 copy of the ids per rank
-        dup = np.bitwise_count(mask) != M.shape[1]
-    else:
+    mask, neg, rep, top = routing_kernel.set_masks(M)
+    if neg >= 0:
+        raise BadExperts(file, f"{batch.where(int(rows[neg]))}, column '{name}'",
+                         f"negative expert id in {M[neg].tolist()}", "expert ids are 0-based")
+    if top >= 64:  # ids that do not fit a 64-bit mask: repeats by sorting each row
         mask = None
         srt = np.sort(M, axis=1)
         dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
-    if dup.any():
-        j = _first(dup)
+        rep = _first(dup) if dup.any() else -1
+    if rep >= 0:
+        j = rep
         raise BadExperts(file, f"{batch.where(int(rows[j]))}, column '{name}'",
                          f"expert ids repeat within one top-k: {M[j].tolist()}",
                          "a top-k holds distinct experts; check the layer/rank axes of the dump")
