@@ -113,11 +113,13 @@ def grouped_token_metrics_sql(src: str, keys: Sequence[str], only: Sequence[str]
     tok AS (SELECT {gid}{token_aggregates_sql(keys)} FROM base GROUP BY {group}),
     seq AS (SELECT {seq_keys}, sum(d) AS sum_d, avg(s - t) AS mean_s_minus_t, avg(d) AS mean_d
             FROM base GROUP BY {seq_keys}),
+    -- favg (compensated): the per-sequence rows come out of a parallel GROUP BY in no fixed order, and a
+    -- plain avg of them then differed in the last ulp from one run of the same query to the next
     sq AS (SELECT {gid}{k}, count(*) AS n_sequences,
-                  avg(exp(mean_s_minus_t)) AS ppl_ratio,
-                  avg({expm1_sql(f"exp(2.0 * {clamp_log_ratio_sql('sum_d')})", f"(2.0 * {clamp_log_ratio_sql('sum_d')})")}) AS chi2_seq,
+                  favg(exp(mean_s_minus_t)) AS ppl_ratio,
+                  favg({expm1_sql(f"exp(2.0 * {clamp_log_ratio_sql('sum_d')})", f"(2.0 * {clamp_log_ratio_sql('sum_d')})")}) AS chi2_seq,
                   max(abs(sum_d)) AS seq_log_ratio_abs_max,
-                  avg(exp(mean_d)) AS seq_geo_ratio_mean, min(exp(mean_d)) AS seq_geo_ratio_min,
+                  favg(exp(mean_d)) AS seq_geo_ratio_mean, min(exp(mean_d)) AS seq_geo_ratio_min,
                   max(exp(mean_d)) AS seq_geo_ratio_max
            FROM seq GROUP BY {group})
     SELECT {'tok.grouping_id, ' if gid else ''}{', '.join('tok.' + c for c in keys)}, {token_cols_sel}

@@ -109,8 +109,9 @@ def floor(which: str, db: str, files: list[str]) -> None:
     sys.path.insert(0, str(ROOT))
     from analysis import schema
     con = duckdb.connect(db)
-    for t in ("tokens", "routing"):
-        con.execute(f"CREATE TABLE {t} ({', '.join(f'{c.name} {c.sql_type}' for c in schema.stored_columns(t))})")
+    for t in ("tokens", "routing"):  # these token files have no optional column but token_id: the narrow table
+        cols = schema.stored_columns(t, narrow=t == "tokens")
+        con.execute(f"CREATE TABLE {t} ({', '.join(f'{c.name} {c.sql_type}' for c in cols)})")
     check = which == "floor-sets"
     tok_check = ("WHERE CASE WHEN sampler_logprob > 0 OR trainer_logprob > 0 OR NOT isfinite(sampler_logprob) "
                  "OR NOT isfinite(trainer_logprob) OR step < 0 OR sample < 0 OR pos < 0 THEN error('bad row') "

@@ -326,7 +326,9 @@ def test_other_cap_falls_back_to_token_rows(data):
     store, tokens, _, _ = data
     got = report.metrics_table(store, ["a"], by="step", cap=1.7, clip=0.15)
     want = metrics.token_metrics(store, ["a"], by="step", cap=1.7, clip=0.15)
-    assert got.drop("token_any_flip_rate", "flipped_layers_per_token").equals(want)
+    # the same SQL over the token rows, twice: DuckDB's parallel GROUP BY may add a step's per-sequence terms
+    # in another order from one query to the next (an ulp of ppl_ratio or chi2_seq), so close, not equal
+    assert_frames_close(got.drop("token_any_flip_rate", "flipped_layers_per_token"), want)
 
 
 def test_routing_layers_of_a_token_in_two_files_are_refused(tmp_path, data):
@@ -414,3 +416,4 @@ def test_a_database_loaded_before_summaries_is_summarised_when_opened(tmp_path, 
     for by, df in want.items():
         assert_frames_close(report.metrics_table(store, ["a"], by=by), df)
     store.close()
+
