@@ -64,6 +64,19 @@ def insert_items(w, items: Iterator[tuple[str, pa.Table]], staged: tuple[str, ..
                         file_id)
         if error:
             raise error[0]
-        for name, part in side:
-            w.stage(name, part)
+        _stage(w, side)
         side.clear()
+
+
+def _stage(w, side: list[tuple[str, pa.Table]]) -> None:
+    """Stage the side rows with one statement per table where their columns agree (a file's 400 steps made
+    2,400 small INSERTs of summary rows, ~0.7 s of the main thread on 40M tokens)."""
+    by_name: dict[str, list[pa.Table]] = {}
+    for name, part in side:
+        by_name.setdefault(name, []).append(part)
+    for name, parts in by_name.items():
+        if all(p.schema == parts[0].schema for p in parts):
+            w.stage(name, pa.concat_tables(parts))
+        else:
+            for part in parts:
+                w.stage(name, part)
