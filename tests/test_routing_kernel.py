@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.ingest import ingest_paths, routing_kernel
+from analysis.ingest import ingest_paths, keys, routing_kernel
 from analysis.store import Store
 from test_ingest_roundtrip import check_derived, make_logs
 
@@ -92,3 +92,26 @@ def test_bad_ids_are_refused_at_their_row(tmp_path, experts, fault, message):
     assert out[1].status == "refused"
     assert out[1].message.startswith(f"routing.parquet: row {bad + 1}, column '{side}': {message}"), out[1].message
     assert store.scalar("SELECT count(*) FROM routing") == 0
+
+
+@pytest.mark.parametrize("runs,steps", [(["r"], [3, 4, 9]), (["r", "q"], [0, 5000, 12])])
+def test_expert_load_of_a_batch_counts_every_id(runs, steps):
+    """One run and close steps (offsets, no hashing), or several runs and far-apart steps (dictionaries)."""
+    rng = np.random.default_rng(4)
+    n = 600
+    run = rng.choice(runs, n)
+    step = rng.choice(steps, n).astype(np.int64)
+    layer = rng.integers(0, 3, n).astype(np.int32)
+    S = _matrix(5, n, 2, 12)
+    t_rows = np.flatnonzero(rng.random(n) < 0.6)
+    T = _matrix(6, len(t_rows), 2, 12)
+    data = pa.table({"run": pa.array(run, pa.string()), "step": step, "layer": layer})
+    got = keys.expert_load(data, S, T, t_rows)
+    want: dict[tuple, list[int]] = {}
+    for side, (M, rows) in enumerate(((S, np.arange(n)), (T, t_rows))):
+        for j, i in enumerate(rows):
+            for e in M[j].tolist():
+                want.setdefault((run[i], int(step[i]), int(layer[i]), e), [0, 0])[side] += 1
+    rows = sorted(zip(*(got.column(c).to_pylist() for c in ("run", "step", "layer", "expert", "n_sampler",
+                                                              "n_trainer"))))
+    assert rows == sorted((*k, v[0], v[1]) for k, v in want.items())

@@ -87,12 +87,22 @@ def expert_load(data: pa.Table, S: np.ndarray, T: np.ndarray | None, t_rows: np.
 
     A (run, step, layer, expert) may appear in several batches: the rows are partial counts, summed in the
     database at the end of the file (`Writer.finish_expert_load`), so memory stays one batch's worth."""
-    # hash-based dictionary encoding: np.unique would sort millions of (string) keys
-    run_d = data.column("run").combine_chunks().dictionary_encode()
-    step_d = data.column("step").combine_chunks().dictionary_encode()
-    n_step = len(step_d.dictionary)
-    run_i = run_d.indices.to_numpy().astype(np.int64)
-    step_i = step_d.indices.to_numpy().astype(np.int64)
+    # hash-based dictionary encoding: np.unique would sort millions of (string) keys; a batch of one run and a
+    # few consecutive steps (a log in key order) needs neither
+    one = single_value(data.column("run"))
+    if one is not None:
+        run_names, run_i = pa.array([one], pa.string()), np.zeros(data.num_rows, np.int64)
+    else:
+        run_d = data.column("run").combine_chunks().dictionary_encode()
+        run_names, run_i = run_d.dictionary, run_d.indices.to_numpy().astype(np.int64)
+    steps = data.column("step").to_numpy()
+    lo, hi = int(steps.min()), int(steps.max())
+    if hi - lo < 1024:  # steps as offsets from the lowest (a step with no row gets no count below)
+        step_values, step_i = pa.array(np.arange(lo, hi + 1, dtype=np.int64)), steps.astype(np.int64) - lo
+    else:
+        step_d = data.column("step").combine_chunks().dictionary_encode()
+        step_values, step_i = step_d.dictionary, step_d.indices.to_numpy().astype(np.int64)
+    n_step = len(step_values)
     layers = data.column("layer").to_numpy().astype(np.int64)
     n_layer = int(layers.max()) + 1
     row_code = (run_i * n_step + step_i) * n_layer + layers  # one code per (run, step, layer)
@@ -110,8 +120,8 @@ def expert_load(data: pa.Table, S: np.ndarray, T: np.ndarray | None, t_rows: np.
     rest, layer = np.divmod(rest, n_layer)
     ri, si = np.divmod(rest, n_step)
     return pa.table({
-        "run": run_d.dictionary.take(pa.array(ri)),
-        "step": step_d.dictionary.take(pa.array(si)).cast(pa.int64()),
+        "run": run_names.take(pa.array(ri)),
+        "step": step_values.take(pa.array(si)).cast(pa.int64()),
         "layer": pa.array(layer.astype(np.int32)),
         "expert": pa.array(expert.astype(np.int32)),
         "n_sampler": pa.array(counts[0][code]),
