@@ -23,6 +23,7 @@ How the work is laid out (the step is [B, T], one sequence per row; chunks of wh
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -367,6 +368,19 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | No
 KERNEL_SPLIT = 1 << 17  # positions per thread below which the kernel runs on one thread
 
 
+_POOL = None
+
+
+def _pool():
+    """The threads that run the kernel's other parts, made on first use and kept (a pool per step cost
+    ~4 ms of thread start-up per step)."""
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1), thread_name_prefix="drift-summaries")
+    return _POOL
+
+
 def _kernel_tables(x: StepTensors, lags: "_Lags | None", flipped: torch.Tensor | None) -> dict[str, dict]:
     """The token summary tables by the one-pass kernel, over the step's [B, T] tensors in grid form (numpy
     views of the CPU tensors, no copy). With torch.get_num_threads() > 1, the rows are split among that many
@@ -388,13 +402,16 @@ def _kernel_tables(x: StepTensors, lags: "_Lags | None", flipped: torch.Tensor |
             args["tok_lag"] = flat(lags.per_token)
     parts = min(torch.get_num_threads(), B, max(1, B * T // KERNEL_SPLIT))
     bounds = [round(B * k / parts) * T for k in range(parts + 1)]  # whole rows per part
-    accs = [kernel.Accumulators.zeros(B, n_lag) for _ in range(parts)]
+    # the parts take whole sequences, so they share the sequence arrays and merge only their bucket sums
+    accs = [kernel.Accumulators.zeros(B, n_lag)]
+    accs += [accs[0].sharing_sequences() for _ in range(parts - 1)]
     if parts == 1:
         accs[0].add(**args)
-    else:
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(parts) as pool:
-            list(pool.map(lambda k: accs[k].add(**args, lo=bounds[k], hi=bounds[k + 1]), range(parts)))
+    else:  # part 0 on this thread, the others on the pool's (started once per process)
+        done = [_pool().submit(accs[k].add, **args, lo=bounds[k], hi=bounds[k + 1]) for k in range(1, parts)]
+        accs[0].add(**args, lo=bounds[0], hi=bounds[1])
+        for f in done:
+            f.result()
     acc = accs[0]
     for other in accs[1:]:
         acc = acc.merge(other)

@@ -397,6 +397,9 @@ def accumulate(s, t, d_a, rm1_a, r_a, ps_a, em1s_a, pt_a, bin_a, prob_a, pos, se
 CHUNK = 1 << 15  # tokens whose exp / expm1 are computed at once (numpy's vectorised functions; in L2)
 
 
+SEQUENCE_FIELDS = ("seq", "seq_top", "seq_max_pos", "seq_flip", "seq_band")  # one row (or NB rows) per sequence
+
+
 @dataclass
 class Accumulators:
     """What `accumulate` adds into, for n_seq sequences and n_lag lags; merge two by `merge`.
@@ -447,11 +450,23 @@ class Accumulators:
             accumulate(s, t, d, rm1, r, ps, em1s, pt, bins, probs, *rest, a, b, *tail)
         return self
 
+    def sharing_sequences(self) -> "Accumulators":
+        """Empty accumulators that write their sequences' rows into this one's sequence arrays (the same
+        arrays) and keep bucket, histogram and step sums of their own: for threads that take disjoint sets
+        of whole sequences, which then need no merge of the sequence arrays (3 MB per 1,000 sequences)."""
+        fresh = Accumulators.zeros(0, self.wide.shape[1] - LAG0)
+        return Accumulators(**{name: getattr(self, name) if name in SEQUENCE_FIELDS else getattr(fresh, name)
+                               for name in vars(self)})
+
     def merge(self, other: "Accumulators") -> "Accumulators":
-        """The accumulators of both token sets: sums add (their errors too), extremes take the max."""
+        """The accumulators of both token sets: sums add (their errors too), extremes take the max. Sequence
+        arrays that `other` shares with this one (`sharing_sequences`) are taken as they are."""
         out = {}
         for name, a in vars(self).items():
             b = getattr(other, name)
+            if b is a:
+                out[name] = a
+                continue
             if name.endswith("_top") or name == "seq_max_pos":
                 out[name] = np.maximum(a, b)
             elif a.ndim == 3:
