@@ -112,10 +112,12 @@ def test_empty_step_gives_the_torch_writers_tables():
         assert list(got[table]) == list(want[table]) and not table_rows(got[table]), table
 
 
-def test_threads_merge_to_one_pass(monkeypatch):
-    """Rows split among threads, each into its own accumulators, merge to the rows of one pass."""
+@pytest.mark.parametrize("routed", [False, True])
+def test_threads_merge_to_one_pass(monkeypatch, routed):
+    """Rows split among threads (sharing the sequence arrays, each with its own bucket sums) merge to the rows of
+    one pass, with and without the routing columns."""
     from analysis import logger_summaries
-    data = make_step(B=11, T=30, seed=8, routing=None)
+    data = make_step(B=11, T=30, seed=8, **({} if routed else {"routing": None}))
     x = checked(data)
     kept, plan = Kept(int(x.mask.sum()), 0, 0, 0, 0), SamplePlan(0.0, 0, 0, 0)
     one = summarise(x, kept, plan, engine="kernel")
