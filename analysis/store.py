@@ -49,9 +49,8 @@ def _ddl() -> list[str]:
                n_sampler BIGINT, n_trainer BIGINT, file_id INTEGER)""",
     ]
     for table in schema.TABLES:
-        shapes = [(schema.TOKEN_STORE, True), (schema.TOKEN_STORE_FULL, False)] if table == "tokens" \
-            else [(schema.stored_table(table), False)]
-        for name, narrow in shapes:
+        for name in schema.stored_tables(table):
+            narrow = name == schema.TOKEN_STORE
             cols = ", ".join(f"{c.name} {c.sql_type}" for c in schema.stored_columns(table, narrow))
             stmts.append(f"CREATE TABLE IF NOT EXISTS {name} ({cols})")
     stmts.append(schema.tokens_view())
