@@ -37,6 +37,16 @@ def single_value(col: pa.ChunkedArray):
     return first.as_py() if pc.all(pc.equal(col, first)).as_py() else None
 
 
+def run_codes(col: pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
+    """(run names, each row's index into them as int64) of a run column; a batch of one run (nearly always)
+    without hashing every row's name."""
+    one = single_value(col)
+    if one is not None:
+        return pa.array([one], pa.string()), np.zeros(len(col), np.int64)
+    encoded = col.combine_chunks().dictionary_encode()
+    return encoded.dictionary, encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
 class TableKeys:
     """Tracks whether one table's keys, over all batches of a file, are strictly increasing, and the runs and
     the step range they cover (rows of other files outside them cannot share a key with this file)."""
@@ -89,12 +99,7 @@ def expert_load(data: pa.Table, S: np.ndarray, T: np.ndarray | None, t_rows: np.
     database at the end of the file (`Writer.finish_expert_load`), so memory stays one batch's worth."""
     # hash-based dictionary encoding: np.unique would sort millions of (string) keys; a batch of one run and a
     # few consecutive steps (a log in key order) needs neither
-    one = single_value(data.column("run"))
-    if one is not None:
-        run_names, run_i = pa.array([one], pa.string()), np.zeros(data.num_rows, np.int64)
-    else:
-        run_d = data.column("run").combine_chunks().dictionary_encode()
-        run_names, run_i = run_d.dictionary, run_d.indices.to_numpy().astype(np.int64)
+    run_names, run_i = run_codes(data.column("run"))
     steps = data.column("step").to_numpy()
     lo, hi = int(steps.min()), int(steps.max())
     if hi - lo < 1024:  # steps as offsets from the lowest (a step with no row gets no count below)

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.ingest import summary_files
-from analysis.ingest.keys import single_value
+from analysis.ingest.keys import run_codes
 from analysis.summaries import kernel as K
 
 log = logging.getLogger(__name__)
@@ -161,13 +161,8 @@ class StepSummaries:
             return []
 
     def _feed(self, data: pa.Table) -> list[tuple[str, pa.Table]]:
-        one = single_value(data.column("run"))
-        if one is not None:  # one run per file, nearly always: no hashing of every row's name
-            codes, names = np.zeros(data.num_rows, np.int32), [one]
-        else:
-            runs = pc.dictionary_encode(data.column("run").combine_chunks())
-            codes = runs.indices.to_numpy(zero_copy_only=False)
-            names = runs.dictionary.to_pylist()
+        runs, codes = run_codes(data.column("run"))
+        names = runs.to_pylist()
         step = np.asarray(data.column("step").to_numpy(), np.int64)
         cut = np.flatnonzero((step[1:] != step[:-1]) | (codes[1:] != codes[:-1])) + 1
         bounds = np.concatenate([[0], cut, [len(step)]])
