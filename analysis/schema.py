@@ -74,14 +74,26 @@ def required(table: str) -> list[str]:
     return [c.name for c in TABLES[table] if c.required]
 
 
+# The stored tables of token and routing rows hold a run's integer code (`run_id`, from the table `run_ids`) where
+# SCHEMA.md has the run name: DuckDB compressing 40M copies of a name cost ~3.5 CPU-s of an ~11 CPU-s token load,
+# an integer column ~0.7 s (benchmarks/RESULTS-scale.md). The views below join the name back.
+RUN_IDS = "run_ids"
+RUN_IDS_DDL = f"CREATE TABLE IF NOT EXISTS {RUN_IDS} (run_id INTEGER PRIMARY KEY, run VARCHAR NOT NULL UNIQUE)"
+
+
+def _run_id() -> Column:
+    return Column("run_id", "INTEGER", True, "the run's code in run_ids")
+
+
 # Routing is stored in `routing_rows`, where trainer_experts is NULL wherever it equals sampler_experts rank for
 # rank (most rows: only flipped or reordered top-k lists are kept twice); the view `routing` puts the lists back,
 # so every reader sees SCHEMA.md's table. NULL trainer_experts *and* NULL flip: the trainer side was not recorded.
 ROUTING_STORE = "routing_rows"
-ROUTING_VIEW = f"""CREATE VIEW IF NOT EXISTS routing AS
-    SELECT * REPLACE (CASE WHEN trainer_experts IS NOT NULL THEN trainer_experts
-                           WHEN flip IS NOT NULL THEN sampler_experts END AS trainer_experts)
-    FROM {ROUTING_STORE}"""
+ROUTING_VIEW = f"""CREATE OR REPLACE VIEW routing AS
+    SELECT r.run, x.* EXCLUDE (run_id) REPLACE (CASE WHEN x.trainer_experts IS NOT NULL THEN x.trainer_experts
+                                                     WHEN x.flip IS NOT NULL THEN x.sampler_experts END
+                                                AS trainer_experts)
+    FROM {ROUTING_STORE} x JOIN {RUN_IDS} r ON x.run_id = r.run_id"""
 
 
 # Tokens are stored in two tables behind the view `tokens`. DuckDB writes a column that is NULL in every row
@@ -100,15 +112,22 @@ def _file_id() -> Column:
 
 def token_narrow(columns) -> bool:
     """Whether token rows of these columns fit the narrow table (no optional column but token_id)."""
-    return set(columns) - {"file_id"} <= set(TOKEN_NARROW)
+    return set(columns) - {"file_id", "run_id"} <= set(TOKEN_NARROW)
 
 
 def tokens_view() -> str:
-    narrow = ", ".join(c.name if c.name in TOKEN_NARROW else f"NULL::{c.sql_type} AS {c.name}" for c in TOKENS)
-    full = ", ".join(c.name for c in TOKENS)
+    def select(store: str, have) -> str:
+        cols = ", ".join("r.run" if c.name == "run" else f"t.{c.name}" if c.name in have
+                         else f"NULL::{c.sql_type} AS {c.name}" for c in TOKENS)
+        return f"SELECT {cols}, t.file_id FROM {store} t JOIN {RUN_IDS} r ON t.run_id = r.run_id"
     return f"""CREATE OR REPLACE VIEW {TOKENS_VIEW_NAME} AS
-    SELECT {narrow}, file_id FROM {TOKEN_STORE}
-    UNION ALL SELECT {full}, file_id FROM {TOKEN_STORE_FULL}"""
+    {select(TOKEN_STORE, TOKEN_NARROW)}
+    UNION ALL {select(TOKEN_STORE_FULL, names("tokens"))}"""
+
+
+def run_coded(stored: str) -> bool:
+    """Whether the stored table `stored` holds run codes (run_id) in place of run names."""
+    return stored in (TOKEN_STORE, TOKEN_STORE_FULL, ROUTING_STORE)
 
 
 def stored_table(table: str, columns=None) -> str:
@@ -129,9 +148,12 @@ def stored_tables(table: str) -> tuple[str, ...]:
 
 
 def stored_columns(table: str, narrow: bool = False) -> tuple[Column, ...]:
-    """Columns as stored in DuckDB: the schema's (tokens, `narrow`: only TOKEN_NARROW), derived ones, and the
-    id of the file that brought the row."""
+    """Columns as stored in DuckDB: the schema's (tokens, `narrow`: only TOKEN_NARROW; run_id in place of run
+    for tokens and routing), derived ones, and the id of the file that brought the row."""
     if table == "tokens" and narrow:
-        return tuple(c for c in TOKENS if c.name in TOKEN_NARROW) + (_file_id(),)
-    extra = ROUTING_DERIVED if table == "routing" else ()
-    return TABLES[table] + extra + (_file_id(),)
+        cols = tuple(c for c in TOKENS if c.name in TOKEN_NARROW)
+    else:
+        cols = TABLES[table] + (ROUTING_DERIVED if table == "routing" else ())
+    if table in ("tokens", "routing"):  # see RUN_IDS
+        cols = tuple(_run_id() if c.name == "run" else c for c in cols)
+    return cols + (_file_id(),)

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import duckdb
+import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from analysis import schema
 from analysis.summaries import migrate
@@ -47,16 +49,48 @@ def _ddl() -> list[str]:
         """CREATE TABLE IF NOT EXISTS expert_load (
                run VARCHAR, step BIGINT, layer INTEGER, expert INTEGER,
                n_sampler BIGINT, n_trainer BIGINT, file_id INTEGER)""",
+        schema.RUN_IDS_DDL,
     ]
     for table in schema.TABLES:
         for name in schema.stored_tables(table):
-            narrow = name == schema.TOKEN_STORE
-            cols = ", ".join(f"{c.name} {c.sql_type}" for c in schema.stored_columns(table, narrow))
-            stmts.append(f"CREATE TABLE IF NOT EXISTS {name} ({cols})")
-    stmts.append(schema.tokens_view())
+            stmts.append(f"CREATE TABLE IF NOT EXISTS {name} ({_columns_ddl(table, name)})")
     # databases made before sequences had the response text
     stmts.append("ALTER TABLE sequences ADD COLUMN IF NOT EXISTS response VARCHAR")
     return stmts + summary_schema.ddl()
+
+
+def _columns_ddl(table: str, stored: str) -> str:
+    return ", ".join(f"{c.name} {c.sql_type}" for c in schema.stored_columns(table, stored == schema.TOKEN_STORE))
+
+
+def _register_runs(con: duckdb.DuckDBPyConnection, table: str) -> None:
+    """Give every run name in `table` that run_ids lacks the next free code."""
+    con.execute(f"""INSERT INTO {schema.RUN_IDS}
+        SELECT (SELECT coalesce(max(run_id), -1) FROM {schema.RUN_IDS}) + row_number() OVER (ORDER BY run), run
+        FROM (SELECT DISTINCT run FROM {table}) n
+        WHERE NOT EXISTS (SELECT 1 FROM {schema.RUN_IDS} r WHERE r.run = n.run)""")
+
+
+def _code_runs(con: duckdb.DuckDBPyConnection) -> None:
+    """A database written before the stored rows held run codes (a run name in every row of token_rows,
+    token_rows_full or routing_rows): each such table is rewritten with run_id, its names going to run_ids."""
+    for table, stored in (("tokens", schema.TOKEN_STORE), ("tokens", schema.TOKEN_STORE_FULL),
+                          ("routing", schema.ROUTING_STORE)):
+        have = {r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = ? "
+                                          "AND schema_name = 'main' AND database_name = current_database()", [stored]).fetchall()}
+        if "run" not in have:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        _register_runs(con, stored)
+        cols = [c.name for c in schema.stored_columns(table, stored == schema.TOKEN_STORE)]
+        select = ", ".join("r.run_id" if c == "run_id" else f"x.{c}" for c in cols)
+        con.execute(f"CREATE TABLE _recoded ({_columns_ddl(table, stored)})")
+        con.execute(f"INSERT INTO _recoded SELECT {select} FROM {stored} x JOIN {schema.RUN_IDS} r ON x.run = r.run")
+        for view in ("tokens", "routing"):  # the old views name the old columns; made again after this
+            con.execute(f"DROP VIEW IF EXISTS {view}")
+        con.execute(f"DROP TABLE {stored}")
+        con.execute(f"ALTER TABLE _recoded RENAME TO {stored}")
+        con.execute("COMMIT")
 
 
 def _split_tokens(con: duckdb.DuckDBPyConnection) -> None:
@@ -74,9 +108,12 @@ def _compact_routing(con: duckdb.DuckDBPyConnection) -> None:
     old = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'routing' AND NOT temporary").fetchall()
     if old[0][0]:
         con.execute("BEGIN TRANSACTION")
+        _register_runs(con, "routing")
         con.execute(f"""INSERT INTO {schema.ROUTING_STORE} BY NAME
-            SELECT * REPLACE (CASE WHEN trainer_experts = sampler_experts THEN NULL ELSE trainer_experts END
-                              AS trainer_experts) FROM routing""")
+            SELECT r.run_id, x.* EXCLUDE (run) REPLACE (
+                       CASE WHEN x.trainer_experts = x.sampler_experts THEN NULL ELSE x.trainer_experts END
+                       AS trainer_experts)
+            FROM routing x JOIN {schema.RUN_IDS} r ON x.run = r.run""")
         con.execute("DROP TABLE routing")
         con.execute("COMMIT")
     con.execute(schema.ROUTING_VIEW)
@@ -118,7 +155,9 @@ class Store:
                 _split_tokens(self._con)
                 for stmt in _ddl():
                     self._con.execute(stmt)
+                _code_runs(self._con)
                 _compact_routing(self._con)
+                self._con.execute(schema.tokens_view())
                 migrate.to_layout2(self._con)  # summaries of layout 1 (band key in the wide rows)
             # a database loaded before summaries existed gets them once, here (later loads add their own)
             from analysis.summaries.compute import backfill
@@ -278,6 +317,12 @@ class Store:
     def run_names(self) -> list[str]:
         return [r[0] for r in self.rows("SELECT run FROM runs ORDER BY created, run")]
 
+    def run_id(self, run: str) -> int:
+        """The code that stored token and routing rows of `run` hold (schema.RUN_IDS), given now if it has none:
+        for SQL that writes stored rows itself (benchmark and test builders)."""
+        with self.transaction() as w:
+            return w.run_id(run, now=True)
+
     def run_config(self, run: str) -> dict:
         text = self.scalar("SELECT config FROM runs WHERE run = ?", [run])
         return json.loads(text) if text else {}
@@ -294,7 +339,10 @@ class Store:
                 "WHERE run = ? UNION SELECT DISTINCT file_id FROM sequences WHERE run = ? "
                 "UNION SELECT DISTINCT file_id FROM summary_step WHERE run = ?",
                 [run, run, run, run]).fetchall()]
-            for table in (*schema.stored_tables("tokens"), schema.ROUTING_STORE, "sequences", "expert_load", "runs",
+            for table in (*schema.stored_tables("tokens"), schema.ROUTING_STORE):
+                w.execute(f"DELETE FROM {table} WHERE run_id = (SELECT run_id FROM {schema.RUN_IDS} WHERE run = ?)",
+                          [run])
+            for table in ("sequences", "expert_load", "runs", schema.RUN_IDS,
                           *(t for t in summary_schema.TABLES if "run" in summary_schema.columns(t))):
                 w.execute(f"DELETE FROM {table} WHERE run = ?", [run])
             # a file that held several runs keeps its record while any of its rows remain
@@ -317,6 +365,46 @@ class Writer:
     def __init__(self, cur: duckdb.DuckDBPyConnection):
         self.cur = cur
         self._staged: set[str] = set()
+        # run codes (schema.RUN_IDS): the committed ones, and those this transaction hands out, which reach
+        # run_ids once the rows that use them are in (the load's producer thread asks while an INSERT runs)
+        self._run_ids: dict[str, int] = dict(cur.execute(f"SELECT run, run_id FROM {schema.RUN_IDS}").fetchall())
+        self._next_run_id = max(self._run_ids.values(), default=-1) + 1
+        self._new_run_ids: list[tuple[int, str]] = []
+        self._ids_lock = threading.Lock()
+
+    def run_id(self, run: str, now: bool = False) -> int:
+        """The code of run `run`, a new one if it has none: written to run_ids with the next insert, or `now`
+        (for SQL that writes stored rows itself; from the transaction's own thread)."""
+        with self._ids_lock:
+            rid = self._run_ids.get(run)
+            if rid is None:
+                rid = self._run_ids[run] = self._next_run_id
+                self._next_run_id += 1
+                self._new_run_ids.append((rid, run))
+        if now:
+            self._flush_run_ids()
+        return rid
+
+    def _flush_run_ids(self) -> None:
+        with self._ids_lock:
+            new, self._new_run_ids = self._new_run_ids, []
+        if new:
+            self.cur.execute(f"INSERT INTO {schema.RUN_IDS} SELECT * FROM (VALUES "
+                             + ", ".join("(?, ?)" for _ in new) + ")", [v for pair in new for v in pair])
+
+    def coded(self, table: str, data, runs=None):
+        """`data` (a pyarrow Table of `table`) with run codes in place of run names where the stored table holds
+        codes (tokens, routing). `runs`: (names as a pyarrow Array, each row's index into them) of its run
+        column, when the caller has them already (analysis.ingest.keys.run_codes)."""
+        if table not in ("tokens", "routing") or "run" not in data.column_names:
+            return data
+        if runs is None:
+            encoded = data.column("run").combine_chunks().dictionary_encode()
+            runs = encoded.dictionary, encoded.indices.to_numpy(zero_copy_only=False)
+        names, index = runs
+        ids = np.array([self.run_id(name) for name in names.to_pylist()], np.int32)
+        col = np.full(data.num_rows, ids[0], np.int32) if len(ids) == 1 else ids[index]
+        return data.set_column(data.column_names.index("run"), "run_id", pa.array(col))
 
     def execute(self, query: str, params: Sequence[Any] | None = None):
         return self.cur.execute(query, params or [])
@@ -334,6 +422,8 @@ class Writer:
         """Append a pyarrow Table whose columns are a subset of the stored columns of `table`."""
         if table not in schema.TABLES and table != "expert_load" and table not in summary_schema.TABLES:
             raise ValueError(f"unknown table {table}")
+        data = self.coded(table, data)
+        self._flush_run_ids()
         cols = ", ".join(data.column_names)
         self.cur.register("_ingest_batch", data)
         try:
@@ -347,16 +437,19 @@ class Writer:
         memory flat for one streamed INSERT but not for many small ones (analysis/ingest/stream.py).
 
         `file_id` is written as a constant rather than read from the batches: scanning a constant Arrow column
-        cost ~20% of the insert's CPU for token rows."""
+        cost ~20% of the insert's CPU for token rows. Token and routing batches come with run codes (`coded`)."""
         if table not in schema.TABLES:
             raise ValueError(f"unknown table {table}")
         cols = [c for c in columns if c != "file_id"]
+        if "run" in cols and schema.run_coded(schema.stored_table(table, cols)):
+            raise ValueError(f"{table} rows need run codes (Writer.coded) before they are stored")
         self.cur.register("_ingest_stream", reader)
         try:
             self.cur.execute(f"INSERT INTO {schema.stored_table(table, cols)} ({', '.join(cols)}, file_id) "
                              f"SELECT {', '.join(cols)}, ? FROM _ingest_stream", [file_id])
         finally:
             self.cur.unregister("_ingest_stream")
+        self._flush_run_ids()
 
     def stage(self, name: str, data) -> None:
         """Append a pyarrow Table to the temporary table `name` (created on first use, in this transaction):

@@ -36,6 +36,7 @@ import numpy as np  # noqa: E402
 
 from analysis.ingest import ingest_paths  # noqa: E402
 from analysis.logger import DriftLogger  # noqa: E402
+from analysis import schema  # noqa: E402
 from analysis.store import Store  # noqa: E402
 from analysis.watch import scan  # noqa: E402
 
@@ -74,8 +75,9 @@ time.sleep(float(sys.argv[3]))
 def build_db(path: Path, n_tokens: int) -> None:
     store = Store(path)
     with store.transaction() as w:
-        w.execute("""INSERT INTO token_rows (run, step, sample, pos, sampler_logprob, trainer_logprob, file_id)
-                     SELECT 'base', i // 10000, (i // 100) % 100, i % 100, -1.0 - (i % 7) / 10.0,
+        w.execute(f"""INSERT INTO {schema.TOKEN_STORE} (run_id, step, sample, pos, sampler_logprob, trainer_logprob,
+                                                       file_id)
+                     SELECT {w.run_id('base', now=True)}, i // 10000, (i // 100) % 100, i % 100, -1.0 - (i % 7) / 10.0,
                             -1.0 - (i % 5) / 10.0, 0 FROM range(?) t(i)""", [n_tokens])
         w.execute("INSERT INTO runs (run) VALUES ('base')")
     store.close()

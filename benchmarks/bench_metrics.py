@@ -35,7 +35,7 @@ RESULTS = ROOT / "benchmarks" / "RESULTS-metrics.md"
 RUN = "bench"
 STEPS, SEQS, LEN = 50, 200, 500          # 50 × 200 × 500 = 5,000,000 tokens
 ROUTED_SEQS, LAYERS, K, EXPERTS = 10, 32, 8, 64  # 50 × 10 × 500 × 32 = 8,000,000 routing rows
-BUILD_VERSION = "3"  # 2: routing stored compact in routing_rows; 3: with summaries
+BUILD_VERSION = "4"  # 2: routing stored compact in routing_rows; 3: with summaries; 4: run codes
 
 
 def build(path: Path) -> None:
@@ -49,9 +49,9 @@ def build(path: Path) -> None:
     t0 = time.perf_counter()
     # s ~ −Exp(1.5) (natural log-probs ≤ 0); Δ ~ N(0, 0.05) via Box–Muller, 0.5% of tokens ×20 (heavy tail)
     con.execute(f"""
-        INSERT INTO token_rows_full (run, step, sample, pos, token_id, sampler_logprob, trainer_logprob,
-                            sampler_version, trainer_version, file_id)
-        SELECT '{RUN}', i // {SEQS * LEN}, (i // {LEN}) % {SEQS}, (i % {LEN})::INTEGER, (hash(i) % 50000)::INTEGER,
+        INSERT INTO {schema.TOKEN_STORE_FULL} (run_id, step, sample, pos, token_id, sampler_logprob,
+                                               trainer_logprob, sampler_version, trainer_version, file_id)
+        SELECT {store.run_id(RUN)}, i // {SEQS * LEN}, (i // {LEN}) % {SEQS}, (i % {LEN})::INTEGER, (hash(i) % 50000)::INTEGER,
                s, least(s + d, 0.0), i // {SEQS * LEN} - 1, i // {SEQS * LEN}, 1
         FROM (SELECT i, 1.5 * ln(1.0 - random()) AS s,
                      0.05 * sqrt(-2.0 * ln(1.0 - random())) * cos(2.0 * pi() * random())
@@ -62,9 +62,9 @@ def build(path: Path) -> None:
     # top-1 expert for one outside the set (a flip, n_common = k − 1); 5% rotate the list (same set, top-1 flip).
     # stored compact as ingest stores it: the trainer's list only where it differs rank for rank (view `routing`)
     con.execute(f"""
-        INSERT INTO {schema.ROUTING_STORE} (run, step, sample, pos, layer, sampler_experts, trainer_experts,
+        INSERT INTO {schema.ROUTING_STORE} (run_id, step, sample, pos, layer, sampler_experts, trainer_experts,
                                             k, flip, top1_flip, n_common, file_id)
-        SELECT '{RUN}', step, sample, pos, layer, se, CASE WHEN te <> se THEN te END, {K}, swap, swap OR rot,
+        SELECT {store.run_id(RUN)}, step, sample, pos, layer, se, CASE WHEN te <> se THEN te END, {K}, swap, swap OR rot,
                CASE WHEN swap THEN {K - 1} ELSE {K} END, 1
         FROM (SELECT step, sample, pos, layer, swap, rot, se,
                      CASE WHEN swap THEN list_concat([((base + {K} * m) % {EXPERTS})::INTEGER], se[2:])

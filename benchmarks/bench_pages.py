@@ -36,9 +36,9 @@ WORK = ROOT / "benchmarks" / "work"
 RESULTS = ROOT / "benchmarks" / "RESULTS-pages.md"
 LARGE = WORK / "pages_large.duckdb"
 DEMO = WORK / "pages_demo.duckdb"
-LARGE_VERSION = "2"
+LARGE_VERSION = "3"  # 3: run codes in the stored rows
 SCALE = WORK / "pages_scale.duckdb"
-SCALE_VERSION = "1"
+SCALE_VERSION = "2"  # 2: run codes in the stored rows
 TARGET_S = 2.0
 
 
@@ -56,7 +56,7 @@ def build_scale() -> None:
     plus the second run."""
     import bench_summaries
 
-    if not bench_summaries.DB.exists():
+    if not bench_summaries.is_built(bench_summaries.DB):
         bench_summaries.build(bench_summaries.DB)
     if not _current(SCALE, SCALE_VERSION):
         _with_second_run(bench_summaries.DB, SCALE, SCALE_VERSION)
@@ -86,11 +86,19 @@ def _with_second_run(source: Path, target: Path, version: str) -> None:
     con = duckdb.connect(str(target))
     tables = [t for (t,) in con.execute(
         """SELECT table_name FROM duckdb_columns() WHERE column_name = 'run' AND NOT internal
-           AND table_name IN (SELECT table_name FROM duckdb_tables()) AND table_name NOT IN ('runs', 'files')
-           ORDER BY table_name""").fetchall()]
+           AND table_name IN (SELECT table_name FROM duckdb_tables())
+           AND table_name NOT IN ('runs', 'files', 'run_ids') ORDER BY table_name""").fetchall()]
+    coded = [t for (t,) in con.execute(
+        "SELECT table_name FROM duckdb_columns() WHERE column_name = 'run_id' AND NOT internal AND table_name IN "
+        "(SELECT table_name FROM duckdb_tables()) AND table_name <> 'run_ids' ORDER BY table_name").fetchall()]
     con.execute("BEGIN TRANSACTION")
     for t in tables:
         con.execute(f"INSERT INTO {t} SELECT * REPLACE ('bench-b' AS run) FROM {t} WHERE run = 'bench' AND step < 10")
+    # token and routing rows hold run codes (schema.RUN_IDS)
+    con.execute("INSERT INTO run_ids SELECT max(run_id) + 1, 'bench-b' FROM run_ids")
+    for t in coded:
+        con.execute(f"""INSERT INTO {t} SELECT * REPLACE ((SELECT run_id FROM run_ids WHERE run = 'bench-b') AS run_id)
+                        FROM {t} WHERE run_id = (SELECT run_id FROM run_ids WHERE run = 'bench') AND step < 10""")
     con.execute("""UPDATE runs SET config = '{"sampler_dtype": "bf16", "trainer_dtype": "fp32"}' WHERE run = 'bench'""")
     con.execute("""INSERT INTO runs (run, config) VALUES
                    ('bench-b', '{"sampler_dtype": "fp16", "trainer_dtype": "fp32"}')""")

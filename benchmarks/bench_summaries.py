@@ -41,7 +41,7 @@ COMPUTED_FILES = 4  # files summarised by the ingest hook (timed); their summary
 # shifted steps to cover all STEPS (a 2-core shared machine summarises ~0.2M tokens/s: 40M would take minutes)
 SUMMARY_TABLES = ("summary_step", "summary_seq", "summary_seq_band", "summary_hist", "summary_bucket",
                   "summary_bucket_band", "summary_layer")
-BUILD_VERSION = "3"  # 2: routing into routing_rows; 3: summary layout 2 (band tables)
+BUILD_VERSION = "4"  # 2: routing into routing_rows; 3: summary layout 2 (band tables); 4: run codes
 
 
 def build(path: Path) -> dict:
@@ -55,9 +55,9 @@ def build(path: Path) -> dict:
     n_files = STEPS // FILE_STEPS
     # s ~ −Exp(1.5); Δ ~ N(0, 0.05), 0.5% ×20; staleness 0–1; entropy ~ Exp(1); file_id = 1 + step // FILE_STEPS
     con.execute(f"""
-        INSERT INTO token_rows_full (run, step, sample, pos, token_id, sampler_logprob, trainer_logprob, sampler_version,
-                            trainer_version, sampler_entropy, file_id)
-        SELECT '{RUN}', st, (i // {LEN}) % {SEQS}, (i % {LEN})::INTEGER, (hash(i) % 50000)::INTEGER, s,
+        INSERT INTO {schema.TOKEN_STORE_FULL} (run_id, step, sample, pos, token_id, sampler_logprob, trainer_logprob,
+                                               sampler_version, trainer_version, sampler_entropy, file_id)
+        SELECT {store.run_id(RUN)}, st, (i // {LEN}) % {SEQS}, (i % {LEN})::INTEGER, (hash(i) % 50000)::INTEGER, s,
                least(s + d, 0.0), st - (hash(i // {LEN}) % 2)::BIGINT, st, -ln(1.0 - random()),
                (1 + st // {FILE_STEPS})::INTEGER
         FROM (SELECT i, i // {SEQS * LEN} AS st, 1.5 * ln(1.0 - random()) AS s,
@@ -68,9 +68,9 @@ def build(path: Path) -> dict:
     # routing of the first ROUTED_LEN tokens of each step (samples 0..2, positions in order), file_id 1000 + ...;
     # stored compact as ingest stores it (the trainer's list only where it differs; the `routing` view fills it in)
     con.execute(f"""
-        INSERT INTO {schema.ROUTING_STORE} (run, step, sample, pos, layer, sampler_experts, trainer_experts, k, flip,
-                                            top1_flip, n_common, file_id)
-        SELECT '{RUN}', step, sample, pos, layer, se, CASE WHEN flip THEN te END, {K}, flip, top1, nc,
+        INSERT INTO {schema.ROUTING_STORE} (run_id, step, sample, pos, layer, sampler_experts, trainer_experts, k,
+                                            flip, top1_flip, n_common, file_id)
+        SELECT {store.run_id(RUN)}, step, sample, pos, layer, se, CASE WHEN flip THEN te END, {K}, flip, top1, nc,
                (1000 + step // {FILE_STEPS})::INTEGER
         FROM (SELECT step, sample, pos, layer, se,
                      CASE WHEN sw THEN list_transform(se, lambda x, j: CASE WHEN j = 1 THEN (x + 1) % {EXPERTS} ELSE x END)
@@ -118,6 +118,15 @@ def cli(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "analysis", *args], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
 
 
+def is_built(path: Path) -> bool:
+    """Whether `path` holds a database built by this version of build()."""
+    if not path.exists():
+        return False
+    with Store(path, read_only=True) as s:
+        return bool(s.scalar("SELECT count(*) FROM information_schema.tables WHERE table_name = 'build_info'")) \
+            and s.scalar("SELECT version FROM build_info") == BUILD_VERSION
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
@@ -125,12 +134,7 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     built = {}
-    fresh = DB.exists() and not args.rebuild
-    if fresh:
-        with Store(DB, read_only=True) as s:
-            fresh = bool(s.scalar("SELECT count(*) FROM information_schema.tables WHERE table_name = 'build_info'")) \
-                and s.scalar("SELECT version FROM build_info") == BUILD_VERSION
-    if not fresh:
+    if args.rebuild or not is_built(DB):
         built = build(DB)
         print("built", built, flush=True)
     with Store(DB, read_only=True) as s:

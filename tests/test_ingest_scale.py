@@ -29,9 +29,10 @@ def _side(lo: int, n: int) -> pa.Table:
     return pa.table({"v": pa.array(range(lo, lo + n), pa.int64())})
 
 
-def _items(fail_at: int | None = None):
-    """A generator (as the loader's prefetch is: closing it early would lose rows) of tokens batches, a change
-    of columns, sequences rows, and side rows for two staging tables."""
+def _items(w, fail_at: int | None = None):
+    """A generator (as the loader's prefetch is: closing it early would lose rows) of tokens batches (with run
+    codes of the Writer `w`, as the loader hands them over), a change of columns, sequences rows, and side rows
+    for two staging tables."""
     plan = [("tokens", _tokens(0, 7)), ("_staged_a", _side(0, 3)), ("tokens", _tokens(7, 5)),
             ("_staged_b", _side(100, 4)), ("tokens", _tokens(12, 6, with_id=True)), ("_staged_a", _side(3, 5)),
             ("sequences", pa.table({"run": ["r"], "step": pa.array([0], pa.int64()),
@@ -40,7 +41,7 @@ def _items(fail_at: int | None = None):
     for i, item in enumerate(plan):
         if i == fail_at:
             raise BadValue("f.parquet", "row 3", "log-probability must be finite, got nan", "fix it")
-        yield item
+        yield item[0], w.coded(*item)
 
 
 @pytest.mark.parametrize("cap", [1, 4, 10_000])
@@ -50,7 +51,7 @@ def test_streamed_inserts_keep_every_row_whatever_cuts_them(tmp_path, monkeypatc
     rows = {"tokens": 0, "sequences": 0}
     seen = []
     with store.transaction() as w:
-        stream.insert_items(w, _items(), ("_staged_a", "_staged_b"), rows, 7, lambda t, n: seen.append((t, n)))
+        stream.insert_items(w, _items(w), ("_staged_a", "_staged_b"), rows, 7, lambda t, n: seen.append((t, n)))
         staged_a = w.cur.execute("SELECT v FROM _staged_a ORDER BY v").fetchall()
         staged_b = w.cur.execute("SELECT v FROM _staged_b ORDER BY v").fetchall()
         w.drop_staged("_staged_a", "_staged_b")
@@ -68,7 +69,7 @@ def test_an_error_while_duckdb_reads_the_stream_is_raised_and_rolls_back(tmp_pat
     store = Store(tmp_path / "d.duckdb")
     with pytest.raises(BadValue, match="row 3.*must be finite"):
         with store.transaction() as w:
-            stream.insert_items(w, _items(fail_at), ("_staged_a", "_staged_b"), {"tokens": 0, "sequences": 0}, 7)
+            stream.insert_items(w, _items(w, fail_at), ("_staged_a", "_staged_b"), {"tokens": 0, "sequences": 0}, 7)
     assert store.scalar("SELECT count(*) FROM tokens") == 0
     assert store.scalar("SELECT count(*) FROM sequences") == 0
     with store.transaction() as w:  # the staging tables went with the rolled-back transaction

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import browser_util as bu
+from analysis import schema
 from analysis.store import Store
 from ui import prefetch
 
@@ -25,9 +26,10 @@ def build_large_db(db: Path, n: int) -> None:
         w.execute("INSERT INTO runs (run, config) VALUES ('big', '{}')")
         w.execute("INSERT INTO files (file_id, sha256, name, size, format, rows) VALUES (1, '0', 'gen', 0, 'gen', ?)",
                   [n])
-        w.execute("""
-            INSERT INTO token_rows (run, step, sample, pos, token_id, sampler_logprob, trainer_logprob, file_id)
-            SELECT 'big', i // 6250, (i // 250) % 25, i % 250, (i * 7919) % 5000,
+        w.execute(f"""
+            INSERT INTO {schema.TOKEN_STORE} (run_id, step, sample, pos, token_id, sampler_logprob, trainer_logprob,
+                                              file_id)
+            SELECT {w.run_id('big', now=True)}, i // 6250, (i // 250) % 25, i % 250, (i * 7919) % 5000,
                    -0.05 - ((i * 2654435761) % 1000) / 300.0 AS s,
                    -0.05 - ((i * 2654435761) % 1000) / 300.0 - ((i * 40503) % 100) / 2000.0 * (i % 3), 1
             FROM range(?) t(i)""", [n])

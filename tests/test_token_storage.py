@@ -59,7 +59,7 @@ def test_rows_go_to_the_table_of_their_columns_and_the_view_shows_all(tmp_path):
     assert store.scalar(f"SELECT count(*) FROM {schema.TOKEN_STORE_FULL}") == len(b["run"]) + c["step"].count(1)
     narrow_cols = [r[0] for r in store.rows(
         "SELECT column_name FROM duckdb_columns() WHERE table_name = ? ORDER BY column_index", [schema.TOKEN_STORE])]
-    assert narrow_cols == list(schema.TOKEN_NARROW) + ["file_id"]
+    assert narrow_cols == ["run_id", *schema.TOKEN_NARROW[1:], "file_id"]  # run codes, see schema.RUN_IDS
     view_cols = [r[0] for r in store.rows(
         "SELECT column_name FROM duckdb_columns() WHERE table_name = 'tokens' ORDER BY column_index")]
     assert view_cols == schema.names("tokens") + ["file_id"]

@@ -37,7 +37,11 @@ def single_value(col: pa.ChunkedArray):
     return first.as_py() if pc.all(pc.equal(col, first)).as_py() else None
 
 
-def run_codes(col: pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
+# (run names, each row's index into them), see run_codes
+Runs = tuple[pa.Array, np.ndarray]
+
+
+def run_codes(col: pa.ChunkedArray) -> Runs:
     """(run names, each row's index into them as int64) of a run column; a batch of one run (nearly always)
     without hashing every row's name."""
     one = single_value(col)
@@ -59,11 +63,11 @@ class TableKeys:
         self.runs: set[str] = set()
         self.steps: tuple[int, int] | None = None  # (lowest, highest)
 
-    def add(self, data: pa.Table) -> None:
+    def add(self, data: pa.Table, runs: tuple[pa.Array, np.ndarray] | None = None) -> None:
+        """`runs`: run_codes of data's run column, when the caller has them."""
         if not data.num_rows:
             return
-        one = single_value(data.column("run"))
-        runs = [one] if one is not None else pc.unique(data.column("run")).to_pylist()
+        runs = (runs or run_codes(data.column("run")))[0].to_pylist()
         self.runs.update(runs)
         lo, hi = (v.as_py() for v in pc.min_max(data.column("step")).values())
         self.steps = (lo, hi) if self.steps is None else (min(lo, self.steps[0]), max(hi, self.steps[1]))
@@ -92,14 +96,16 @@ def routing_tokens(data: pa.Table) -> pa.Table:
     return data.select(["run", "step", "sample", "pos"]).take(pa.array(np.flatnonzero(new)))
 
 
-def expert_load(data: pa.Table, S: np.ndarray, T: np.ndarray | None, t_rows: np.ndarray) -> pa.Table:
+def expert_load(data: pa.Table, S: np.ndarray, T: np.ndarray | None, t_rows: np.ndarray,
+                runs: tuple[pa.Array, np.ndarray] | None = None) -> pa.Table:
     """Tokens routed to each expert per (run, step, layer), for each side, in one routing batch.
 
     A (run, step, layer, expert) may appear in several batches: the rows are partial counts, summed in the
-    database at the end of the file (`Writer.finish_expert_load`), so memory stays one batch's worth."""
+    database at the end of the file (`Writer.finish_expert_load`), so memory stays one batch's worth. `runs`:
+    run_codes of data's run column, when the caller has them."""
     # hash-based dictionary encoding: np.unique would sort millions of (string) keys; a batch of one run and a
     # few consecutive steps (a log in key order) needs neither
-    run_names, run_i = run_codes(data.column("run"))
+    run_names, run_i = runs or run_codes(data.column("run"))
     steps = data.column("step").to_numpy()
     lo, hi = int(steps.min()), int(steps.max())
     if hi - lo < 1024:  # steps as offsets from the lowest (a step with no row gets no count below)

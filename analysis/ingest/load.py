@@ -212,19 +212,20 @@ def _load_into(tx: Transaction, unit: Unit, run: str | None, limits: Limits, con
 
     def prepared():
         for batch in unit.reader(unit, limits):
-            data, experts = normalise(unit.name, batch, run, fid)
+            # runs: the run_codes of the run column, found once per batch for the keys, summaries and stored rows
+            data, experts, runs = normalise(unit.name, batch, run, fid)
             if data.num_rows == 0:
                 continue
-            keys[batch.table].add(data)
+            keys[batch.table].add(data, runs)
             if streamed is not None and batch.table == "tokens":
-                yield from streamed.feed(data)
+                yield from streamed.feed(data, runs)
             if experts is not None:
                 # per-batch partial results go to the database, which spills: nothing here grows with the file
                 if not summarised:  # a sample's expert load comes in its summary file
-                    yield STAGED_LOAD, expert_load(data, experts.S, experts.T, experts.t_rows)
+                    yield STAGED_LOAD, expert_load(data, experts.S, experts.T, experts.t_rows, runs)
                 if keys["routing"].ordered:
                     yield STAGED_TOKENS, routing_tokens(data)
-            yield batch.table, data
+            yield batch.table, w.coded(batch.table, data, runs)
         if streamed is not None:
             yield from streamed.finish()
 

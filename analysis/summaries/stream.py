@@ -148,20 +148,21 @@ class StepSummaries:
     def _give_up(self, why: str) -> None:
         self.ok, self.why, self._cur = False, why, None
 
-    def feed(self, data: pa.Table) -> list[tuple[str, pa.Table]]:
-        """Add a tokens batch; (staged table, rows) of the steps it finished (without file_id).
+    def feed(self, data: pa.Table, runs: tuple[pa.Array, np.ndarray] | None = None) -> list[tuple[str, pa.Table]]:
+        """Add a tokens batch; (staged table, rows) of the steps it finished (without file_id). `runs`: run_codes
+        of its run column, when the caller has them.
         An unexpected error gives up (logged) rather than refuse the file: the SQL then summarises it."""
         if not self.ok or data.num_rows == 0:
             return []
         try:
-            return self._feed(data)
+            return self._feed(data, runs or run_codes(data.column("run")))
         except Exception as e:
             log.warning("token summaries while streaming failed; the SQL computes them", exc_info=e)
             self._give_up(f"{type(e).__name__} while streaming")
             return []
 
-    def _feed(self, data: pa.Table) -> list[tuple[str, pa.Table]]:
-        runs, codes = run_codes(data.column("run"))
+    def _feed(self, data: pa.Table, runs: tuple[pa.Array, np.ndarray]) -> list[tuple[str, pa.Table]]:
+        runs, codes = runs
         names = runs.to_pylist()
         step = np.asarray(data.column("step").to_numpy(), np.int64)
         cut = np.flatnonzero((step[1:] != step[:-1]) | (codes[1:] != codes[:-1])) + 1
