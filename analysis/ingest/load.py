@@ -209,30 +209,38 @@ def _load_into(tx: Transaction, unit: Unit, run: str | None, limits: Limits, con
     keys = {t: TableKeys(t) for t in rows}
     # token summaries by the kernel as the batches pass (compute.py's SQL after the insert where it gives up)
     streamed = None if summarised or not STREAM_SUMMARIES else stream_summaries.StepSummaries()
+    # reading and checking batch i+1 overlaps with DuckDB inserting batch i (both release the GIL), and the
+    # summaries of batch i+1 with both; a small file is one batch, with nothing to overlap, and a thread per file
+    # would only add its start-up
+    large = unit_bytes(unit) > ALONE_BYTES
+    feeder = stream_summaries.InThread(streamed) if streamed is not None and large \
+        and unit.detected.kind != "routing" else streamed
 
     def prepared():
-        for batch in unit.reader(unit, limits):
-            # runs: the run_codes of the run column, found once per batch for the keys, summaries and stored rows
-            data, experts, runs = normalise(unit.name, batch, run, fid)
-            if data.num_rows == 0:
-                continue
-            keys[batch.table].add(data, runs)
-            if streamed is not None and batch.table == "tokens":
-                yield from streamed.feed(data, runs)
-            if experts is not None:
-                # per-batch partial results go to the database, which spills: nothing here grows with the file
-                if not summarised:  # a sample's expert load comes in its summary file
-                    yield STAGED_LOAD, expert_load(data, experts.S, experts.T, experts.t_rows, runs)
-                if keys["routing"].ordered:
-                    yield STAGED_TOKENS, routing_tokens(data)
-            yield batch.table, w.coded(batch.table, data, runs)
-        if streamed is not None:
-            yield from streamed.finish()
+        try:
+            for batch in unit.reader(unit, limits):
+                # runs: the run_codes of the run column, found once per batch for the keys, summaries and rows
+                data, experts, runs = normalise(unit.name, batch, run, fid)
+                if data.num_rows == 0:
+                    continue
+                keys[batch.table].add(data, runs)
+                if feeder is not None and batch.table == "tokens":
+                    yield from feeder.feed(data, runs)
+                if experts is not None:
+                    # per-batch partial results go to the database, which spills: nothing here grows with the file
+                    if not summarised:  # a sample's expert load comes in its summary file
+                        yield STAGED_LOAD, expert_load(data, experts.S, experts.T, experts.t_rows, runs)
+                    if keys["routing"].ordered:
+                        yield STAGED_TOKENS, routing_tokens(data)
+                yield batch.table, w.coded(batch.table, data, runs)
+            if feeder is not None:
+                yield from feeder.finish()
+        finally:
+            if feeder is not streamed:
+                feeder.close()
 
-    # reading and checking batch i+1 overlaps with DuckDB inserting batch i (both release the GIL); a small
-    # file is one batch, with nothing to overlap, and a thread per file would only add its start-up
     items = whole_row_groups(prepared())
-    insert_items(w, prefetch(items) if unit_bytes(unit) > ALONE_BYTES else items,
+    insert_items(w, prefetch(items) if large else items,
                  (STAGED_LOAD, STAGED_TOKENS, *stream_summaries.STAGED.values()), rows, fid, _rows_reporter(unit, on_rows))
     _check_file(w, unit.name, fid, rows, keys)
     if rows["routing"] and not summarised:
