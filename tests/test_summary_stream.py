@@ -142,11 +142,9 @@ def test_versions_far_apart_fall_back_to_sql(tmp_path, monkeypatch, caplog):
     assert_same(got, ingest(tmp_path / "s.duckdb", [str(f)], monkeypatch, streamed=False))
 
 
-def test_summaries_in_a_thread_of_their_own_equal_sql(tmp_path, monkeypatch, caplog):
-    """A large file's summaries run in their own thread (stream.InThread) beside the prefetch worker: the same
-    rows as the SQL, for an ordered file and for one the stream gives up on."""
-    caplog.set_level(logging.INFO, logger="analysis.ingest.load")
-    monkeypatch.setattr(load, "ALONE_BYTES", 0)  # every file counts as large
+def summary_threads(monkeypatch) -> list:
+    """The threads of the InThread summaries made from now on (every file counts as large)."""
+    monkeypatch.setattr(load, "ALONE_BYTES", 0)
     threads = []
     real = stream_summaries.InThread.__init__
 
@@ -154,6 +152,14 @@ def test_summaries_in_a_thread_of_their_own_equal_sql(tmp_path, monkeypatch, cap
         real(self, *a, **kw)
         threads.append(self._thread)
     monkeypatch.setattr(stream_summaries.InThread, "__init__", spy)
+    return threads
+
+
+def test_summaries_in_a_thread_of_their_own_equal_sql(tmp_path, monkeypatch, caplog):
+    """A large file's summaries run in their own thread (stream.InThread) beside the prefetch worker: the same
+    rows as the SQL, for an ordered file and for one the stream gives up on."""
+    caplog.set_level(logging.INFO, logger="analysis.ingest.load")
+    threads = summary_threads(monkeypatch)
     steps = tokens()
     f = write(tmp_path / "a.parquet", [steps[k] for k in sorted(steps)])
     got = ingest(tmp_path / "k.duckdb", [f], monkeypatch)
@@ -167,14 +173,7 @@ def test_summaries_in_a_thread_of_their_own_equal_sql(tmp_path, monkeypatch, cap
 
 
 def test_a_refused_large_file_stops_its_summary_thread(tmp_path, monkeypatch):
-    monkeypatch.setattr(load, "ALONE_BYTES", 0)
-    threads = []
-    real = stream_summaries.InThread.__init__
-
-    def spy(self, *a, **kw):
-        real(self, *a, **kw)
-        threads.append(self._thread)
-    monkeypatch.setattr(stream_summaries.InThread, "__init__", spy)
+    threads = summary_threads(monkeypatch)
     steps = tokens()
     bad = pa.concat_tables([steps[k] for k in sorted(steps)])
     s = bad.column("sampler_logprob").to_numpy().copy()
