@@ -242,12 +242,13 @@ def _load_into(tx: Transaction, unit: Unit, run: str | None, limits: Limits, con
     items = whole_row_groups(prepared())
     insert_items(w, prefetch(items) if large else items,
                  (STAGED_LOAD, STAGED_TOKENS, *stream_summaries.STAGED.values()), rows, fid, _rows_reporter(unit, on_rows))
-    _check_file(w, unit.name, fid, rows, keys)
+    others = _check_file(w, unit.name, fid, rows, keys)
     if rows["routing"] and not summarised:
         w.finish_expert_load(STAGED_LOAD, fid)  # the partial counts of every batch, summed
     tokens_done = _streamed_summaries(w, unit.name, fid, streamed, rows["tokens"])
     w.drop_staged(STAGED_LOAD, STAGED_TOKENS, *stream_summaries.STAGED.values())
-    summaries.add_file(w, fid, summarised, unit.name, tokens_done=tokens_done)
+    summaries.add_file(w, fid, summarised, unit.name, tokens_done=tokens_done,
+                       routing_alone=bool(rows["routing"]) and not others["routing"])
     runs = sorted(set().union(*(k.runs for k in keys.values())))
     tx.ensure_runs(runs, config or unit.config)
     w.finish_file(fid, sum(rows.values()))
@@ -367,7 +368,9 @@ def _rows_reporter(unit: Unit, on_rows: RowsCallback | None) -> Callable[[str, i
     return report
 
 
-def _check_file(w, name: str, fid: int, rows: dict[str, int], keys: dict[str, TableKeys]) -> None:
+def _check_file(w, name: str, fid: int, rows: dict[str, int], keys: dict[str, TableKeys]) -> dict[str, bool]:
+    """Refuse the file if a key repeats, a routing row has no token or a layer's k disagrees; returns, per table,
+    whether other files hold rows that could share a key with this one's (see _others_in_range)."""
     others = {t: bool(rows[t]) and _others_in_range(w, t, keys[t], fid) for t in rows}
     for table, cols in (("tokens", "run, step, sample, pos"), ("routing", "run, step, sample, pos, layer"),
                         ("sequences", "run, step, sample")):
@@ -391,6 +394,7 @@ def _check_file(w, name: str, fid: int, rows: dict[str, int], keys: dict[str, Ta
             raise BadExperts(name, f"run {run!r}, step {step}, layer {layer}",
                              f"top-k has {k_new} experts here but {k_old} in rows already loaded",
                              "every routing row of a layer needs the same k")
+    return others
 
 
 def _others_in_range(w, table: str, keys: TableKeys, fid: int) -> bool:
