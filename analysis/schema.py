@@ -76,7 +76,9 @@ def required(table: str) -> list[str]:
 
 # The stored tables of token and routing rows hold a run's integer code (`run_id`, from the table `run_ids`) where
 # SCHEMA.md has the run name: DuckDB compressing 40M copies of a name cost ~3.5 CPU-s of an ~11 CPU-s token load,
-# an integer column ~0.7 s (benchmarks/RESULTS-scale.md). The views below join the name back.
+# an integer column ~0.7 s (benchmarks/RESULTS-scale.md). The views below join the name back. Tables made before
+# the codes keep their names (rewriting them doubled a 1.2 GB database file, which DuckDB does not shrink): each
+# view part reads a table as it is stored, and a load writes what its table holds (store.Writer.coded).
 RUN_IDS = "run_ids"
 RUN_IDS_DDL = f"CREATE TABLE IF NOT EXISTS {RUN_IDS} (run_id INTEGER PRIMARY KEY, run VARCHAR NOT NULL UNIQUE)"
 
@@ -89,11 +91,16 @@ def _run_id() -> Column:
 # rank (most rows: only flipped or reordered top-k lists are kept twice); the view `routing` puts the lists back,
 # so every reader sees SCHEMA.md's table. NULL trainer_experts *and* NULL flip: the trainer side was not recorded.
 ROUTING_STORE = "routing_rows"
-ROUTING_VIEW = f"""CREATE OR REPLACE VIEW routing AS
-    SELECT r.run, x.* EXCLUDE (run_id) REPLACE (CASE WHEN x.trainer_experts IS NOT NULL THEN x.trainer_experts
-                                                     WHEN x.flip IS NOT NULL THEN x.sampler_experts END
-                                                AS trainer_experts)
-    FROM {ROUTING_STORE} x JOIN {RUN_IDS} r ON x.run_id = r.run_id"""
+
+
+def routing_view(coded: bool = True) -> str:
+    """The view `routing` over ROUTING_STORE, which holds run codes (`coded`) or, made before them, names."""
+    trainer = ("REPLACE (CASE WHEN x.trainer_experts IS NOT NULL THEN x.trainer_experts "
+               "WHEN x.flip IS NOT NULL THEN x.sampler_experts END AS trainer_experts)")
+    if coded:
+        return f"""CREATE OR REPLACE VIEW routing AS SELECT r.run, x.* EXCLUDE (run_id) {trainer}
+            FROM {ROUTING_STORE} x JOIN {RUN_IDS} r ON x.run_id = r.run_id"""
+    return f"CREATE OR REPLACE VIEW routing AS SELECT x.* {trainer} FROM {ROUTING_STORE} x"
 
 
 # Tokens are stored in two tables behind the view `tokens`. DuckDB writes a column that is NULL in every row
@@ -115,19 +122,20 @@ def token_narrow(columns) -> bool:
     return set(columns) - {"file_id", "run_id"} <= set(TOKEN_NARROW)
 
 
-def tokens_view() -> str:
+def tokens_view(coded=(TOKEN_STORE, TOKEN_STORE_FULL)) -> str:
+    """The view `tokens` over both stored tables; `coded`: those that hold run codes rather than names."""
     def select(store: str, have) -> str:
-        cols = ", ".join("r.run" if c.name == "run" else f"t.{c.name}" if c.name in have
+        run = "r.run" if store in coded else "t.run"
+        cols = ", ".join(run if c.name == "run" else f"t.{c.name}" if c.name in have
                          else f"NULL::{c.sql_type} AS {c.name}" for c in TOKENS)
-        return f"SELECT {cols}, t.file_id FROM {store} t JOIN {RUN_IDS} r ON t.run_id = r.run_id"
+        join = f" JOIN {RUN_IDS} r ON t.run_id = r.run_id" if store in coded else ""
+        return f"SELECT {cols}, t.file_id FROM {store} t{join}"
     return f"""CREATE OR REPLACE VIEW {TOKENS_VIEW_NAME} AS
     {select(TOKEN_STORE, TOKEN_NARROW)}
     UNION ALL {select(TOKEN_STORE_FULL, names("tokens"))}"""
 
 
-def run_coded(stored: str) -> bool:
-    """Whether the stored table `stored` holds run codes (run_id) in place of run names."""
-    return stored in (TOKEN_STORE, TOKEN_STORE_FULL, ROUTING_STORE)
+RUN_CODED = (TOKEN_STORE, TOKEN_STORE_FULL, ROUTING_STORE)  # the stored tables made to hold run codes
 
 
 def stored_table(table: str, columns=None) -> str:

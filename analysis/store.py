@@ -71,26 +71,19 @@ def _register_runs(con: duckdb.DuckDBPyConnection, table: str) -> None:
         WHERE NOT EXISTS (SELECT 1 FROM {schema.RUN_IDS} r WHERE r.run = n.run)""")
 
 
-def _code_runs(con: duckdb.DuckDBPyConnection) -> None:
-    """A database written before the stored rows held run codes (a run name in every row of token_rows,
-    token_rows_full or routing_rows): each such table is rewritten with run_id, its names going to run_ids."""
-    for table, stored in (("tokens", schema.TOKEN_STORE), ("tokens", schema.TOKEN_STORE_FULL),
-                          ("routing", schema.ROUTING_STORE)):
-        have = {r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = ? "
-                                          "AND schema_name = 'main' AND database_name = current_database()", [stored]).fetchall()}
-        if "run" not in have:
-            continue
-        con.execute("BEGIN TRANSACTION")
-        _register_runs(con, stored)
-        cols = [c.name for c in schema.stored_columns(table, stored == schema.TOKEN_STORE)]
-        select = ", ".join("r.run_id" if c == "run_id" else f"x.{c}" for c in cols)
-        con.execute(f"CREATE TABLE _recoded ({_columns_ddl(table, stored)})")
-        con.execute(f"INSERT INTO _recoded SELECT {select} FROM {stored} x JOIN {schema.RUN_IDS} r ON x.run = r.run")
-        for view in ("tokens", "routing"):  # the old views name the old columns; made again after this
-            con.execute(f"DROP VIEW IF EXISTS {view}")
-        con.execute(f"DROP TABLE {stored}")
-        con.execute(f"ALTER TABLE _recoded RENAME TO {stored}")
-        con.execute("COMMIT")
+def coded_tables(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The stored token / routing tables of this database that hold run codes (run_id); tables made before the
+    codes hold names and are read and written as they are (see schema.RUN_IDS)."""
+    rows = con.execute("SELECT DISTINCT table_name FROM duckdb_columns() WHERE column_name = 'run_id' "
+                       "AND schema_name = 'main' AND database_name = current_database() "
+                       "AND list_contains(?, table_name)", [list(schema.RUN_CODED)]).fetchall()
+    return {r[0] for r in rows}
+
+
+def _views(con: duckdb.DuckDBPyConnection) -> None:
+    coded = coded_tables(con)
+    con.execute(schema.tokens_view(coded))
+    con.execute(schema.routing_view(schema.ROUTING_STORE in coded))
 
 
 def _split_tokens(con: duckdb.DuckDBPyConnection) -> None:
@@ -103,8 +96,8 @@ def _split_tokens(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _compact_routing(con: duckdb.DuckDBPyConnection) -> None:
-    """Move a database written before `routing_rows` existed (routing as a plain table) to the compact form,
-    then (re)create the view."""
+    """Move a database written before `routing_rows` existed (routing as a plain table) to the compact form (the
+    DDL has just made `routing_rows`, with run codes)."""
     old = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'routing' AND NOT temporary").fetchall()
     if old[0][0]:
         con.execute("BEGIN TRANSACTION")
@@ -116,7 +109,6 @@ def _compact_routing(con: duckdb.DuckDBPyConnection) -> None:
             FROM routing x JOIN {schema.RUN_IDS} r ON x.run = r.run""")
         con.execute("DROP TABLE routing")
         con.execute("COMMIT")
-    con.execute(schema.ROUTING_VIEW)
 
 
 class Store:
@@ -155,9 +147,8 @@ class Store:
                 _split_tokens(self._con)
                 for stmt in _ddl():
                     self._con.execute(stmt)
-                _code_runs(self._con)
                 _compact_routing(self._con)
-                self._con.execute(schema.tokens_view())
+                _views(self._con)
                 migrate.to_layout2(self._con)  # summaries of layout 1 (band key in the wide rows)
             # a database loaded before summaries existed gets them once, here (later loads add their own)
             from analysis.summaries.compute import backfill
@@ -339,9 +330,10 @@ class Store:
                 "WHERE run = ? UNION SELECT DISTINCT file_id FROM sequences WHERE run = ? "
                 "UNION SELECT DISTINCT file_id FROM summary_step WHERE run = ?",
                 [run, run, run, run]).fetchall()]
+            coded = coded_tables(w.cur)
             for table in (*schema.stored_tables("tokens"), schema.ROUTING_STORE):
-                w.execute(f"DELETE FROM {table} WHERE run_id = (SELECT run_id FROM {schema.RUN_IDS} WHERE run = ?)",
-                          [run])
+                where = f"run_id = (SELECT run_id FROM {schema.RUN_IDS} WHERE run = ?)" if table in coded else "run = ?"
+                w.execute(f"DELETE FROM {table} WHERE {where}", [run])
             for table in ("sequences", "expert_load", "runs", schema.RUN_IDS,
                           *(t for t in summary_schema.TABLES if "run" in summary_schema.columns(t))):
                 w.execute(f"DELETE FROM {table} WHERE run = ?", [run])
@@ -368,6 +360,7 @@ class Writer:
         # run codes (schema.RUN_IDS): the committed ones, and those this transaction hands out, which reach
         # run_ids once the rows that use them are in (the load's producer thread asks while an INSERT runs)
         self._run_ids: dict[str, int] = dict(cur.execute(f"SELECT run, run_id FROM {schema.RUN_IDS}").fetchall())
+        self._coded = coded_tables(cur)
         self._next_run_id = max(self._run_ids.values(), default=-1) + 1
         self._new_run_ids: list[tuple[int, str]] = []
         self._ids_lock = threading.Lock()
@@ -393,10 +386,11 @@ class Writer:
                              + ", ".join("(?, ?)" for _ in new) + ")", [v for pair in new for v in pair])
 
     def coded(self, table: str, data, runs=None):
-        """`data` (a pyarrow Table of `table`) with run codes in place of run names where the stored table holds
-        codes (tokens, routing). `runs`: (names as a pyarrow Array, each row's index into them) of its run
+        """`data` (a pyarrow Table of `table`) with run codes in place of run names where its stored table holds
+        codes (see coded_tables). `runs`: (names as a pyarrow Array, each row's index into them) of its run
         column, when the caller has them already (analysis.ingest.keys.run_codes)."""
-        if table not in ("tokens", "routing") or "run" not in data.column_names:
+        if table not in schema.TABLES or "run" not in data.column_names \
+                or schema.stored_table(table, data.column_names) not in self._coded:
             return data
         if runs is None:
             encoded = data.column("run").combine_chunks().dictionary_encode()
@@ -441,7 +435,7 @@ class Writer:
         if table not in schema.TABLES:
             raise ValueError(f"unknown table {table}")
         cols = [c for c in columns if c != "file_id"]
-        if "run" in cols and schema.run_coded(schema.stored_table(table, cols)):
+        if "run" in cols and schema.stored_table(table, cols) in self._coded:
             raise ValueError(f"{table} rows need run codes (Writer.coded) before they are stored")
         self.cur.register("_ingest_stream", reader)
         try:

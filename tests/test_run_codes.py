@@ -97,8 +97,10 @@ def test_a_refused_file_leaves_no_code_behind(tmp_path):
     assert store.scalar(f"SELECT count(*) FROM {schema.RUN_IDS}") == 0
 
 
-def test_a_database_with_run_names_in_the_stored_rows_is_recoded(tmp_path):
-    """The layout before run codes: token_rows, token_rows_full and routing_rows with a `run` name column."""
+def test_a_database_with_run_names_in_the_stored_rows_is_read_and_written_as_it_is(tmp_path):
+    """The layout before run codes (token_rows, token_rows_full and routing_rows with a `run` name column) is not
+    rewritten, which would double the database file: the views read it as it is, loads add names to it, and
+    delete_run removes them."""
     (ta, ra), (tb, rb) = _logs("a", 7), _logs("b", 8)
     narrow = {k: v for k, v in ta.items() if k in schema.TOKEN_NARROW}
     db = tmp_path / "d.duckdb"
@@ -106,10 +108,11 @@ def test_a_database_with_run_names_in_the_stored_rows_is_recoded(tmp_path):
     files = [_write(tmp_path / "a.parquet", narrow), _write(tmp_path / "b.parquet", tb),
              _write(tmp_path / "r.parquet", rows=ra + rb)]
     assert {o.status for o in ingest_paths(store, files)} == {"loaded"}
-    tokens_want, routing_want = store.rows("SELECT * FROM tokens ORDER BY ALL"), store.rows("SELECT * FROM routing ORDER BY ALL")
+    tokens_want = store.rows("SELECT * FROM tokens ORDER BY ALL")
+    routing_want = store.rows("SELECT * FROM routing ORDER BY ALL")
     metrics = report.metrics_table(store, ["a", "b"], by="step")
     store.close()
-    con = duckdb.connect(str(db))
+    con = duckdb.connect(str(db))  # rebuild the earlier layout: names in the stored rows, no run_ids
     con.execute("DROP VIEW tokens")
     con.execute("DROP VIEW routing")
     for stored in (*schema.stored_tables("tokens"), schema.ROUTING_STORE):
@@ -118,18 +121,21 @@ def test_a_database_with_run_names_in_the_stored_rows_is_recoded(tmp_path):
         con.execute(f"DROP TABLE {stored}")
         con.execute(f"ALTER TABLE _old RENAME TO {stored}")
     con.execute(f"DROP TABLE {schema.RUN_IDS}")
-    con.execute("CREATE VIEW tokens AS SELECT run, step, sample, pos, token_id, NULL AS token, sampler_logprob, "
-                "trainer_logprob, NULL AS sampler_version, NULL AS trainer_version, NULL AS sampler_entropy, "
-                "NULL AS trainer_entropy, file_id FROM token_rows UNION ALL SELECT * FROM token_rows_full")
     con.close()
     store = Store(db)
     for stored in (*schema.stored_tables("tokens"), schema.ROUTING_STORE):
         cols = [r[0] for r in store.rows("SELECT column_name FROM duckdb_columns() WHERE table_name = ? "
                                          "ORDER BY column_index", [stored])]
-        assert cols[0] == "run_id" and "run" not in cols
+        assert cols[0] == "run" and "run_id" not in cols
     assert store.rows("SELECT * FROM tokens ORDER BY ALL") == tokens_want
     assert store.rows("SELECT * FROM routing ORDER BY ALL") == routing_want
     assert report.metrics_table(store, ["a", "b"], by="step").equals(metrics)
-    (tc, _) = _logs("c", 9)  # later loads add codes after the migrated ones
-    assert ingest_paths(store, [_write(tmp_path / "c.parquet", tc)])[0].status == "loaded"
-    assert sorted(store.rows(f"SELECT run FROM {schema.RUN_IDS}")) == [("a",), ("b",), ("c",)]
+    (tc, rc) = _logs("c", 9)  # later loads write names into these tables
+    out = ingest_paths(store, [_write(tmp_path / "c.parquet", tc), _write(tmp_path / "rc.parquet", rows=rc)])
+    assert {o.status for o in out} == {"loaded"}
+    assert _token_view(store) == _want_tokens(ta, tb, tc)
+    assert store.rows(ROUTING) == _want_routing(ra, rb, rc)
+    assert store.scalar(f"SELECT count(*) FROM {schema.RUN_IDS}") == 0
+    store.delete_run("a")
+    assert _token_view(store) == _want_tokens(tb, tc)
+    assert store.rows(ROUTING) == _want_routing(rb, rc)
