@@ -45,6 +45,13 @@ def _step_range(runs_df, chosen: list[str]) -> None:
               help="Only steps in this range enter the metrics, charts and tables.")
 
 
+_CHOSEN_BY_USER = "_runs_chosen_by_user"  # the user changed the run choice: new runs no longer join it
+
+
+def _chosen_by_user() -> None:
+    st.session_state[_CHOSEN_BY_USER] = True
+
+
 def render() -> None:
     ss = st.session_state
     app = S.db()
@@ -68,14 +75,20 @@ def render() -> None:
             if access.writable():
                 st.page_link(nav.LAB.path, label="Run the lab", icon=nav.LAB.icon)
             ss.pop(S.RUNS_KEY, None)  # the first runs to arrive (a live folder, an upload) get the default choice
+            ss.pop(_CHOSEN_BY_USER, None)
             ss.pop(S.STEPS_KEY, None)
             return
         if S.RUNS_KEY not in ss:
             ss[S.RUNS_KEY] = names if len(names) <= 6 else names[:4]
+        elif not ss.get(_CHOSEN_BY_USER) and len(names) <= 6:
+            # until the user picks runs, runs that arrive join the default choice: a live folder's first files
+            # load run after run, and a page drawn between two runs' files had kept only the first run
+            ss[S.RUNS_KEY] = names
         chosen = [r for r in ss[S.RUNS_KEY] if r in names]
         chosen += [r for r in pending if r in names and r not in chosen]
         ss[S.RUNS_KEY] = chosen
         st.multiselect("Runs", names, key=S.RUNS_KEY, placeholder="Choose one or more runs",
+                       on_change=_chosen_by_user,
                        help="Runs shown on every page; each run keeps its colour everywhere.")
         _step_range(runs_df, ss[S.RUNS_KEY])
         # the values the summaries answer exactly (analysis/summaries/schema.py); others only through the API
