@@ -248,7 +248,8 @@ def _load_into(tx: Transaction, unit: Unit, run: str | None, limits: Limits, con
     tokens_done = _streamed_summaries(w, unit.name, fid, streamed, rows["tokens"])
     w.drop_staged(STAGED_LOAD, STAGED_TOKENS, *stream_summaries.STAGED.values())
     summaries.add_file(w, fid, summarised, unit.name, tokens_done=tokens_done,
-                       routing_alone=bool(rows["routing"]) and not others["routing"])
+                       routing_alone=bool(rows["routing"]) and not others["routing"],
+                       has=(rows["tokens"] > 0, rows["routing"] > 0))
     runs = sorted(set().union(*(k.runs for k in keys.values())))
     tx.ensure_runs(runs, config or unit.config)
     w.finish_file(fid, sum(rows.values()))
