@@ -393,8 +393,8 @@ class Writer:
                 or schema.stored_table(table, data.column_names) not in self._coded:
             return data
         if runs is None:
-            encoded = data.column("run").combine_chunks().dictionary_encode()
-            runs = encoded.dictionary, encoded.indices.to_numpy(zero_copy_only=False)
+            from analysis.ingest.keys import run_codes  # here: analysis.ingest imports this module
+            runs = run_codes(data.column("run"))
         names, index = runs
         ids = np.array([self.run_id(name) for name in names.to_pylist()], np.int32)
         col = np.full(data.num_rows, ids[0], np.int32) if len(ids) == 1 else ids[index]

@@ -63,7 +63,7 @@ class TableKeys:
         self.runs: set[str] = set()
         self.steps: tuple[int, int] | None = None  # (lowest, highest)
 
-    def add(self, data: pa.Table, runs: tuple[pa.Array, np.ndarray] | None = None) -> None:
+    def add(self, data: pa.Table, runs: Runs | None = None) -> None:
         """`runs`: run_codes of data's run column, when the caller has them."""
         if not data.num_rows:
             return
@@ -97,7 +97,7 @@ def routing_tokens(data: pa.Table) -> pa.Table:
 
 
 def expert_load(data: pa.Table, S: np.ndarray, T: np.ndarray | None, t_rows: np.ndarray,
-                runs: tuple[pa.Array, np.ndarray] | None = None) -> pa.Table:
+                runs: Runs | None = None) -> pa.Table:
     """Tokens routed to each expert per (run, step, layer), for each side, in one routing batch.
 
     A (run, step, layer, expert) may appear in several batches: the rows are partial counts, summed in the

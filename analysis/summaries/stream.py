@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.ingest import summary_files
-from analysis.ingest.keys import run_codes
+from analysis.ingest.keys import Runs, run_codes
 from analysis.summaries import kernel as K
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ class StepSummaries:
     def _give_up(self, why: str) -> None:
         self.ok, self.why, self._cur = False, why, None
 
-    def feed(self, data: pa.Table, runs: tuple[pa.Array, np.ndarray] | None = None) -> list[tuple[str, pa.Table]]:
+    def feed(self, data: pa.Table, runs: Runs | None = None) -> list[tuple[str, pa.Table]]:
         """Add a tokens batch; (staged table, rows) of the steps it finished (without file_id). `runs`: run_codes
         of its run column, when the caller has them.
         An unexpected error gives up (logged) rather than refuse the file: the SQL then summarises it."""
@@ -163,7 +163,7 @@ class StepSummaries:
             self._give_up(f"{type(e).__name__} while streaming")
             return []
 
-    def _feed(self, data: pa.Table, runs: tuple[pa.Array, np.ndarray]) -> list[tuple[str, pa.Table]]:
+    def _feed(self, data: pa.Table, runs: Runs) -> list[tuple[str, pa.Table]]:
         runs, codes = runs
         names = runs.to_pylist()
         step = np.asarray(data.column("step").to_numpy(), np.int64)
@@ -259,7 +259,7 @@ class InThread:
             rows, self._done = self._done, []
         return rows
 
-    def feed(self, data: pa.Table, runs=None) -> list[tuple[str, pa.Table]]:
+    def feed(self, data: pa.Table, runs: Runs | None = None) -> list[tuple[str, pa.Table]]:
         while not self._stop.is_set():
             try:
                 self._todo.put((data, runs), timeout=0.1)
