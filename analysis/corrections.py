@@ -5,22 +5,25 @@ A correction reweights or masks tokens and sequences by the importance ratio r =
 sequences it would have thrown away, how the weights of what it keeps spread (ESS), and, where the trainer logged
 rewards and advantages (table `sequences`), whether what it throws away was good data.
 
-Two passes, both in DuckDB: per sequence, the partial sums a group needs (`_SEQUENCE_PARTIALS`); per group
-(step or run), sums of those partials. A sequence rule (geo_rs, seq_rs, veto) needs only per-sequence
-aggregates of Δ, so the per-sequence pass is where exact per-sequence summary tables can stand in for the
-token rows once they exist; token rules (icepop) and the kept tokens' ESS need the tokens.
+Two passes, both in DuckDB: per sequence, the partial sums a group needs; per group (step or run), sums of those
+partials. The per-sequence pass reads the per-sequence summaries (analysis/summaries/corrections.py: every token,
+cost following sequences rather than tokens) unless a token rule's threshold lies off the summaries' ratio bands
+(`reads_tokens`: tis's C or icepop's alpha, beta outside the app's caps), where it reads the token rows.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import polars as pl
 
-from analysis.sql import check_runs, clamp_log_ratio_sql, clamp_sql, ratio_sql, token_filter
+from analysis.sql import check_runs, clamp_log_ratio_sql, clamp_sql, run_filter, token_filter
 from analysis import quantiles, sampled
 from analysis.store import Store
+from analysis.summaries import corrections as seq_summaries
+from analysis.summaries.schema import BAND_EDGES, CAPS, CLAMP, CLIPS
 
 ESS_CAP = 2.0  # C of the ESS weight clamp(r, 1/C, C) for the masking methods (METRICS.md: ess_after)
 
@@ -85,11 +88,31 @@ def parse_param_args(items: Sequence[str]) -> dict[str, float]:
     return out
 
 
+def log_threshold(x: float) -> float:
+    """ln x as the rules compare it: the band edge of the summaries (schema.BAND_EDGES) when ln x rounds to within
+    a few ulp of one (ln 0.8 and log1p(−0.2) differ in the last bit), else math.log(x). Token rows and summaries
+    compare Δ with the same number, so both give the same masks."""
+    lx = math.log(x)
+    for edge in BAND_EDGES:
+        if abs(edge - lx) <= 4 * math.ulp(lx):
+            return edge
+    return lx
+
+
+def reads_tokens(method: str, params: Mapping[str, float] | None = None) -> bool:
+    """Whether the method with these parameters needs token rows: a token rule (tis's C, icepop's alpha and beta)
+    whose ln lies strictly inside the clamp and off the summaries' band edges. Sequence rules never do."""
+    p = resolve_params(method, params)
+    bounds = {"tis": ("C",), "icepop": ("alpha", "beta")}.get(method, ())
+    return any(-CLAMP < log_threshold(p[k]) < CLAMP and log_threshold(p[k]) not in BAND_EDGES for k in bounds)
+
+
 def _rules(method: str, p: str) -> tuple[str, str]:
     """(token rule, sequence rule) as SQL, parameters named `$<p><name>`: a token is masked by the token rule
-    over its d, r; a sequence by the sequence rule over its aggregates sum_d, mean_d, min_r."""
+    over its clamped log-ratio cd (icepop: r < alpha ⟺ cd < ln alpha, compared in log space as the summaries
+    do); a sequence by the sequence rule over its aggregates sum_d, mean_d, min_r."""
     if method == "icepop":
-        return f"(r < ${p}alpha OR r > ${p}beta)", "FALSE"
+        return f"(cd < ${p}ln_alpha OR cd > ${p}ln_beta)", "FALSE"
     if method == "geo_rs":
         return "FALSE", f"(exp(mean_d) < ${p}lo OR exp(mean_d) > ${p}hi)"
     if method == "seq_rs":
@@ -100,15 +123,45 @@ def _rules(method: str, p: str) -> tuple[str, str]:
     return "FALSE", "FALSE"  # tis
 
 
+def _rule_params(i: int, method: str, values: Mapping[str, float], src: str) -> dict:
+    """The query parameters of choice i's rules (`$m<i>_<name>`) on token rows or on summaries, the ones its SQL
+    names and no others (DuckDB refuses a parameter the query does not use)."""
+    if method == "icepop":
+        if src == "summaries":
+            return seq_summaries.band_params(i, method, values, log_threshold)
+        return {f"m{i}_ln_alpha": log_threshold(values["alpha"]), f"m{i}_ln_beta": log_threshold(values["beta"])}
+    out = {f"m{i}_{k}": v for k, v in values.items()}
+    if method == "tis" and src == "summaries":
+        out |= seq_summaries.band_params(i, method, values, log_threshold)
+    return out
+
+
+def _union_sql(methods: Sequence[str]) -> str:
+    """Per (method index m, sequence) from `seq` (one row per sequence with sum_d, mean_d, min_r, n_tok and, per
+    method i, n_tok_masked<i>, sum_weight<i>, n_kept<i>, sw<i>, sw2<i> over its tokens under the token rule):
+    the sequence rule applied on top (a masked sequence masks all its tokens and keeps none)."""
+    rows = []
+    for i, method in enumerate(methods):
+        seq_rule = _rules(method, f"m{i}_")[1]
+        rows.append(f"""SELECT {i} AS m, run, step, sample, n_tok,
+               CASE WHEN {seq_rule} THEN n_tok ELSE n_tok_masked{i} END AS n_masked,
+               CASE WHEN {seq_rule} THEN 0.0 ELSE sum_weight{i} END AS sum_weight,
+               CASE WHEN {seq_rule} THEN 0 ELSE n_kept{i} END AS n_kept,
+               CASE WHEN {seq_rule} THEN 0.0 ELSE sw{i} END AS sw,
+               CASE WHEN {seq_rule} THEN 0.0 ELSE sw2{i} END AS sw2
+        FROM seq""")
+    return "\n        UNION ALL ".join(rows)
+
+
 def _sequence_partials_sql(methods: Sequence[str], where: str) -> str:
     """Per (method index m, sequence): counts and sums of the sequence's tokens under method m's rule, for every
-    method from one pass over the tokens (method m's parameters are `$m<m>_<name>`).
+    method from one pass over the token rows.
 
     w_ess is the ESS weight of a kept token (min(r, C) for tis, clamp(r, 1/C, C) with C = 2 otherwise); weight
     is the correction's weight (min(r, C) for tis, r for kept tokens of the masking methods)."""
-    masks, seq_cols, rows = [], [], []
+    masks, seq_cols = [], []
     for i, method in enumerate(methods):
-        token_rule, seq_rule = _rules(method, f"m{i}_")
+        token_rule = _rules(method, f"m{i}_")[0]
         if method == "tis":
             w_ess = weight = f"least(r, $m{i}_C)"
         else:
@@ -119,27 +172,19 @@ def _sequence_partials_sql(methods: Sequence[str], where: str) -> str:
                        count_if(NOT masked{i}) AS n_kept{i},
                        sum(CASE WHEN masked{i} THEN 0.0 ELSE {w_ess} END) AS sw{i},
                        sum(CASE WHEN masked{i} THEN 0.0 ELSE {w_ess} * {w_ess} END) AS sw2{i}""")
-        rows.append(f"""SELECT {i} AS m, run, step, sample, n_tok,
-               CASE WHEN {seq_rule} THEN n_tok ELSE n_tok_masked{i} END AS n_masked,
-               CASE WHEN {seq_rule} THEN 0.0 ELSE sum_weight{i} END AS sum_weight,
-               CASE WHEN {seq_rule} THEN 0 ELSE n_kept{i} END AS n_kept,
-               CASE WHEN {seq_rule} THEN 0.0 ELSE sw{i} END AS sw,
-               CASE WHEN {seq_rule} THEN 0.0 ELSE sw2{i} END AS sw2
-        FROM seq""")
-    union = "\n        UNION ALL ".join(rows)
     return f"""
-        WITH tok AS (SELECT run, step, sample, d, r, {', '.join(masks)}
+        WITH tok AS (SELECT run, step, sample, d, exp(cd) AS r, {', '.join(masks)}
                      FROM (SELECT run, step, sample, trainer_logprob - sampler_logprob AS d,
-                                  {ratio_sql('trainer_logprob - sampler_logprob')} AS r
+                                  {clamp_log_ratio_sql('trainer_logprob - sampler_logprob')} AS cd
                            FROM tokens WHERE {where})),
         seq AS (SELECT run, step, sample, count(*) AS n_tok, sum(d) AS sum_d, avg(d) AS mean_d, min(r) AS min_r,
                        {', '.join(seq_cols)}
                 FROM tok GROUP BY run, step, sample)
-        {union}"""
+        {_union_sql(methods)}"""
 
 
 def corrections(store: Store, runs: Sequence[str] | str, method: str, params: Mapping[str, float] | None = None,
-                by: str = "step", steps: tuple[int, int] | None = None) -> pl.DataFrame:
+                by: str = "step", steps: tuple[int, int] | None = None, source: str = "auto") -> pl.DataFrame:
     """METRICS.md Corrections columns of one method per (run, step) (`by="step"`) or per run (`by="run"`).
 
     masked_token_frac = masked tokens / n_tokens; masked_seq_frac = sequences with a masked token / n_sequences;
@@ -149,48 +194,83 @@ def corrections(store: Store, runs: Sequence[str] | str, method: str, params: Ma
     rewards or such sequences); masked_adv_pos/neg_frac = masked tokens / tokens among sequences with advantage
     > 0 / < 0 (NULL without such tokens). Returns COLUMNS (without step for by="run"); empty groups give no row.
 
+    source: "summaries" reads the per-sequence summaries (every token, cost follows sequences), "tokens" the
+    token rows, "auto" (default) the summaries unless `reads_tokens` says the parameters need token rows.
+
     Example: icepop (alpha 0.5, beta 5) on one sequence with r = 1, 0.25 masks 1 of 2 tokens: masked_token_frac
     0.5, masked_seq_frac 1, weight_mean 0.5, ess_after 1.
     """
     if by not in ("step", "run"):
         raise ValueError(f"by must be 'step' or 'run', got {by!r}")
-    return _grouped(store, runs, [(method, params)], steps)[0][by]
+    return _grouped(store, runs, [(method, params)], steps, source=source)[0][by]
 
 
 def corrections_by_step_and_run(store: Store, runs: Sequence[str] | str, method: str,
                                 params: Mapping[str, float] | None = None,
-                                steps: tuple[int, int] | None = None) -> dict[str, pl.DataFrame]:
+                                steps: tuple[int, int] | None = None, source: str = "auto") -> dict[str, pl.DataFrame]:
     """{"step": corrections(by="step"), "run": corrections(by="run")} from one pass (GROUP BY GROUPING SETS)."""
-    return _grouped(store, runs, [(method, params)], steps)[0]
+    return _grouped(store, runs, [(method, params)], steps, source=source)[0]
 
 
 def compare_methods(store: Store, runs: Sequence[str] | str, choices: Sequence[tuple[str, Mapping[str, float]]],
                     steps: tuple[int, int] | None = None, only_steps: Sequence[int] | None = None,
-                    thin: bool = False) -> dict[str, pl.DataFrame]:
+                    thin: bool = False, source: str = "auto") -> dict[str, pl.DataFrame]:
     """`corrections_by_step_and_run` of several (method, params) choices, stacked: {"step": ..., "run": ...}
     with one row per (method, run, step) / (method, run), methods in the order chosen (the simulator's tables).
-    One query for all of them: the tokens are read once. only_steps: read these steps only (sampled.thin_steps,
-    for selections too large to read whole; the per-run rows are then over those steps); thin=True: the steps
+    One query per source: the summaries (or the token rows) are read once for all choices that use them.
+    only_steps: the choices that read token rows read these steps only (sampled.thin_steps, for selections too
+    large to read whole; their per-run rows are then over those steps); thin=True: the steps
     `sampled.thin_steps` chooses for this selection (every step unless it is large)."""
-    if thin:
+    if thin and only_steps is None and any(_source(source, m, p) == "tokens" for m, p in choices):
         only_steps = sampled.thin_steps(store, check_runs(runs), [steps]).steps
-    parts = _grouped(store, runs, choices, steps, only_steps)
+    parts = _grouped(store, runs, choices, steps, only_steps, source=source)
     return {by: pl.concat([x[by] for x in parts], how="vertical_relaxed") for by in ("step", "run")} if parts else {}
 
 
+def _source(source: str, method: str, params: Mapping[str, float] | None) -> str:
+    if source not in ("auto", "summaries", "tokens"):
+        raise ValueError(f"source must be 'auto', 'summaries' or 'tokens', got {source!r}")
+    needs_tokens = reads_tokens(method, params)
+    if source == "summaries" and needs_tokens:
+        raise ValueError(f"{method} {dict(params or {})}: the summaries answer a token rule only at thresholds "
+                         f"on their band edges (C or 1/C for C in {', '.join(f'{c:g}' for c in CAPS)}, 1 ± ε for ε "
+                         f"in {', '.join(f'{e:g}' for e in CLIPS)}); use source='tokens'")
+    return "tokens" if source == "tokens" or (source == "auto" and needs_tokens) else "summaries"
+
+
 def _grouped(store: Store, runs, choices: Sequence[tuple[str, Mapping[str, float] | None]],
-             steps, only_steps: Sequence[int] | None = None) -> list[dict[str, pl.DataFrame]]:
-    """Per choice, {"step": ..., "run": ...}, all from one query (the per-step groups cost little next to the
-    per-sequence pass)."""
+             steps, only_steps: Sequence[int] | None = None, source: str = "auto") -> list[dict[str, pl.DataFrame]]:
+    """Per choice, {"step": ..., "run": ...}: one query for the choices the summaries answer and one for those
+    that read token rows (the per-step groups cost little next to the per-sequence pass)."""
     if not choices:
         return []
     resolved = [(m, resolve_params(m, p)) for m, p in choices]
     runs = check_runs(runs)
-    where, qp = token_filter(store, runs, steps, only_steps=only_steps)
-    for i, (_, values) in enumerate(resolved):
-        qp.update({f"m{i}_{k}": v for k, v in values.items()})
+    by_source: dict[str, list[int]] = {}
+    for j, (m, values) in enumerate(resolved):
+        by_source.setdefault(_source(source, m, values), []).append(j)
+    out: list[dict[str, pl.DataFrame]] = [{}] * len(resolved)
+    for src, idx in by_source.items():
+        mine = [resolved[j] for j in idx]
+        methods = [m for m, _ in mine]
+        if src == "tokens":
+            where, qp = token_filter(store, runs, steps, only_steps=only_steps)
+            partials = _sequence_partials_sql(methods, where)
+        else:
+            where, qp = run_filter(runs, steps)
+            partials = f"WITH {seq_summaries.seq_ctes(methods, where)}\n        {_union_sql(methods)}"
+            qp |= seq_summaries.shared_params(methods)
+        for i, (m, values) in enumerate(mine):
+            qp |= _rule_params(i, m, values, src)
+        for j, part in zip(idx, _finish(store, partials, qp, mine)):
+            out[j] = part
+    return out
+
+
+def _finish(store: Store, partials: str, qp: dict, resolved) -> list[dict[str, pl.DataFrame]]:
+    """The METRICS.md columns per (run, step) and per run from per-(method, sequence) partials."""
     df = store.sql(f"""
-        WITH p AS ({_sequence_partials_sql([m for m, _ in resolved], where)})
+        WITH p AS ({partials})
         SELECT p.m, p.run, p.step, GROUPING(p.step) AS rolled_up,
                sum(p.n_tok)::BIGINT AS n_tokens, count(*)::BIGINT AS n_sequences,
                sum(p.n_masked)::DOUBLE / sum(p.n_tok) AS masked_token_frac,
@@ -226,7 +306,6 @@ def band_log_width(method: str, params: Mapping[str, float] | None = None) -> fl
     """How far the method's band reaches from Δ = 0 in log units, on its narrower side: ln C for tis,
     min(−ln alpha, ln beta) for icepop, −ln tau for veto, min(−ln lo, ln hi) for geo_rs and seq_rs (0 when the
     band does not contain 1: such a band masks even identical log-probs)."""
-    import math
     p = resolve_params(method, params)
     if method == "tis":
         return math.log(p["C"])

@@ -7,9 +7,11 @@ Builds (once, cached in benchmarks/work/, git-ignored) a database straight from 
 and, for the routed tokens, routing rows with their derived columns and expert_load (as bench_metrics does);
 then summarises the first 40 steps with the ingest hook (summaries.compute.add_file, one "file" per 10 steps,
 timed) and repeats those summary rows over the other 360 steps (the query times depend on the row counts only).
-Times, best of N, in the same run: the CLI as a whole process (`metrics --by step`, `--by run`), the same
-tables in process from summaries (report.metrics_table) and from token rows (metrics.token_metrics, the
-pre-summaries path), plus the process start-up alone (`python -c "import analysis.report"`).
+Times, best of N, in the same run: the CLI as a whole process (`metrics --by step`, `--by run`,
+`corrections --method icepop --by run`), the same tables in process from summaries (report.metrics_table) and
+from token rows (metrics.token_metrics, the pre-summaries path), the correction simulator's default query
+(corrections.compare_methods of icepop, geo_rs and seq_rs) from the per-sequence summaries and from every token
+row, plus the process start-up alone (`python -c "import analysis.report"`).
 Results are appended to benchmarks/RESULTS-summaries.md.
 """
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from analysis import metrics, report, schema  # noqa: E402
+from analysis import corrections, metrics, report, schema  # noqa: E402
 from analysis.store import Store  # noqa: E402
 from analysis.summaries import compute  # noqa: E402
 
@@ -147,11 +149,15 @@ def main() -> None:
                           args.repeat)
     for by in ("step", "run"):
         res[f"cli_{by}"] = best(lambda: cli("metrics", "--db", str(DB), "--by", by), args.repeat)
+    res["cli_corr"] = best(lambda: cli("corrections", "--db", str(DB), "--method", "icepop", "--by", "run"), args.repeat)
+    sim = [(m, dict(corrections.METHODS[m].defaults)) for m in ("icepop", "geo_rs", "seq_rs")]
     with Store(DB, read_only=True) as s:
         for by in ("step", "run"):
             res[f"summ_{by}"] = best(lambda: report.metrics_table(s, [RUN], by=by), args.repeat)
         for by in ("step", "run"):  # the token-row path the CLI took before: one scan of 40M rows
             res[f"tok_{by}"] = best(lambda: metrics.token_metrics(s, [RUN], by=by), 1)
+        res["summ_corr"] = best(lambda: corrections.compare_methods(s, [RUN], sim, source="summaries"), args.repeat)
+        res["tok_corr"] = best(lambda: corrections.compare_methods(s, [RUN], sim, source="tokens"), 2)
     load = os.getloadavg()[0]
     lines = [
         f"\n## {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC · {platform.machine()} · {os.cpu_count()} cores · "
@@ -165,8 +171,11 @@ def main() -> None:
         f"{res['tok_step'] / res['summ_step']:.0f}× |",
         f"| `metrics --by run` in process | {res['summ_run']:.3f} s | {res['tok_run']:.3f} s | "
         f"{res['tok_run'] / res['summ_run']:.0f}× |",
+        f"| correction simulator (icepop, geo_rs, seq_rs; per step and per run) in process | {res['summ_corr']:.3f} s | "
+        f"{res['tok_corr']:.3f} s | {res['tok_corr'] / res['summ_corr']:.0f}× |",
         f"| `python -m analysis metrics --by step` (whole process) | {res['cli_step']:.3f} s | | |",
         f"| `python -m analysis metrics --by run` (whole process) | {res['cli_run']:.3f} s | | |",
+        f"| `python -m analysis corrections --method icepop --by run` (whole process) | {res['cli_corr']:.3f} s | | |",
         f"| start-up alone (`python -c 'import analysis.report'`) | {res['startup']:.3f} s | | |",
     ]
     if built:

@@ -145,12 +145,14 @@ def simulator_tab() -> None:
         if not choices:
             st.info("Pick at least one method.")
             return
-        thin = S.cached(sampled.thin_steps, [run], (sel.steps,))
         sim = S.cached(corrections.compare_methods, [run], choices, steps=sel.steps, thin=True)
         per_step, per_run = sim["step"], sim["run"]
-        if thin.label():
-            st.caption(f"The simulator reads token rows: on a run this large it is {thin.label()}, and the "
-                       "per-run table is over those steps.")
+        on_tokens = [m for m, p in choices if corrections.reads_tokens(m, p)]
+        thin = S.cached(sampled.thin_steps, [run], (sel.steps,)) if on_tokens else None
+        if thin is not None and thin.label():
+            st.caption(f"{', '.join(on_tokens)}: a threshold off the summaries' ratio bands reads token rows; on a "
+                       f"run this large that is {thin.label()}, and its per-run row is over those steps. Thresholds "
+                       "at the sidebar's C or 1 ± ε values are answered over every token.")
         st.plotly_chart(findings_charts.simulator_curves(per_step, [
             ("masked_token_frac", "masked tokens"), ("masked_seq_frac", "masked sequences"),
             ("ess_after", "ESS after")]), key="findings_sim_curves")

@@ -135,10 +135,11 @@ def seeded(tmp_path_factory):
 
 @pytest.mark.parametrize("method, params", CHOICES)
 @pytest.mark.parametrize("by", ["step", "run"])
-def test_every_column_matches_numpy(seeded, method, params, by):
+@pytest.mark.parametrize("source", ["auto", "tokens"])  # auto: here always the per-sequence summaries
+def test_every_column_matches_numpy(seeded, method, params, by, source):
     store, tokens, seqs = seeded
     keys = ["run", "step"] if by == "step" else ["run"]
-    df = C.corrections(store, ["a", "b"], method, params, by=by)
+    df = C.corrections(store, ["a", "b"], method, params, by=by, source=source)
     assert df.columns == [c for c in C.COLUMNS if c != "step" or by == "step"]
     check(df, ref_corrections(tokens, seqs, method, params, keys), keys, method, params)
 

@@ -6,7 +6,7 @@ import threading
 import time
 from types import SimpleNamespace
 
-from analysis import corrections, dashboard, findings, routing, sampled
+from analysis import corrections, dashboard, findings, routing
 from ui import prefetch
 from ui import state as S
 
@@ -19,16 +19,17 @@ def test_views_that_read_token_rows_come_after_all_the_others():
     runs = ["a", "b"]
     kinds = {"a": "both", "b": "both"}
     for first_page, first_fn in ((None, dashboard.run_and_step_tables), ("routing", routing.routing_metrics),
-                                 ("findings", sampled.thin_steps)):
+                                 ("findings", corrections.compare_methods)):
         calls = prefetch.default_calls(_sel(runs), kinds, first_page)
         reads = [c[0] in prefetch.READS_TOKENS for c in calls]
         assert any(reads) and not all(reads)
         assert reads == sorted(reads), [c[0].__name__ for c in calls]  # every cheap one before every scan
         assert calls[0][0] is first_fn
         assert len(calls) == len(set(map(repr, calls)))  # each view once
-    # among the scans, the first page's own come first (Findings: its cards, then its simulator)
+    # among the scans, the first page's own come first (Findings: its cards, then its simulator's noise bands;
+    # the simulator's defaults read the per-sequence summaries)
     scans = [c[0] for c in prefetch.default_calls(_sel(runs), kinds, "findings") if c[0] in prefetch.READS_TOKENS]
-    assert scans[:2] == [findings.findings_table, corrections.compare_methods]
+    assert scans[:2] == [findings.findings_table, corrections.log_ratio_quantiles]
 
 
 def test_no_call_starts_while_a_page_script_runs(monkeypatch):

@@ -31,7 +31,7 @@ GRACE_S = 1.0  # after the page's script has finished: the browser draws it befo
 # Views whose query reads token rows (every row of the selection, or up to sampled.THIN_TOKENS / quantiles.
 # EXACT_TOKENS of them: up to seconds at tens of millions of tokens, where the rest read summaries in tens of
 # milliseconds): queued after all the others, so that one of them does not hold up the cheap views of every page.
-READS_TOKENS = {distributions.prob_density_2d, findings.findings_table, corrections.compare_methods,
+READS_TOKENS = {distributions.prob_density_2d, findings.findings_table,
                 corrections.log_ratio_quantiles}
 _started: set[tuple] = set()
 _lock = threading.Lock()
