@@ -20,6 +20,13 @@ from ui.glossary import PERCENT_METRICS
 from ui.number_format import log_ticks, share_tickformat
 
 HEIGHT = 340
+MARKERS_BELOW = 60  # a line draws its points as markers only when it has fewer: plotly draws each marker as an
+# SVG element, and the correction simulator's 9 lines of 400 steps took ~0.6 s of the browser's time in markers
+
+
+def line_mode(n_points: int) -> str:
+    """Scatter mode of a line of n points: markers on short lines (each point visible), a plain line on long ones."""
+    return "lines+markers" if n_points < MARKERS_BELOW else "lines"
 DIVERGING = "RdBu_r"
 SEQUENTIAL = "Viridis"
 
@@ -102,7 +109,7 @@ def step_curves(df: pl.DataFrame, metrics: Sequence[str], colors: dict[str, str]
         for j, run in enumerate(ordered_runs(df, colors)):
             part = df.filter(pl.col("run") == run).sort(x)
             fig.add_trace(go.Scatter(
-                x=part[x].to_list(), y=part[metric].to_list(), mode="lines+markers" if part.height < 60 else "lines",
+                x=part[x].to_list(), y=part[metric].to_list(), mode=line_mode(part.height),
                 name=run, legendgroup=run, showlegend=i == 0, marker=dict(size=5),
                 line=dict(color=colors.get(run), width=2),
                 hovertemplate=f"{run}<br>{x} %{{x}}<br>{metric} %{{y:{hover_format(metric)}}}<extra></extra>"),

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-from ui.charts import _rgba, hover_format, layout, ordered_runs
+from ui.charts import _rgba, hover_format, layout, line_mode, ordered_runs
 
 PANELS = ("drift", "mean reward", "response length (mean, band: min–max)", "sequences per step")
 
@@ -23,7 +23,7 @@ def context_over_steps(per_step: pl.DataFrame, context: pl.DataFrame, metric: st
         color = colors.get(run)
         d = per_step.filter(pl.col("run") == run).sort("step")
         c = context.filter(pl.col("run") == run).sort("step")
-        common = dict(legendgroup=run, name=run, line=dict(color=color, width=2), mode="lines+markers",
+        common = dict(legendgroup=run, name=run, line=dict(color=color, width=2), mode=line_mode(max(d.height, c.height)),
                       marker=dict(size=4))
         if metric in d.columns and d.height:
             fig.add_trace(go.Scatter(x=d["step"].to_list(), y=d[metric].to_list(), showlegend=True, **common,

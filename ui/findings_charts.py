@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-from ui.charts import HEIGHT, layout
+from ui.charts import HEIGHT, layout, line_mode
 
 SEVERITY_COLORS = {"alert": "red", "warn": "orange", "info": "blue"}  # streamlit markdown colour names
 METHOD_COLORS = {"tis": "#1f77b4", "icepop": "#d62728", "geo_rs": "#2ca02c", "seq_rs": "#9467bd", "veto": "#8c564b"}
@@ -36,7 +36,7 @@ def simulator_curves(df: pl.DataFrame, columns: Sequence[tuple[str, str]]) -> go
     for i, (col, _) in enumerate(columns):
         for (method, params), part in df.sort("step").group_by(["method", "params"], maintain_order=True):
             fig.add_trace(go.Scatter(
-                x=part["step"].to_list(), y=part[col].to_list(), mode="lines+markers", name=f"{method} {params}",
+                x=part["step"].to_list(), y=part[col].to_list(), mode=line_mode(part.height), name=f"{method} {params}",
                 legendgroup=f"{method}{params}", showlegend=i == 0, line=dict(color=METHOD_COLORS.get(method)),
                 hovertemplate=f"{method}<br>step %{{x}}<br>{col} %{{y:.4g}}<extra></extra>"), row=1, col=i + 1)
         if col.endswith("_frac"):
@@ -54,7 +54,7 @@ def noise_vs_bands(q: pl.DataFrame, bands: Sequence[tuple[str, str, float]], lab
     q = q.sort("step")
     for i, qty in enumerate(quantities):
         for pct, dash in (("p50", "solid"), ("p99", "dot")):
-            fig.add_trace(go.Scatter(x=q["step"].to_list(), y=q[f"{qty}_{pct}"].to_list(), mode="lines+markers",
+            fig.add_trace(go.Scatter(x=q["step"].to_list(), y=q[f"{qty}_{pct}"].to_list(), mode=line_mode(q.height),
                                      name=f"measured {pct}", legendgroup=pct, showlegend=i == 0,
                                      line=dict(color="#444", dash=dash),
                                      hovertemplate=f"step %{{x}}<br>{pct} %{{y:.3g}}<extra></extra>"),
