@@ -12,12 +12,13 @@ ORDERS = ("seq_log_ratio_abs", "max_log_ratio_abs")
 
 def worst_sequences(store: Store, run: str, step: int, order: str = "seq_log_ratio_abs", n: int = 20,
                     reward_min: float | None = None, reward_max: float | None = None) -> pl.DataFrame:
-    """The `n` sequences of (run, step) with the largest mismatch, worst first.
+    """The `n` sequences of (run, step) with the largest mismatch, worst first, from the per-sequence summaries:
+    every sequence with all its tokens, even where the token rows are a sample (DriftLogger token_sample < 1).
 
     Per sequence, with Δ = t − s over its tokens: seq_log_ratio = ΣΔ = log(π_trainer(y)/π_sampler(y)) of the
     whole response, seq_log_ratio_abs = |ΣΔ|, max_log_ratio_abs = max |Δ|, kl_k3 = mean(r − 1 − Δ)
-    (estimates KL(π_sampler ‖ π_trainer), r = exp(clamp(Δ, −20, 20))), n_flips = number of (token, layer)
-    routing rows whose expert sets differ (null when the sequence has no trainer routing); reward and advantage
+    (estimates KL(π_sampler ‖ π_trainer), r = exp(clamp(Δ, −20, 20))), n_flips = number of stored (token, layer)
+    routing rows whose expert sets differ (null when the sequence has no trainer routing rows); reward and advantage
     from the sequences table (null when the file carried none), response_length = the recorded length, else the
     number of tokens.
     order: "seq_log_ratio_abs" or "max_log_ratio_abs". reward_min / reward_max keep only sequences whose
@@ -32,11 +33,11 @@ def worst_sequences(store: Store, run: str, step: int, order: str = "seq_log_rat
               "lo": None if reward_min is None else float(reward_min),
               "hi": None if reward_max is None else float(reward_max)}
     return store.sql(f"""
-        WITH s AS (SELECT sample, count(*) AS n_tokens, sum(d) AS seq_log_ratio, abs(sum(d)) AS seq_log_ratio_abs,
-                          max(abs(d)) AS max_log_ratio_abs, avg({kl3_sql(ratio_sql('d'))}) AS kl_k3
-                   FROM (SELECT sample, trainer_logprob - sampler_logprob AS d FROM tokens
-                         WHERE run = $run AND step = $step)
-                   GROUP BY sample),
+        WITH s AS (SELECT sample, sum(n_tokens)::BIGINT AS n_tokens, fsum(sum_d) AS seq_log_ratio,
+                          abs(fsum(sum_d)) AS seq_log_ratio_abs, max(max_abs_d) AS max_log_ratio_abs,
+                          fsum(sum_k3) / sum(n_tokens) AS kl_k3
+                   FROM summary_seq WHERE run = $run AND step = $step
+                   GROUP BY sample HAVING sum(n_tokens) > 0),
              f AS (SELECT sample, count_if(flip)::BIGINT AS n_flips FROM routing
                    WHERE run = $run AND step = $step AND flip IS NOT NULL GROUP BY sample),
              q AS (SELECT sample, reward, advantage, response_length FROM sequences
@@ -112,5 +113,13 @@ def sequence_flip_grid(store: Store, run: str, step: int, sample: int) -> pl.Dat
 
 
 def run_steps(store: Store, run: str) -> list[int]:
-    """The steps of a run that hold tokens, ascending."""
-    return [r[0] for r in store.rows("SELECT DISTINCT step FROM tokens WHERE run = ? ORDER BY step", [run])]
+    """The steps of a run that hold tokens, ascending (from the summaries: their token rows may be a sample)."""
+    return [r[0] for r in store.rows("SELECT step FROM summary_step WHERE run = ? GROUP BY step "
+                                     "HAVING sum(n_tokens) > 0 ORDER BY step", [run])]
+
+
+def summarised(store: Store, run: str, step: int, sample: int) -> bool:
+    """Whether the summaries hold the sequence: with no token row of it (sequence_context None), its token rows
+    were not kept (DriftLogger token_sample < 1) rather than never logged."""
+    return bool(store.rows("SELECT 1 FROM summary_seq WHERE run = ? AND step = ? AND sample = ? AND n_tokens > 0 "
+                           "LIMIT 1", [run, int(step), int(sample)]))

@@ -56,9 +56,9 @@ worst = None
 with S.guard("rank the sequences"):
     worst = S.cached(drilldown.worst_sequences, run, step, order=order, n=20, **bounds)
 st.subheader(f"Worst sequences at step {step}")
-sample_note = S.cached(sampled.sample_label, [run])  # this page reads token rows
+sample_note = S.cached(sampled.sample_label, [run])  # the tokens below are token rows
 if sample_note:
-    st.caption(f"Sequences and their tokens: {sample_note}.")
+    st.caption(f"The table counts every token (summaries); a sequence's tokens below: {sample_note}.")
 if worst is None or worst.is_empty():
     st.info(f"No sequences at step {step} of {run}" + (" with this reward." if reward_filter != "any" else "."))
 else:
@@ -85,6 +85,10 @@ if sample is None:
 with S.guard("load the sequence"):
     context = S.cached(drilldown.sequence_context, run, step, sample)
     if context is None:
+        if S.cached(drilldown.summarised, run, step, sample):
+            st.info(f"Sample {sample} at step {step} of {run} is in the summaries (the table above counts all its "
+                    "tokens), but none of its token rows was kept: the run logged a sample of its tokens.")
+            st.stop()
         ids = S.cached(drilldown.step_samples, run, step)
         st.info(f"No sample {sample} at step {step} of {run}: its samples are "
                 f"{sequence_view.id_ranges(ids)}.")

@@ -8,13 +8,16 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest, app_test
 
-from analysis import metrics
+import numpy as np
+
+from analysis import drilldown, metrics
 from analysis.ingest import ingest_paths
 from analysis.logger import DriftLogger
 from analysis.sampled import count_text, sample_label, share_text
 from analysis.store import Store
 from analysis.summaries import read
 from test_logger_summaries import make_step, reference_store
+from test_metrics_reference import assert_close, ratio
 from test_pages import APP, TIMEOUT, _NavigationOnly, open_tab
 
 
@@ -76,24 +79,64 @@ def test_share_text(share, text):
     assert share_text(share) == text
 
 
-@pytest.mark.slow  # whole pages in AppTest
-@pytest.mark.parametrize("page, tab, prefix", [
-    ("pages/sequences.py", None, "Sequences and their tokens: "),
-    ("pages/token_drift.py", "One run in detail", "Density and token ids: "),
-])
-def test_pages_reading_token_rows_say_they_show_a_sample(tmp_path, monkeypatch, page, tab, prefix):
-    store = logged(tmp_path, 0.1)
-    label = sample_label(store, ["sampled"])
-    store.close()
+def open_page(tmp_path, monkeypatch, page: str) -> AppTest:
+    """The app in AppTest on the database `logged` wrote, switched to `page`."""
     monkeypatch.setattr(app_test, "PagesManager", _NavigationOnly)
     monkeypatch.setenv("DRIFT_NO_DEMO", "1")
     monkeypatch.setenv("DRIFT_PREFETCH", "0")
     monkeypatch.setenv("DRIFT_DB", str(tmp_path / "sampled.duckdb"))
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.run()
-    at.switch_page(page).run()
+    return at.switch_page(page).run()
+
+
+@pytest.mark.slow  # whole pages in AppTest
+@pytest.mark.parametrize("page, tab, prefix", [
+    ("pages/sequences.py", None, "The table counts every token (summaries); a sequence's tokens below: "),
+    ("pages/token_drift.py", "One run in detail", "Density and token ids: "),
+])
+def test_pages_reading_token_rows_say_they_show_a_sample(tmp_path, monkeypatch, page, tab, prefix):
+    store = logged(tmp_path, 0.1)
+    label = sample_label(store, ["sampled"])
+    store.close()
+    at = open_page(tmp_path, monkeypatch, page)
     if tab:
         open_tab(at, "tokens_tab", tab)
     assert not at.exception, at.exception
     captions = [c.value for c in at.caption]
     assert f"{prefix}{label}." in captions, captions
+
+
+@pytest.mark.parametrize("token_sample", [0.1, 0.0])
+def test_worst_sequences_count_every_token_of_a_sampled_run(tmp_path, token_sample):
+    """The Sequences table ranks whole sequences from the summaries: numpy over every token of the step, not the
+    fragments of sequences a 10% uniform draw keeps (nor nothing, for a summaries-only run)."""
+    data = make_step(B=10, T=25, seed=4)
+    store = logged(tmp_path, token_sample, steps=(4,), run="r")
+    assert store.scalar("SELECT count(*) FROM tokens") < int(data["mask"].sum()) // 2
+    s, t = data["sampler_logprobs"].double().numpy(), data["trainer_logprobs"].double().numpy()
+    ref = {}
+    for b, sample in enumerate(data["sample_ids"].tolist()):
+        keep = data["mask"][b].bool().numpy()
+        d = t[b, keep] - s[b, keep]
+        ref[sample] = (len(d), d.sum(), np.abs(d).max(), np.mean(ratio(d) - 1 - d))
+    worst = drilldown.worst_sequences(store, "r", 4, n=100)
+    assert worst["sample"].to_list() == sorted(ref, key=lambda k: (-abs(ref[k][1]), k))
+    for row in worst.iter_rows(named=True):
+        n, sd, mx, k3 = ref[row["sample"]]
+        assert row["n_tokens"] == n and row["response_length"] == n
+        for col, want in (("seq_log_ratio", sd), ("seq_log_ratio_abs", abs(sd)), ("max_log_ratio_abs", mx),
+                          ("kl_k3", k3)):
+            assert_close(row[col], want, col)
+    assert drilldown.run_steps(store, "r") == [4]
+    assert all(drilldown.summarised(store, "r", 4, q) for q in ref) and not drilldown.summarised(store, "r", 4, 1)
+
+
+@pytest.mark.slow  # a whole page in AppTest
+def test_sequences_page_of_a_summaries_only_run(tmp_path, monkeypatch):
+    """token_sample=0: the table still lists the step's sequences; opening one says its token rows were not kept."""
+    logged(tmp_path, 0.0).close()
+    at = open_page(tmp_path, monkeypatch, "pages/sequences.py")
+    assert not at.exception, at.exception
+    assert at.dataframe[0].value.shape[0] == 10  # every sequence of the step
+    assert any("none of its token rows was kept" in i.value for i in at.info), [i.value for i in at.info]
