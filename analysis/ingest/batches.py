@@ -32,6 +32,7 @@ BATCH_BYTES = 64 << 20
 BATCH_FILES = 256
 # Summary rows held in Python before they are inserted (a few tens of MB; flushed earlier when reached).
 PENDING_ROWS = 100_000
+PENDING_HASH = "(hashing)"  # files.sha256 of a file whose hash is computed while it loads (set before COMMIT)
 
 
 class FailedAtEnd(Exception):
@@ -45,6 +46,7 @@ class Transaction:
     w: Writer
     loaded: set[tuple[str, str | None]] = field(default_factory=set)  # (sha256, run override) in `files`
     runs: set[str] = field(default_factory=set)  # runs in `runs`
+    sizes: set[int] = field(default_factory=set)  # byte sizes of the files in `files`
     new_run: bool = False  # a file of this transaction created a run
     _runs: set[tuple[str, str]] = field(default_factory=set)  # (run, config JSON) ensured in this transaction
     _pending: dict[tuple[str, tuple[str, ...]], list[pa.Table]] = field(default_factory=dict)
@@ -53,16 +55,29 @@ class Transaction:
     @classmethod
     def open(cls, store: Store, w: Writer) -> "Transaction":
         # read inside the transaction (same cursor): committed files plus none of ours yet
-        loaded = set(store.rows("SELECT sha256, run_override FROM files"))
-        return cls(store, w, loaded, set(store.run_names()))
+        rows = store.rows("SELECT sha256, run_override, size FROM files")
+        return cls(store, w, {(sha, run) for sha, run, _ in rows}, set(store.run_names()),
+                   sizes={size for _, _, size in rows})
 
     def is_loaded(self, sha256: str, run_override: str | None) -> bool:
         return (sha256, run_override) in self.loaded
 
-    def new_file(self, sha256: str, name: str, size: int, fmt: str, run_override: str | None) -> int:
-        fid = self.w.new_file(sha256, name, size, fmt, run_override)
-        self.loaded.add((sha256, run_override))
+    def may_be_loaded(self, size: int) -> bool:
+        """Whether a file of this many bytes is loaded: if not, no loaded file has its content."""
+        return size in self.sizes
+
+    def new_file(self, sha256: str | None, name: str, size: int, fmt: str, run_override: str | None) -> int:
+        """A row in `files` for the file being loaded; sha256 None: still being hashed (`hashed` gives it)."""
+        fid = self.w.new_file(sha256 or PENDING_HASH, name, size, fmt, run_override)
+        if sha256 is not None:
+            self.loaded.add((sha256, run_override))
+        self.sizes.add(size)
         return fid
+
+    def hashed(self, file_id: int, sha256: str, run_override: str | None) -> None:
+        """The content hash of a file `new_file` took without one."""
+        self.w.execute("UPDATE files SET sha256 = ? WHERE file_id = ?", [sha256, file_id])
+        self.loaded.add((sha256, run_override))
 
     def ensure_runs(self, runs: Sequence[str], config: dict | None) -> None:
         """Writer.ensure_runs for the runs not yet ensured with this config in this transaction (the statement
