@@ -57,8 +57,11 @@ if run_tab.open:
                 st.info("No tokens in this step range.")
             else:
                 st.plotly_chart(charts.step_heatmap(df, "Δ = t − s (signed log axis)", signed_log_x=True), key="tokens_step_heatmap")
+                per_row = charts.steps_per_row(df)
                 st.caption("Step × Δ bin, colour = share of the step's tokens (log scale): watch the distribution "
-                           "widen or shift as training moves.")
+                           "widen or shift as training moves."
+                           + (f" Each row pools {per_row} consecutive steps (more steps than the chart has "
+                              "pixel rows)." if per_row > 1 else ""))
         with right, S.guard("bin the probability pairs"):
             log_axes = st.toggle("Log axes", key="tokens_density_log",
                                  help="Spread out the low-probability tokens, where most of the drift lives.")

@@ -43,3 +43,28 @@ def test_signed_log_axis_is_monotone_and_keeps_each_decade_equally_wide():
     xs = [signed_log(v) for v in DISPLAY_EDGES]
     assert xs == sorted(xs) and len(set(xs)) == len(xs) and signed_log(0.0) == 0.0
     assert signed_log(1e-3) - signed_log(1e-4) == pytest.approx(1.0) == signed_log(-1e-4) - signed_log(-1e-3)
+
+
+def test_long_runs_pool_consecutive_steps_into_heat_map_rows():
+    """400 steps: rows of 3 consecutive steps (134 rows), each row's shares the pooled counts over its tokens;
+    a short run keeps one row per step; lines of 60+ points lose their markers."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    steps = np.repeat(np.arange(0, 800, 2), 5)  # 400 logged steps (every other one), 5 bins each
+    bins = np.tile(np.arange(5), 400).astype(float)
+    df = pl.DataFrame({"step": steps, "bin_lo": bins, "bin_hi": bins + 1, "count": rng.integers(1, 50, len(steps))})
+    df = df.with_columns(frac=pl.col("count") / pl.col("count").sum().over("step"))
+    assert charts.steps_per_row(df) == 3
+    pooled = charts.pool_steps(df, 3)
+    assert pooled["step"].n_unique() == 134 and pooled["step"].unique().sort().to_list()[:3] == [0, 6, 12]
+    for first in (0, 396, 798):  # a full row, another, and the last one, which pools a single step
+        mine = df.filter(pl.col("step").is_between(first, first + 5))
+        want = mine.group_by("bin_lo").agg(pl.col("count").sum()).sort("bin_lo")["count"].to_numpy()
+        got = pooled.filter(pl.col("step") == first).sort("bin_lo")
+        assert got["count"].to_list() == want.tolist()
+        assert np.allclose(got["frac"].to_numpy(), want / want.sum())
+    fig = charts.step_heatmap(df)
+    assert len(fig.data[0].y) == 134 and "rows of 3" in fig.layout.yaxis.title.text
+    short = df.filter(pl.col("step") < 100)
+    assert charts.steps_per_row(short) == 1 and len(charts.step_heatmap(short).data[0].y) == 50
+    assert (charts.line_mode(59), charts.line_mode(60)) == ("lines+markers", "lines")
