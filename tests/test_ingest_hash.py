@@ -82,3 +82,16 @@ def test_a_refused_large_file_leaves_nothing_and_stops_the_hash(tmp_path, small_
     assert small_alone == [["bad.parquet"]]
     assert store.scalar("SELECT count(*) FROM files") == 0 and store.scalar("SELECT count(*) FROM tokens") == 0
     assert not [t for t in __import__("threading").enumerate() if t.name == "ingest-hash"]
+
+
+def test_a_file_that_changes_while_it_loads_is_refused(tmp_path, small_alone, monkeypatch):
+    """The hash thread reads more (or fewer) bytes than the file had when its load started: the file was still
+    being written; nothing of it stays."""
+    a = write(tmp_path / "a.parquet", 3)
+    real = load.content_hash
+    monkeypatch.setattr(load, "content_hash", lambda paths, stop=None: (real(paths, stop)[0], 1))
+    store = Store(tmp_path / "db.duckdb")
+    out = ingest_paths(store, [a])
+    assert [o.status for o in out] == ["refused"], out
+    assert "changed while it was loaded" in out[0].message and "once it is completely written" in out[0].message
+    assert store.scalar("SELECT count(*) FROM files") == 0 and store.scalar("SELECT count(*) FROM tokens") == 0
