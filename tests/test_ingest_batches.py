@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.ingest import batches, ingest_paths
+from analysis.ingest import batches, ingest_paths, load
 from analysis.logger import DriftLogger
 from analysis.store import Store, Writer
 from test_logger_summaries import make_step
@@ -20,12 +20,12 @@ FILE_TABLES = ("tokens", "routing", "sequences", "expert_load", "summary_step", 
                "summary_bucket", "summary_layer", "summary_sample", "summary_skip")
 
 
-def contents(store: Store) -> dict:
+def contents(store: Store, tables=FILE_TABLES) -> dict:
     """Every stored row, its file_id replaced by the file's name (ids are not reused after a rollback, so
     they differ between loads that end with the same rows)."""
     out = {"runs": store.rows("SELECT run, config FROM runs ORDER BY ALL"),
            "files": store.rows("SELECT name, sha256, size, format, run_override, rows FROM files ORDER BY ALL")}
-    for t in FILE_TABLES:
+    for t in tables:
         out[t] = store.rows(f"SELECT t.* EXCLUDE (file_id), f.name FROM {t} t JOIN files f USING (file_id) "
                             "ORDER BY ALL")
         assert store.scalar(f"SELECT count(*) FROM {t}") == len(out[t]), t  # no row of an unknown file
@@ -177,3 +177,31 @@ def test_runs_keep_the_order_their_files_were_loaded_in(tmp_path):
     store = Store(tmp_path / "d.duckdb")
     assert [o.status for o in ingest_paths(store, [tmp_path])] == ["loaded"] * 4
     assert store.run_names() == ["zeta", "alpha", "mid"]
+
+
+def test_small_files_summary_rows_join_their_transactions_end(tmp_path, logs, monkeypatch):
+    """Token files that ingest summarises itself (the logs without DriftLogger's summarised mark): a small file's
+    summary rows wait for its transaction's end (Transaction.append), a large one's go through staging tables.
+    Both give the same rows, with a refused file in the middle of a shared transaction too."""
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    for f in sorted(logs.glob("*.parquet")):
+        if f.name.startswith(("tokens-", "routing-")):
+            pq.write_table(pq.read_table(f).replace_schema_metadata({}), folder / f.name)
+    tokens = pq.read_table(folder / "tokens-step000003.parquet")
+    lp = tokens.column("sampler_logprob").to_pylist()
+    lp[1] = float("nan")
+    bad = folder / "tokens-step000003-nan.parquet"
+    pq.write_table(tokens.set_column(tokens.column_names.index("sampler_logprob"), "sampler_logprob",
+                                     pa.array(lp, pa.float64())), bad)
+    held = Store(tmp_path / "held.duckdb")
+    out = {o.name: o.status for o in ingest_paths(held, [folder])}
+    assert out.pop("plain/tokens-step000003-nan.parquet") == "refused"
+    assert list(out.values()) == ["loaded"] * 12
+    assert held.scalar("SELECT count(*) FROM summary_seq_band") > 0
+    bad.unlink()
+    monkeypatch.setattr(load, "ALONE_BYTES", -1)  # every file "large": summary rows staged as they come
+    staged = Store(tmp_path / "staged.duckdb")
+    assert [o.status for o in ingest_paths(staged, [folder])] == ["loaded"] * 12
+    tables = FILE_TABLES + ("summary_seq_band", "summary_bucket_band")
+    assert contents(held, tables) == contents(staged, tables)

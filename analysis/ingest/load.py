@@ -270,6 +270,15 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
     large = size > ALONE_BYTES
     feeder = stream_summaries.InThread(streamed) if streamed is not None and large \
         and unit.detected.kind != "routing" else streamed
+    # a small file's summary rows wait here and join its transaction's other summary rows at its end (one INSERT
+    # per table for all its files), where a large file's are staged in the database as they come
+    held: list[tuple[str, pa.Table]] | None = [] if streamed is not None and not large else None
+
+    def summary_rows(out: list[tuple[str, pa.Table]]):
+        if held is None:
+            yield from out
+        else:
+            held.extend(out)
 
     def prepared():
         try:
@@ -280,7 +289,7 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
                     continue
                 keys[batch.table].add(data, runs)
                 if feeder is not None and batch.table == "tokens":
-                    yield from feeder.feed(data, runs)
+                    yield from summary_rows(feeder.feed(data, runs))
                 if experts is not None:
                     # per-batch partial results go to the database, which spills: nothing here grows with the file
                     if not summarised:  # a sample's expert load comes in its summary file
@@ -289,7 +298,7 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
                         yield STAGED_TOKENS, routing_tokens(data)
                 yield batch.table, w.coded(batch.table, data, runs)
             if feeder is not None:
-                yield from feeder.finish()
+                yield from summary_rows(feeder.finish())
         finally:
             if feeder is not streamed:
                 feeder.close()
@@ -300,7 +309,7 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
     others = _check_file(w, unit.name, fid, rows, keys)
     if rows["routing"] and not summarised:
         w.finish_expert_load(STAGED_LOAD, fid)  # the partial counts of every batch, summed
-    tokens_done = _streamed_summaries(w, unit.name, fid, streamed, rows["tokens"])
+    tokens_done = _streamed_summaries(tx, unit.name, fid, streamed, rows["tokens"], held)
     w.drop_staged(STAGED_LOAD, STAGED_TOKENS, *stream_summaries.STAGED.values())
     summaries.add_file(w, fid, summarised, unit.name, tokens_done=tokens_done,
                        routing_alone=bool(rows["routing"]) and not others["routing"],
@@ -311,15 +320,20 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
     return Outcome(unit.name, "loaded", fmt, rows, runs), fid
 
 
-def _streamed_summaries(w, name: str, fid: int, streamed, n_tokens: int) -> bool:
-    """Store the token summaries computed while the file streamed; False where they were not (the caller then
-    runs the SQL)."""
+def _streamed_summaries(tx: Transaction, name: str, fid: int, streamed, n_tokens: int,
+                        held: list[tuple[str, pa.Table]] | None) -> bool:
+    """Store the token summaries computed while the file streamed (staged in the database, or `held` rows that
+    go with the transaction's other summary rows); False where they were not (the caller then runs the SQL)."""
     if streamed is None or not n_tokens:
         return False
     if not streamed.ok:
         log.info("%s: token summaries by SQL (%s)", name, streamed.why)
         return False
-    streamed.insert(w, fid)
+    if held is None:
+        streamed.insert(tx.w, fid)
+    for staged, data in held or ():
+        tx.append(stream_summaries.TABLE_OF[staged],
+                  data.append_column("file_id", pa.array(np.full(data.num_rows, fid, np.int32))))
     log.info("%s: token summaries of %d steps computed while streaming", name, streamed.steps)
     return True
 

@@ -35,6 +35,7 @@ TOKEN_TABLES = ("summary_seq", "summary_seq_band", "summary_step", "summary_hist
 # the temporary table of each summary table's rows of a load (one per table: a union of their columns, mostly
 # NULL, took ~300 MB more of DuckDB's memory on 40M tokens)
 STAGED = {t: f"_staged_{t}" for t in TOKEN_TABLES}
+TABLE_OF = {staged: t for t, staged in STAGED.items()}
 
 
 class _Step:
