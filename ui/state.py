@@ -52,7 +52,7 @@ class AppDB:
             self.version += 1
 
 
-@st.cache_resource(show_spinner="Opening the database…")
+@st.cache_resource(show_spinner="Opening the database… (an empty one first gets the demo runs: a few seconds)")
 def _open(path: str, read_only: bool, load_demo: bool) -> AppDB:
     from pathlib import Path
 
