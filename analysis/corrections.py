@@ -89,12 +89,12 @@ def parse_param_args(items: Sequence[str]) -> dict[str, float]:
 
 
 def log_threshold(x: float) -> float:
-    """ln x as the rules compare it: the band edge of the summaries (schema.BAND_EDGES) when ln x rounds to within
-    a few ulp of one (ln 0.8 and log1p(−0.2) differ in the last bit), else math.log(x). Token rows and summaries
-    compare Δ with the same number, so both give the same masks."""
+    """ln x as the rules compare it: the band edge of the summaries (schema.BAND_EDGES) when ln x is one up to
+    rounding (rel 1e-12: ln 0.8 and log1p(−0.2) differ in the last bit, ln 1.1 and log1p(0.1) in the last three),
+    else math.log(x). Token rows and summaries compare Δ with the same number, so both give the same masks."""
     lx = math.log(x)
     for edge in BAND_EDGES:
-        if abs(edge - lx) <= 4 * math.ulp(lx):
+        if math.isclose(edge, lx, rel_tol=1e-12, abs_tol=0.0):
             return edge
     return lx
 

@@ -233,7 +233,8 @@ def test_thinned_decomposition_reads_exactly_the_chosen_steps(synthetic):
 def test_thinned_simulator_equals_the_simulator_over_those_steps(synthetic):
     from analysis import corrections as C
     store, _ = synthetic
-    choices = [("icepop", {"alpha": 0.9, "beta": 1.1}), ("tis", {"C": 1.05})]
+    choices = [("icepop", {"alpha": 0.93, "beta": 1.07}), ("tis", {"C": 1.05})]  # off the bands: token rows
+    assert all(C.reads_tokens(m, p) for m, p in choices)
     full = C.compare_methods(store, ["stale"], choices)
     thin = C.compare_methods(store, ["stale"], choices, only_steps=[1, 4])
     assert_frame_equal(thin["step"], full["step"].filter(pl.col("step").is_in([1, 4])))
@@ -244,6 +245,10 @@ def test_thinned_simulator_equals_the_simulator_over_those_steps(synthetic):
         assert row["masked_token_frac"] == pytest.approx(masked, rel=1e-12)
     assert thin["run"]["n_tokens"].to_list() == [int(full["step"].filter(
         pl.col("step").is_in([1, 4]) & (pl.col("method") == m))["n_tokens"].sum()) for m, _ in choices]
+    # a choice the summaries answer reads every step whatever only_steps says (and costs no thinning)
+    both = C.compare_methods(store, ["stale"], [("icepop", {"alpha": 0.9, "beta": 1.1}), choices[1]], only_steps=[1, 4])
+    assert set(both["step"].filter(pl.col("method") == "icepop")["step"]) == set(full["step"]["step"])
+    assert set(both["step"].filter(pl.col("method") == "tis")["step"]) == {1, 4}
 
 
 # -- gates ------------------------------------------------------------------------------------------------
