@@ -7,8 +7,8 @@ rewards and advantages (table `sequences`), whether what it throws away was good
 
 Two passes, both in DuckDB: per sequence, the partial sums a group needs; per group (step or run), sums of those
 partials. The per-sequence pass reads the per-sequence summaries (analysis/summaries/corrections.py: every token,
-cost following sequences rather than tokens) unless a token rule's threshold lies off the summaries' ratio bands
-(`reads_tokens`: tis's C or icepop's alpha, beta outside the app's caps), where it reads the token rows.
+cost following sequences rather than tokens) except for tis and for icepop thresholds off the summaries' ratio
+bands (`reads_tokens`), which read the token rows.
 """
 from __future__ import annotations
 
@@ -100,10 +100,14 @@ def log_threshold(x: float) -> float:
 
 
 def reads_tokens(method: str, params: Mapping[str, float] | None = None) -> bool:
-    """Whether the method with these parameters needs token rows: a token rule (tis's C, icepop's alpha and beta)
-    whose ln lies strictly inside the clamp and off the summaries' band edges. Sequence rules never do."""
+    """Whether the method with these parameters needs token rows: tis (its weights min(r, C) are not clamped
+    below, and Σ w² from band sums would cancel where r ≪ 1: analysis/summaries/corrections.py), and icepop with
+    alpha or beta whose ln lies strictly inside the clamp and off the summaries' band edges. Sequence rules never
+    do."""
     p = resolve_params(method, params)
-    bounds = {"tis": ("C",), "icepop": ("alpha", "beta")}.get(method, ())
+    if method == "tis":
+        return True
+    bounds = ("alpha", "beta") if method == "icepop" else ()
     return any(-CLAMP < log_threshold(p[k]) < CLAMP and log_threshold(p[k]) not in BAND_EDGES for k in bounds)
 
 
@@ -130,10 +134,7 @@ def _rule_params(i: int, method: str, values: Mapping[str, float], src: str) -> 
         if src == "summaries":
             return seq_summaries.band_params(i, method, values, log_threshold)
         return {f"m{i}_ln_alpha": log_threshold(values["alpha"]), f"m{i}_ln_beta": log_threshold(values["beta"])}
-    out = {f"m{i}_{k}": v for k, v in values.items()}
-    if method == "tis" and src == "summaries":
-        out |= seq_summaries.band_params(i, method, values, log_threshold)
-    return out
+    return {f"m{i}_{k}": v for k, v in values.items()}
 
 
 def _union_sql(methods: Sequence[str]) -> str:
@@ -232,9 +233,11 @@ def _source(source: str, method: str, params: Mapping[str, float] | None) -> str
         raise ValueError(f"source must be 'auto', 'summaries' or 'tokens', got {source!r}")
     needs_tokens = reads_tokens(method, params)
     if source == "summaries" and needs_tokens:
-        raise ValueError(f"{method} {dict(params or {})}: the summaries answer a token rule only at thresholds "
-                         f"on their band edges (C or 1/C for C in {', '.join(f'{c:g}' for c in CAPS)}, 1 ± ε for ε "
-                         f"in {', '.join(f'{e:g}' for e in CLIPS)}); use source='tokens'")
+        why = ("its weights min(r, C) are not clamped below" if method == "tis" else
+               f"they answer a token rule only at thresholds on their band edges (C or 1/C for C in "
+               f"{', '.join(f'{c:g}' for c in CAPS)}, 1 ± ε for ε in {', '.join(f'{e:g}' for e in CLIPS)})")
+        raise ValueError(f"{method} {dict(params or {})}: the summaries cannot give this correction: {why}; "
+                         "use source='tokens'")
     return "tokens" if source == "tokens" or (source == "auto" and needs_tokens) else "summaries"
 
 
@@ -259,7 +262,7 @@ def _grouped(store: Store, runs, choices: Sequence[tuple[str, Mapping[str, float
         else:
             where, qp = run_filter(runs, steps)
             partials = f"WITH {seq_summaries.seq_ctes(methods, where)}\n        {_union_sql(methods)}"
-            qp |= seq_summaries.shared_params(methods)
+            qp |= seq_summaries.shared_params()
         for i, (m, values) in enumerate(mine):
             qp |= _rule_params(i, m, values, src)
         for j, part in zip(idx, _finish(store, partials, qp, mine)):

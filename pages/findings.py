@@ -150,9 +150,10 @@ def simulator_tab() -> None:
         on_tokens = [m for m, p in choices if corrections.reads_tokens(m, p)]
         thin = S.cached(sampled.thin_steps, [run], (sel.steps,)) if on_tokens else None
         if thin is not None and thin.label():
-            st.caption(f"{', '.join(on_tokens)}: a threshold off the summaries' ratio bands reads token rows; on a "
-                       f"run this large that is {thin.label()}, and its per-run row is over those steps. Thresholds "
-                       "at the sidebar's C or 1 ± ε values are answered over every token.")
+            st.caption(f"{', '.join(on_tokens)}: from token rows (tis always, its weights not being clamped below; "
+                       "icepop where a threshold lies off the sidebar's C and 1 ± ε values); on a run this large that "
+                       f"is {thin.label()}, and the per-run row is over those steps. The other methods count every "
+                       "token, from the per-sequence summaries.")
         st.plotly_chart(findings_charts.simulator_curves(per_step, [
             ("masked_token_frac", "masked tokens"), ("masked_seq_frac", "masked sequences"),
             ("ess_after", "ESS after")]), key="findings_sim_curves")

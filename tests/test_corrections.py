@@ -135,7 +135,7 @@ def seeded(tmp_path_factory):
 
 @pytest.mark.parametrize("method, params", CHOICES)
 @pytest.mark.parametrize("by", ["step", "run"])
-@pytest.mark.parametrize("source", ["auto", "tokens"])  # auto: here always the per-sequence summaries
+@pytest.mark.parametrize("source", ["auto", "tokens"])  # auto: the per-sequence summaries, tis aside
 def test_every_column_matches_numpy(seeded, method, params, by, source):
     store, tokens, seqs = seeded
     keys = ["run", "step"] if by == "step" else ["run"]

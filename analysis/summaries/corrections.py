@@ -3,10 +3,15 @@
 A correction needs, per sequence, its aggregates of Δ (sum, mean, min: the sequence rules) and, per method, the
 count and weight sums of the tokens its token rule keeps. `summary_seq` has the first; `summary_seq_band` splits a
 sequence's tokens by ratio band on schema.BAND_EDGES with n, Σ(r − 1) and Σ(r − 1)² per band, which gives the
-second exactly whenever the rule's thresholds (icepop's ln alpha and ln beta, tis's ln C, the ESS clamp ±ln 2) lie
-on band edges: a band is then wholly masked or kept, wholly below, inside or above a clamp, and per band
+second exactly whenever the rule's thresholds (icepop's ln alpha and ln beta, the ESS clamp ±ln 2) lie on band
+edges: a band is then wholly masked or kept, wholly below, inside or above the clamp, and per band
 
-    Σ r = n + Σ(r − 1),    Σ r² = n + 2 Σ(r − 1) + Σ(r − 1)²,    Σ min(r, C) = C · n above ln C.
+    Σ r = n + Σ(r − 1),    Σ r² = n + 2 Σ(r − 1) + Σ(r − 1)²    (the ESS weights: r within [1/2, 2]).
+
+Rounding: n + Σ(r − 1) carries an absolute error of a few ε per token, so the weight sums are exact to
+rel ~ε / mean(r): below 1e-12 unless nearly all of a group's kept tokens have r < 1e-4 (weight_mean is then off
+by ~1e-16 absolute). Σ r² cancels where r ≪ 1, which the ESS clamp keeps out; tis's weights min(r, C) are not
+clamped below, so tis reads token rows (analysis.corrections.reads_tokens).
 
 Cost follows sequences × bands, not tokens, and every token counts even where token rows are a sample.
 """
@@ -42,39 +47,32 @@ def _bin_above(x: float) -> int:
 
 def band_params(i: int, method: str, values: Mapping[str, float], log_threshold: Callable[[float], float]) -> dict:
     """Query parameters of choice i's token rule on bands (`$m<i>_...`): icepop's masked bands (band < lo_bin or
-    band > hi_bin), tis's capped bands (band > c_bin). `log_threshold` maps a parameter to the ln the token rows
-    compare with (an edge of BAND_EDGES, or beyond the clamp: analysis.corrections.reads_tokens)."""
+    band > hi_bin). `log_threshold` maps a parameter to the ln the token rows compare with (an edge of
+    BAND_EDGES, or beyond the clamp: analysis.corrections.reads_tokens)."""
+    if method == "tis":
+        raise ValueError("tis reads token rows: its weights min(r, C) are not clamped below (module docstring)")
     if method == "icepop":
         return {f"m{i}_lo_bin": _bin_below(log_threshold(values["alpha"])),
                 f"m{i}_hi_bin": _bin_above(log_threshold(values["beta"]))}
-    if method == "tis":
-        return {f"m{i}_c_bin": _bin_above(log_threshold(values["C"]))}
     return {}
 
 
-def shared_params(methods: Sequence[str]) -> dict:
-    """Parameters the pass of `methods` shares: the bands of the masking methods' ESS clamp [1/2, 2]."""
-    if all(m == "tis" for m in methods):
-        return {}
+def shared_params() -> dict:
+    """Parameters every pass shares: the bands of the ESS clamp [1/2, 2]."""
     return {"ess_lo_bin": _bin_below(-math.log(ESS_CAP)), "ess_hi_bin": _bin_above(math.log(ESS_CAP))}
 
 
 def _band_sums(i: int, method: str) -> str:
     """Per sequence, method i's token-rule sums over its bands (`bd`: band, n, s1 = Σ(r − 1), s2 = Σ(r − 1)²), the
-    columns the token pass computes per sequence: n_tok_masked, sum_weight, n_kept, sw, sw2."""
+    columns the token pass computes per sequence: n_tok_masked, sum_weight (Σ r kept), n_kept, sw and sw2 (Σ of the
+    ESS weight clamp(r, 1/2, 2) and of its square over kept tokens)."""
     r_sum, r2_sum = "(n + s1)", "(n + 2.0 * s1 + s2)"
-    if method == "tis":  # w = min(r, C) for the weight and the ESS; nothing masked
-        masked = "FALSE"
-        w = f"CASE WHEN band > $m{i}_c_bin THEN $m{i}_C * n ELSE {r_sum} END"
-        w2 = f"CASE WHEN band > $m{i}_c_bin THEN $m{i}_C * $m{i}_C * n ELSE {r2_sum} END"
-        weight = w
-    else:  # weight r; ESS weight clamp(r, 1/2, 2)
-        masked = f"(band < $m{i}_lo_bin OR band > $m{i}_hi_bin)" if method == "icepop" else "FALSE"
-        lo, hi = 1.0 / ESS_CAP, ESS_CAP
-        w = f"CASE WHEN band < $ess_lo_bin THEN {lo} * n WHEN band > $ess_hi_bin THEN {hi} * n ELSE {r_sum} END"
-        w2 = (f"CASE WHEN band < $ess_lo_bin THEN {lo * lo} * n WHEN band > $ess_hi_bin THEN {hi * hi} * n "
-              f"ELSE {r2_sum} END")
-        weight = r_sum
+    masked = f"(band < $m{i}_lo_bin OR band > $m{i}_hi_bin)" if method == "icepop" else "FALSE"
+    lo, hi = 1.0 / ESS_CAP, ESS_CAP
+    w = f"CASE WHEN band < $ess_lo_bin THEN {lo} * n WHEN band > $ess_hi_bin THEN {hi} * n ELSE {r_sum} END"
+    w2 = (f"CASE WHEN band < $ess_lo_bin THEN {lo * lo} * n WHEN band > $ess_hi_bin THEN {hi * hi} * n "
+          f"ELSE {r2_sum} END")
+    weight = r_sum
     kept = f"NOT {masked}"
     return f"""coalesce(sum(n) FILTER (WHERE {masked}), 0)::BIGINT AS n_tok_masked{i},
                coalesce(fsum({weight}) FILTER (WHERE {kept}), 0.0) AS sum_weight{i},
