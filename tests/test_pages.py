@@ -555,6 +555,19 @@ def test_findings_cards_waterfall_simulator_and_gates(monkeypatch, shared_db):
     gates = at.dataframe[-1].value
     assert set(gates["run"]) == {bu.RUN_BOTH, bu.RUN_REPLAY, bu.RUN_DENSE} and gates["passed"].dtype == bool
 
+def test_simulator_says_which_choices_read_thinned_token_rows(monkeypatch, own_db):
+    """tis (and icepop off the bands) read token rows, thinned on a large selection: the caption names them; the
+    default choices come from the summaries and say nothing about thinning."""
+    from analysis import sampled
+    monkeypatch.setattr(sampled, "THIN_TOKENS", 50)  # this small database is then "large"
+    at = open_app(monkeypatch, own_db, "pages/findings.py")
+    open_tab(at, "findings_tab", "Correction simulator")
+    assert not errors(at) and not any("from token rows" in str(c.value) for c in at.caption)
+    at.multiselect(key="findings_methods").set_value(["tis", "geo_rs"]).run()
+    assert not at.exception and not errors(at), errors(at)
+    said = [str(c.value) for c in at.caption if "from token rows" in str(c.value)]
+    assert len(said) == 1 and said[0].startswith("tis: from token rows") and "estimated from every" in said[0]
+
 # -- drift in context: prompt, response and reward; context over steps; field mapping --------------------
 def frame_with(at: AppTest, column: str):
     """The first st.dataframe holding `column` (a display-only dataframe has no key to find it by)."""
@@ -646,3 +659,4 @@ def test_data_mapping_form_loads_and_refuses(monkeypatch, tmp_path):
     assert "Last upload: 1 loaded, 0 skipped, 0 refused." in texts(at.success)
     runs = frame_with(at, "n_tokens")
     assert list(runs["n_tokens"]) == [sum(len(q["s"]) for q in seqs)]
+
