@@ -555,6 +555,7 @@ def test_findings_cards_waterfall_simulator_and_gates(monkeypatch, shared_db):
     gates = at.dataframe[-1].value
     assert set(gates["run"]) == {bu.RUN_BOTH, bu.RUN_REPLAY, bu.RUN_DENSE} and gates["passed"].dtype == bool
 
+
 def test_simulator_says_which_choices_read_thinned_token_rows(monkeypatch, own_db):
     """tis (and icepop off the bands) read token rows, thinned on a large selection: the caption names them; the
     default choices come from the summaries and say nothing about thinning."""
@@ -567,6 +568,7 @@ def test_simulator_says_which_choices_read_thinned_token_rows(monkeypatch, own_d
     assert not at.exception and not errors(at), errors(at)
     said = [str(c.value) for c in at.caption if "from token rows" in str(c.value)]
     assert len(said) == 1 and said[0].startswith("tis: from token rows") and "estimated from every" in said[0]
+
 
 # -- drift in context: prompt, response and reward; context over steps; field mapping --------------------
 def frame_with(at: AppTest, column: str):
