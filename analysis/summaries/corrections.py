@@ -72,10 +72,9 @@ def _band_sums(i: int, method: str) -> str:
     w = f"CASE WHEN band < $ess_lo_bin THEN {lo} * n WHEN band > $ess_hi_bin THEN {hi} * n ELSE {r_sum} END"
     w2 = (f"CASE WHEN band < $ess_lo_bin THEN {lo * lo} * n WHEN band > $ess_hi_bin THEN {hi * hi} * n "
           f"ELSE {r2_sum} END")
-    weight = r_sum
     kept = f"NOT {masked}"
     return f"""coalesce(sum(n) FILTER (WHERE {masked}), 0)::BIGINT AS n_tok_masked{i},
-               coalesce(fsum({weight}) FILTER (WHERE {kept}), 0.0) AS sum_weight{i},
+               coalesce(fsum({r_sum}) FILTER (WHERE {kept}), 0.0) AS sum_weight{i},
                coalesce(sum(n) FILTER (WHERE {kept}), 0)::BIGINT AS n_kept{i},
                coalesce(fsum({w}) FILTER (WHERE {kept}), 0.0) AS sw{i},
                coalesce(fsum({w2}) FILTER (WHERE {kept}), 0.0) AS sw2{i}"""
