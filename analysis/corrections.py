@@ -132,7 +132,7 @@ def _rule_params(i: int, method: str, values: Mapping[str, float], src: str) -> 
     names and no others (DuckDB refuses a parameter the query does not use)."""
     if method == "icepop":
         if src == "summaries":
-            return seq_summaries.band_params(i, method, values, log_threshold)
+            return seq_summaries.icepop_params(i, values, log_threshold)
         return {f"m{i}_ln_alpha": log_threshold(values["alpha"]), f"m{i}_ln_beta": log_threshold(values["beta"])}
     return {f"m{i}_{k}": v for k, v in values.items()}
 

@@ -412,6 +412,10 @@ class Writer:
     def finish_file(self, file_id: int, rows: int) -> None:
         self.cur.execute("UPDATE files SET rows = ? WHERE file_id = ?", [rows, file_id])
 
+    def set_file_hash(self, file_id: int, sha256: str) -> None:
+        """The content hash of a file whose row `new_file` wrote before its hash was known."""
+        self.cur.execute("UPDATE files SET sha256 = ? WHERE file_id = ?", [sha256, file_id])
+
     def insert_arrow(self, table: str, data) -> None:
         """Append a pyarrow Table whose columns are a subset of the stored columns of `table`."""
         if table not in schema.TABLES and table != "expert_load" and table not in summary_schema.TABLES:

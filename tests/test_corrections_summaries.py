@@ -10,11 +10,14 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from analysis import corrections as C
 from analysis.ingest import ingest_paths
 from analysis.logger import DriftLogger
 from analysis.store import Store
+from analysis.summaries import schema as S
 from conftest import metrics_make_tokens
 from test_corrections import CHOICES, check, ref_corrections, seq_table_keys
 from test_metrics_reference import assert_close
@@ -142,11 +145,6 @@ def test_thresholds_on_a_band_edge_and_beyond_the_clamp(tmp_path):
 
 
 # -- property: the two sources agree on any data ----------------------------------------------------------------
-
-from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from analysis.summaries import schema as S  # noqa: E402
 
 EDGES_IN_CLAMP = [e for e in S.BAND_EDGES if abs(e) < S.CLAMP]
 on_edge = st.sampled_from([math.exp(e) for e in EDGES_IN_CLAMP])  # thresholds the summaries answer

@@ -20,6 +20,8 @@ from ui.glossary import PERCENT_METRICS
 from ui.number_format import log_ticks, share_tickformat
 
 HEIGHT = 340
+DIVERGING = "RdBu_r"
+SEQUENTIAL = "Viridis"
 MARKERS_BELOW = 60  # a line draws its points as markers only when it has fewer: plotly draws each marker as an
 # SVG element, and the correction simulator's 9 lines of 400 steps took ~0.6 s of the browser's time in markers
 
@@ -27,8 +29,6 @@ MARKERS_BELOW = 60  # a line draws its points as markers only when it has fewer:
 def line_mode(n_points: int) -> str:
     """Scatter mode of a line of n points: markers on short lines (each point visible), a plain line on long ones."""
     return "lines+markers" if n_points < MARKERS_BELOW else "lines"
-DIVERGING = "RdBu_r"
-SEQUENTIAL = "Viridis"
 
 
 def layout(fig: go.Figure, *, height: int = HEIGHT, x: str | None = None, y: str | None = None,
@@ -250,8 +250,8 @@ def _log_grid(grid: list[list]) -> tuple[list[list], list[float], list[str]]:
     return out, ticks, [f"1e{t}" if abs(t) > 2 else f"{10.0 ** t:g}" for t in ticks]
 
 
-HEATMAP_MAX_ROWS = 150  # a step × bin heat map is ~300 px high: more rows than this are below a pixel each, and
-# 400 rows of ~220 bins took ~0.15 s more of the browser's drawing than 134 rows of 3 steps
+HEATMAP_MAX_ROWS = 150  # a step × bin heat map is ~300 px high: more rows than this are below a pixel each (the
+# browser's drawing of 400 rows of ~220 bins against 134 rows: a gain within noise, benchmarks/RESULTS-pages.md)
 
 
 def steps_per_row(df: pl.DataFrame, max_rows: int = HEATMAP_MAX_ROWS) -> int:

@@ -76,7 +76,7 @@ class Transaction:
 
     def hashed(self, file_id: int, sha256: str, run_override: str | None) -> None:
         """The content hash of a file `new_file` took without one."""
-        self.w.execute("UPDATE files SET sha256 = ? WHERE file_id = ?", [sha256, file_id])
+        self.w.set_file_hash(file_id, sha256)
         self.loaded.add((sha256, run_override))
 
     def ensure_runs(self, runs: Sequence[str], config: dict | None) -> None:

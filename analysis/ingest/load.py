@@ -331,9 +331,10 @@ def _streamed_summaries(tx: Transaction, name: str, fid: int, streamed, n_tokens
         return False
     if held is None:
         streamed.insert(tx.w, fid)
-    for staged, data in held or ():
-        tx.append(stream_summaries.TABLE_OF[staged],
-                  data.append_column("file_id", pa.array(np.full(data.num_rows, fid, np.int32))))
+    else:
+        for staged, data in held:
+            tx.append(stream_summaries.TABLE_OF[staged],
+                      data.append_column("file_id", pa.array(np.full(data.num_rows, fid, np.int32))))
     log.info("%s: token summaries of %d steps computed while streaming", name, streamed.steps)
     return True
 

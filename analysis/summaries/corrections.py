@@ -45,16 +45,12 @@ def _bin_above(x: float) -> int:
     return 2 * S.BAND_EDGES.index(x) + 1
 
 
-def band_params(i: int, method: str, values: Mapping[str, float], log_threshold: Callable[[float], float]) -> dict:
-    """Query parameters of choice i's token rule on bands (`$m<i>_...`): icepop's masked bands (band < lo_bin or
-    band > hi_bin). `log_threshold` maps a parameter to the ln the token rows compare with (an edge of
+def icepop_params(i: int, values: Mapping[str, float], log_threshold: Callable[[float], float]) -> dict:
+    """Query parameters of choice i's icepop rule on bands (`$m<i>_...`): its masked bands are band < lo_bin and
+    band > hi_bin. `log_threshold` maps alpha and beta to the ln the token rows compare with (an edge of
     BAND_EDGES, or beyond the clamp: analysis.corrections.reads_tokens)."""
-    if method == "tis":
-        raise ValueError("tis reads token rows: its weights min(r, C) are not clamped below (module docstring)")
-    if method == "icepop":
-        return {f"m{i}_lo_bin": _bin_below(log_threshold(values["alpha"])),
-                f"m{i}_hi_bin": _bin_above(log_threshold(values["beta"]))}
-    return {}
+    return {f"m{i}_lo_bin": _bin_below(log_threshold(values["alpha"])),
+            f"m{i}_hi_bin": _bin_above(log_threshold(values["beta"]))}
 
 
 def shared_params() -> dict:
