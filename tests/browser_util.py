@@ -202,14 +202,24 @@ def goto_tab(page, label: str, timeout_ms: float = 60_000) -> float:
     return time.perf_counter() - t0
 
 
-# Sets window.__driftRan once the script state turns "running" (a click that reruns the page).
+# Sets window.__driftRan once the click's rerun shows: the script state turns "running", or the open tab's panel
+# (empty before: a closed tab draws nothing) receives elements. A fast rerun can go from running to notRunning
+# within one React render, so the state attribute alone may never change in the DOM.
 _MARK_RUN_JS = """() => {
   window.__driftRan = false;
   const app = document.querySelector("[data-testid='stApp']");
-  const obs = new MutationObserver(() => {
-    if (app.getAttribute("data-test-script-state") === "running") { window.__driftRan = true; obs.disconnect(); }
+  const done = () => { window.__driftRan = true; state.disconnect(); panels.disconnect(); };
+  const state = new MutationObserver(() => {
+    if (app.getAttribute("data-test-script-state") === "running") done();
   });
-  obs.observe(app, {attributes: true, attributeFilter: ["data-test-script-state"]});
+  state.observe(app, {attributes: true, attributeFilter: ["data-test-script-state"]});
+  const panels = new MutationObserver((records) => {
+    for (const r of records) {
+      const panel = r.target.closest && r.target.closest("[role='tabpanel']");
+      if (panel && !panel.hidden && [...r.addedNodes].some(n => n.nodeType === 1)) { done(); return; }
+    }
+  });
+  panels.observe(app, {childList: true, subtree: true});
 }"""
 
 # The tabs of each page that has them, in order: (tab label, screenshot suffix). A page opens on its first
