@@ -203,8 +203,9 @@ def goto_tab(page, label: str, timeout_ms: float = 60_000) -> float:
 
 
 # Sets window.__driftRan once the click's rerun shows: the script state turns "running", or the open tab's panel
-# (empty before: a closed tab draws nothing) receives elements. A fast rerun can go from running to notRunning
-# within one React render, so the state attribute alone may never change in the DOM.
+# (empty before: a closed tab draws nothing) receives elements. The state alone once left bench_pages waiting 300 s
+# after a tab click whose rerun did finish; the likely cause (not confirmed) is a rerun fast enough to go from
+# running to notRunning within one React render, so that the attribute never changes in the DOM.
 _MARK_RUN_JS = """() => {
   window.__driftRan = false;
   const app = document.querySelector("[data-testid='stApp']");
