@@ -56,14 +56,27 @@ def _per_token(x, B: int, T: int, name: str, device: torch.device) -> torch.Tens
     return arr.to(torch.int64).expand(B, T)
 
 
-def _all_logprobs(values: torch.Tensor, mask: torch.Tensor) -> bool:
+def _all_logprobs(values: torch.Tensor, mask: torch.Tensor, scratch: torch.Tensor | None = None) -> bool:
     """Whether every unmasked value is finite and <= 0, in two passes (a where and one min/max) rather than the
     five of the elementwise test: the smallest is not −inf and the largest is <= 0, NaN included, since aminmax
-    returns NaN when any value is NaN (and NaN <= 0 is false)."""
+    returns NaN when any value is NaN (and NaN <= 0 is false). `scratch`: a buffer of values' shape and dtype
+    for the where."""
     if values.numel() == 0:
         return True
-    lo, hi = torch.aminmax(torch.where(mask, values, -1.0))
+    masked = torch.where(mask, values, -1.0) if scratch is None else \
+        torch.where(mask, values, torch.tensor(-1.0, dtype=values.dtype), out=scratch)
+    lo, hi = torch.aminmax(masked)
     return bool(hi <= 0) and bool(lo > -math.inf)
+
+
+def _float64(x: torch.Tensor, work: Workspace | None, name: str) -> torch.Tensor:
+    """x as float64 (x itself when it is), widened into the workspace's buffer `name` when there is one: a
+    fresh 8 MB block per step is mapped anew by the allocator, and its page faults cost more than the copy."""
+    if x.dtype == torch.float64:
+        return x
+    if work is None:
+        return x.to(torch.float64)
+    return work.get(name, tuple(x.shape), torch.float64, x.device).copy_(x)
 
 
 def _host(x: torch.Tensor) -> np.ndarray:
@@ -168,11 +181,16 @@ class DriftLogger:
         _expect_shape(t, (B, T), "trainer_logprobs")
         m = _tensor(mask, "mask", device)
         _expect_shape(m, (B, T), "mask")
-        m = m != 0
-        # float64 before any arithmetic: bf16/fp32 widen exactly, and every sum is then a float64 sum
-        s, t = s.to(torch.float64), t.to(torch.float64)
+        m = m if m.dtype == torch.bool else m != 0
+        # float64 before any arithmetic: bf16/fp32 widen exactly, and every sum is then a float64 sum. The step's
+        # [B, T] blocks go into buffers kept from step to step (none in the lake layout, which keeps no workspace).
+        work = getattr(self, "work", None)
+        s, t = _float64(s, work, "input_s"), _float64(t, work, "input_t")
+
+        def block(name: str) -> torch.Tensor | None:
+            return work.get(name, (B, T), torch.float64, device) if work is not None else None
         for name, values in (("sampler_logprobs", s), ("trainer_logprobs", t)):
-            if _all_logprobs(values, m):
+            if _all_logprobs(values, m, block("input_check")):
                 continue
             bad = m & ~(torch.isfinite(values) & (values <= 0))  # which token: only for the message
             if bad.any():
@@ -204,7 +222,8 @@ class DriftLogger:
                 te = _tensor(trainer_experts, "trainer_experts", device)
                 _expect_shape(te, tuple(se.shape), "trainer_experts")
                 _check_experts(te, m, "trainer_experts")
-        return StepTensors(s, t, t - s, m, samples, ids, versions["sampler_version"], versions["trainer_version"],
+        delta = t - s if work is None else torch.sub(t, s, out=block("input_delta"))
+        return StepTensors(s, t, delta, m, samples, ids, versions["sampler_version"], versions["trainer_version"],
                            se, te)
 
     def _token_rows(self, step: int, x: StepTensors, rows: torch.Tensor) -> pa.Table:
