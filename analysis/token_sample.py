@@ -7,16 +7,19 @@ token ids, the 2-D density). A sample for those views keeps
 - every token of the `worst_sequences` sequences with the largest |Σ Δ| (what the Sequences page opens first),
 - the `top_tokens` tokens with the largest |Δ| of the step (what Extreme tokens lists first),
 
-and counts each part, so a page can say what its rows are a sample of. Everything runs in torch on the device the
-tensors are on; only the kept positions leave it. The draw is a function of (seed, run, step) only, so logging the
-same step twice keeps the same tokens.
+and counts each part, so a page can say what its rows are a sample of. Everything runs on the device the tensors
+are on (torch; on the CPU the per-sequence sums and the top |Δ| come from one numba pass, `_cpu_parts`); only the
+kept positions leave it. The draw is a function of (seed, run, step) only, so logging the same step twice keeps the
+same tokens.
 """
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from numba import njit
 
 # Default whole sequences kept per step, by |Σ Δ|. One: a run of N steps then keeps N worst sequences whole,
 # more than anyone opens, while a long response is thousands of tokens: with 4 per step, 4,096-token sequences
@@ -69,26 +72,92 @@ def select(delta: torch.Tensor, mask: torch.Tensor, plan: SamplePlan,
     if plan.rate <= 0.0:
         return torch.zeros_like(mask), Kept(n_tokens, 0, 0, 0, 0)
     B, T = mask.shape
-    uniform = (torch.rand(B, T, generator=generator, device=mask.device) < plan.rate) & mask
-    abs_delta = torch.where(mask, delta.abs(), torch.zeros((), dtype=delta.dtype, device=delta.device))
+    draw = torch.rand(B, T, generator=generator, device=mask.device)
+    n_top = min(plan.top_tokens, n_tokens)
+    if delta.device.type == "cpu":
+        # the rate as float32, as torch compares a float32 tensor with a Python float: the same draw as below
+        uniform, n_uniform, seq_abs, lengths, top_index = (torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+                                                           for a in _cpu_parts(
+            delta.detach().to(torch.float64).contiguous().numpy(), mask.contiguous().numpy(), n_top,
+            draw.numpy(), np.float32(plan.rate)))
+    else:
+        uniform = (draw < plan.rate) & mask
+        n_uniform = int(uniform.sum())
+        zero = torch.zeros((), dtype=delta.dtype, device=delta.device)
+        seq_abs = torch.where(mask, delta, zero).sum(1).abs()
+        lengths = mask.sum(1)
+        ranked = torch.where(mask, delta.abs(), torch.full((), -1.0, dtype=delta.dtype, device=delta.device))
+        top_index = ranked.reshape(-1).topk(n_top).indices if n_top else None
 
-    worst = torch.zeros_like(mask)
-    lengths = mask.sum(1)
+    keep = uniform  # then the worst sequences' and the top tokens' positions, each counted on its own
+    n_worst = 0
     n_seq = min(plan.worst_sequences, int((lengths > 0).sum()))
     if n_seq:
-        seq_abs = torch.where(mask, delta, torch.zeros((), dtype=delta.dtype, device=delta.device)).sum(1).abs()
         seq_abs = torch.where(lengths > 0, seq_abs, torch.full_like(seq_abs, -1.0))  # empty rows never chosen
-        worst[seq_abs.topk(n_seq).indices] = True
-        worst &= mask
-
-    top = torch.zeros_like(mask)
-    n_top = min(plan.top_tokens, n_tokens)
+        rows = seq_abs.topk(n_seq).indices.to(mask.device)
+        keep[rows] |= mask[rows]
+        n_worst = int(lengths[rows.to(lengths.device)].sum())
     if n_top:
-        ranked = torch.where(mask, abs_delta, torch.full_like(abs_delta, -1.0)).reshape(-1)
-        top.view(-1)[ranked.topk(n_top).indices] = True
+        keep.view(-1)[top_index.to(mask.device)] = True  # trained tokens, distinct
+    return keep, Kept(n_tokens, int(keep.sum()), n_uniform, n_worst, n_top)
 
-    keep = uniform | worst | top
-    return keep, Kept(n_tokens, int(keep.sum()), int(uniform.sum()), int(worst.sum()), int(top.sum()))
+
+@njit(cache=True, nogil=True)
+def _cpu_parts(delta, mask, k, draw, rate):
+    """One pass over a CPU step for `select`: the uniform part (trained tokens whose draw is below `rate`) and
+    its count, |Σ Δ| and the trained tokens of each sequence (row), and the flat indices of the k trained tokens
+    of largest |Δ| (a min-heap of k: most tokens cost one compare against its root; ties keep the earlier
+    token). torch's where / sum / topk over the same [B, T] took ~40 ms a step of 1M positions (fresh blocks
+    and a full top-k), this ~3 ms (benchmarks/RESULTS-logger.md)."""
+    B, T = delta.shape
+    uniform = np.zeros((B, T), np.bool_)
+    n_uniform = 0
+    seq_abs = np.zeros(B)
+    lengths = np.zeros(B, np.int64)
+    heap_v = np.empty(k)
+    heap_i = np.empty(k, np.int64)
+    n = 0
+    for b in range(B):
+        total = 0.0
+        count = 0
+        for p in range(T):
+            if not mask[b, p]:
+                continue
+            if draw[b, p] < rate:
+                uniform[b, p] = True
+                n_uniform += 1
+            d = delta[b, p]
+            total += d
+            count += 1
+            if k == 0:
+                continue
+            v = abs(d)
+            if n < k:  # fill the heap: sift the new leaf up
+                j = n
+                n += 1
+                while j > 0:
+                    parent = (j - 1) // 2
+                    if heap_v[parent] <= v:
+                        break
+                    heap_v[j], heap_i[j] = heap_v[parent], heap_i[parent]
+                    j = parent
+                heap_v[j], heap_i[j] = v, b * T + p
+            elif v > heap_v[0]:  # replace the smallest: sift the root down
+                j = 0
+                while True:
+                    c = 2 * j + 1
+                    if c >= k:
+                        break
+                    if c + 1 < k and heap_v[c + 1] < heap_v[c]:
+                        c += 1
+                    if heap_v[c] >= v:
+                        break
+                    heap_v[j], heap_i[j] = heap_v[c], heap_i[c]
+                    j = c
+                heap_v[j], heap_i[j] = v, b * T + p
+        seq_abs[b] = abs(total)
+        lengths[b] = count
+    return uniform, n_uniform, seq_abs, lengths, heap_i[:n].copy()
 
 
 __all__ = ["SamplePlan", "Kept", "select", "step_generator", "WORST_SEQUENCES", "TOP_TOKENS"]

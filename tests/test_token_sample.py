@@ -85,3 +85,33 @@ def test_more_asked_than_there_are():
 def test_bad_plans_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplePlan(**kwargs)
+
+
+@pytest.mark.parametrize("k", [0, 1, 7, 256, 5000])
+def test_cpu_pass_matches_numpy(k):
+    """The CPU pass (row sums, lengths, top-k heap) against numpy on 300 × 40 positions, padding holding huge Δ."""
+    from analysis.token_sample import _cpu_parts
+    rng = np.random.default_rng(k)
+    mask = rng.random((300, 40)) > 0.4
+    mask[7] = False
+    delta = np.where(mask, rng.standard_t(2, (300, 40)), 1e9)
+    k = min(k, int(mask.sum()))
+    draw = rng.random((300, 40), dtype=np.float32)
+    uniform, n_uniform, seq_abs, lengths, top = _cpu_parts(delta, mask, k, draw, np.float32(0.3))
+    assert (uniform == (mask & (draw < np.float32(0.3)))).all() and n_uniform == uniform.sum()
+    np.testing.assert_allclose(seq_abs, np.abs(np.where(mask, delta, 0.0).sum(1)), rtol=1e-12, atol=1e-12)
+    assert (lengths == mask.sum(1)).all()
+    flat = np.where(mask, np.abs(delta), -1.0).ravel()
+    assert sorted(top.tolist()) == sorted(np.argsort(-flat, kind="stable")[:k].tolist())
+
+
+def test_cpu_uniform_part_is_torchs_draw():
+    """The CPU pass keeps the uniform part torch's own comparison gives for the step's generator (the rate
+    compared in float32, as torch does), so the sample is the torch path's on any device."""
+    delta, mask = step(B=300, T=64, seed=5)
+    for rate in (0.001, 0.1, 1 / 3):
+        plan = SamplePlan(rate=rate, worst_sequences=0, top_tokens=0)
+        keep, kept = draw(delta, mask, plan)
+        g = step_generator(plan.seed, "r", 3, mask.device)
+        want = (torch.rand(*mask.shape, generator=g) < rate) & mask
+        assert torch.equal(keep, want) and kept.n_uniform == int(want.sum()) == kept.n_kept
