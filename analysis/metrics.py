@@ -51,7 +51,8 @@ def token_aggregates(cap_param: str = "$cap") -> dict[str, str]:
         "log_ratio_abs_max": "max(abs(d))",
         "prob_abs_diff_mean": "avg(adp)",
         "prob_abs_diff_max": "max(adp)",
-        "prob_pearson": "CASE WHEN min(ut) = max(ut) OR min(us) = max(us) THEN NULL ELSE corr(ut, us) END",
+        "prob_pearson": "CASE WHEN min(ut) = max(ut) OR min(us) = max(us) THEN NULL "
+                        "ELSE greatest(-1.0, least(1.0, corr(ut, us))) END",  # bounded as the summaries' form
         "ratio_mean": "avg(r)",
         "ratio_std": "CASE WHEN min(r) = max(r) THEN 0.0 ELSE stddev_pop(rm1) END",
         "ratio_min": "min(r)",

@@ -61,3 +61,13 @@ def test_bounds_hold(prop_store, data, cap, clip):
     assert row["prob_pearson"] is None or -1 - 1e-12 <= row["prob_pearson"] <= 1 + 1e-12
     for col in ("ratio_frac_high", "ratio_frac_low", "clip_frac"):
         assert 0 <= row[col] <= 1
+
+
+def test_pearson_of_two_tokens_is_one_on_both_paths(prop_store):
+    """Two tokens give |corr| = 1 exactly. Here exp t barely varies (1 and 1 − 2e−14): DuckDB's corr over the
+    token rows returned 1.0028 (found by test_bounds_hold); both paths now bound it to [−1, 1] as numpy does."""
+    from analysis import dashboard
+    run = _load(prop_store, [0.0, -1.0], [0.0, -2.0116026405618835e-14], [0, 0])
+    assert metrics.token_metrics(prop_store[0], [run], by="run")["prob_pearson"].to_list() == [1.0]
+    summary = dashboard.run_summary(prop_store[0], [run])["prob_pearson"].to_list()
+    assert len(summary) == 1 and abs(summary[0] - 1.0) <= 1e-12

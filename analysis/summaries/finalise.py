@@ -64,9 +64,11 @@ def token_sql(keys: Sequence[str]) -> str:
         "m.max_abs_d AS log_ratio_abs_max",
         f"m.sum_adp / {n} AS prob_abs_diff_mean",
         "m.max_adp AS prob_abs_diff_max",
-        # corr(exp t, exp s) = corr(1 − exp t, 1 − exp s); null when either column is constant
+        # corr(exp t, exp s) = corr(1 − exp t, 1 − exp s); null when either column is constant. Bounded to
+        # [−1, 1] as numpy's corrcoef is: where a column barely varies, rounding of the moments can push it past
+        # (tokens (s, t) = (0, 0) and (−1, −2e−14) gave 1.0028; tests/test_metrics_properties.py)
         f"""CASE WHEN exp(m.min_s) = exp(m.max_s) OR exp(m.min_t) = exp(m.max_t) OR {vx} <= 0 OR {vy} <= 0
-                 THEN NULL ELSE {cov} / sqrt({vx} * {vy}) END AS prob_pearson""",
+                 THEN NULL ELSE greatest(-1.0, least(1.0, {cov} / sqrt({vx} * {vy}))) END AS prob_pearson""",
         f"1.0 + m.sum_rm1 / {n} AS ratio_mean",
         f"CASE WHEN {r_of('m.min_d')} = {r_of('m.max_d')} THEN 0.0 ELSE sqrt(greatest({var_r}, 0.0)) END AS ratio_std",
         f"{r_of('m.min_d')} AS ratio_min",
