@@ -476,6 +476,10 @@ def test_prefetch_warms_the_other_pages(monkeypatch, own_db):
     monkeypatch.setenv("DRIFT_PREFETCH", "0")
     for page in ("pages/token_drift.py", "pages/routing.py", "pages/compare.py", "pages/sequences.py"):
         open_app(monkeypatch, own_db, page)
+    at = open_app(monkeypatch, own_db, "pages/findings.py")
+    for tab in ("Waterfall", "Correction simulator"):  # the waterfall's ranges follow from the run's steps
+        open_tab(at, "findings_tab", tab)
+        assert charts(at) >= 1 and not errors(at), tab
     heavy = [m for m in misses if m not in {"expert_load", "worst_sequences", "sequence_tokens",
                                              "sequence_flip_grid", "sequence_context", "Store.files"}]
     # allowed: the expert-load step's per-layer list (one step only) and compare's all-keys-free config table

@@ -22,7 +22,8 @@ import threading
 import time
 from typing import Callable
 
-from analysis import buckets, compare, context, corrections, dashboard, distributions, drilldown, findings, routing, sampled
+from analysis import (buckets, compare, context, corrections, dashboard, decomposition, distributions, drilldown,
+                      findings, routing, sampled)
 from ui import access, nav
 from ui import state as S
 
@@ -33,6 +34,23 @@ GRACE_S = 1.0  # after the page's script has finished: the browser draws it befo
 # milliseconds): queued after all the others, so that one of them does not hold up the cheap views of every page.
 READS_TOKENS = {distributions.prob_density_2d, findings.findings_table,
                 corrections.log_ratio_quantiles}
+
+
+def waterfall_default(run: str, steps: tuple[int, int] | None) -> None:
+    """Findings › Waterfall as it first shows (pages/findings.py, waterfall_tab, its sliders untouched): the first
+    and the last third of the run's steps in the selection. Its decomposition reads token rows (~1 s at 40M
+    tokens) with arguments that follow from the run's steps, so it is worked out here, through the page's cache
+    keys, rather than listed up front."""
+    run_steps = [s for s in S.cached(drilldown.run_steps, run) if not steps or steps[0] <= s <= steps[1]]
+    halves = decomposition.thirds(run_steps)
+    if halves is not None:
+        a, b = halves
+        thin = S.cached(sampled.thin_steps, [run], (a, b))
+        S.cached(decomposition.decompose, run, a, b, thin.steps)
+
+
+DERIVED = {waterfall_default}  # called as they are (they make their own cached calls); the rest through the cache
+READS_TOKENS.add(waterfall_default)
 _started: set[tuple] = set()
 _lock = threading.Lock()
 
@@ -82,6 +100,7 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
              dict(steps=steps, thin=True)),
             (sampled.thin_steps, ([first], (steps,)), {}),
             (corrections.log_ratio_quantiles, ([first],), dict(by="step", steps=steps)),
+            (waterfall_default, (first, steps), {}),
         ],
     }
     first_page = first_page or nav.OVERVIEW.url  # the default page's url_path is ""
@@ -168,7 +187,10 @@ class _Worker:
                 if app.version != version or self._job is not None or self._stopping or app.store.closing:
                     break  # stale data, a newer selection, or the process is exiting
                 try:
-                    S._cached_call(fn.__module__, fn.__qualname__, path, version, args, kwargs)
+                    if fn in DERIVED:
+                        fn(*args, **kwargs)
+                    else:
+                        S._cached_call(fn.__module__, fn.__qualname__, path, version, args, kwargs)
                 except Exception:  # the page shows the error when it asks; nothing to say from here
                     S.log.debug("prefetch of %s failed", fn.__qualname__, exc_info=True)
             else:
