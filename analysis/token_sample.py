@@ -64,8 +64,12 @@ def step_generator(seed: int, run: str, step: int, device: torch.device) -> torc
 
 
 def select(delta: torch.Tensor, mask: torch.Tensor, plan: SamplePlan,
-           generator: torch.Generator) -> tuple[torch.Tensor, Kept]:
-    """keep [B, T] bool (a subset of `mask`) and its counts, for Δ [B, T] (any value where mask is False)."""
+           generator: torch.Generator, engine: str = "auto") -> tuple[torch.Tensor, Kept]:
+    """keep [B, T] bool (a subset of `mask`) and its counts, for Δ [B, T] (any value where mask is False).
+    engine: "auto" takes the numba pass on the CPU and torch ops elsewhere; "torch" forces the torch ops (for
+    tests: both keep the same tokens)."""
+    if engine not in ("auto", "torch"):
+        raise ValueError(f"engine: expected 'auto' or 'torch', got {engine!r}")
     n_tokens = int(mask.sum())
     if plan.rate >= 1.0:
         return mask, Kept(n_tokens, n_tokens, n_tokens, 0, 0)
@@ -74,7 +78,7 @@ def select(delta: torch.Tensor, mask: torch.Tensor, plan: SamplePlan,
     B, T = mask.shape
     draw = torch.rand(B, T, generator=generator, device=mask.device)
     n_top = min(plan.top_tokens, n_tokens)
-    if delta.device.type == "cpu":
+    if delta.device.type == "cpu" and engine == "auto":
         # the rate as float32, as torch compares a float32 tensor with a Python float: the same draw as below
         uniform, n_uniform, seq_abs, lengths, top_index = (torch.from_numpy(a) if isinstance(a, np.ndarray) else a
                                                            for a in _cpu_parts(

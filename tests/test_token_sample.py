@@ -115,3 +115,14 @@ def test_cpu_uniform_part_is_torchs_draw():
         g = step_generator(plan.seed, "r", 3, mask.device)
         want = (torch.rand(*mask.shape, generator=g) < rate) & mask
         assert torch.equal(keep, want) and kept.n_uniform == int(want.sum()) == kept.n_kept
+
+
+@pytest.mark.parametrize("plan", [SamplePlan(rate=0.05, worst_sequences=4, top_tokens=10),
+                                  SamplePlan(rate=0.3, worst_sequences=1, top_tokens=0, seed=2),
+                                  SamplePlan(rate=0.001, worst_sequences=0, top_tokens=500)])
+def test_cpu_pass_and_torch_ops_keep_the_same_tokens(plan):
+    """The torch ops are the path of other devices (a GPU trainer); on the CPU both must give the same sample."""
+    delta, mask = step(B=120, T=70, seed=9)
+    got = draw(delta, mask, plan)
+    want = select(delta, mask, plan, step_generator(plan.seed, "r", 3, mask.device), engine="torch")
+    assert torch.equal(got[0], want[0]) and got[1] == want[1]
