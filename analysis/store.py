@@ -139,6 +139,7 @@ class Store:
         # Queries in flight, so that shutdown() can interrupt them and wait: a daemon thread still inside DuckDB
         # when the interpreter finalises is unwound from inside DuckDB's C++ and aborts the process (exit -6).
         self._cursors: weakref.WeakSet = weakref.WeakSet()
+        self._by_thread: dict[int, weakref.ref] = {}  # thread ident -> its cursor (interrupt_thread)
         self._active = 0
         self._idle = threading.Condition()
         self._closing = False
@@ -191,6 +192,18 @@ class Store:
     def closing(self) -> bool:
         return self._closing
 
+    def interrupt_thread(self, ident: int) -> None:
+        """Interrupt the query that thread `ident` runs, if any (it raises StoreError in that thread); the other
+        threads' queries go on. For the prefetch worker, which gives way when a page script starts."""
+        with self._idle:
+            ref = self._by_thread.get(ident)
+        cur = ref() if ref is not None else None
+        if cur is not None:
+            try:
+                cur.interrupt()
+            except duckdb.Error:
+                pass
+
     def interrupt(self) -> None:
         """Interrupt whatever query runs on any of this store's cursors (the query raises in its own thread)."""
         with self._idle:
@@ -229,6 +242,7 @@ class Store:
             self._local.cur = cur
             with self._idle:
                 self._cursors.add(cur)  # weak: a finished thread's cursor goes with its thread
+                self._by_thread[threading.get_ident()] = weakref.ref(cur)
         return cur
 
     # -- reads -------------------------------------------------------------------------------------

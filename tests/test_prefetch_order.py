@@ -32,31 +32,93 @@ def test_views_that_read_token_rows_come_after_all_the_others():
     assert scans[:2] == [findings.findings_table, corrections.log_ratio_quantiles]
 
 
-def test_no_call_starts_while_a_page_script_runs(monkeypatch):
-    """A click on another page after the worker started: its next call waits until that script finished and
-    GRACE_S passed; the call already running is not the concern here (it is not stopped)."""
+def test_a_page_script_interrupts_the_call_in_flight_and_the_next_waits(monkeypatch):
+    """A click on another page while the worker computes "a": the query of "a" is interrupted in the worker's
+    thread (Store.interrupt_thread), nothing else starts until that script finished and GRACE_S passed, then
+    "a" is made again and "b" follows."""
     monkeypatch.setattr(prefetch, "GRACE_S", 0.3)
     monkeypatch.setattr(prefetch, "_warm_lab_import", lambda: None)
     worker = prefetch._Worker()
     done: list[tuple[str, float]] = []
+    interrupted = threading.Event()
+    threads: list[int] = []
+
+    class FakeStore:
+        path, closing = "x.duckdb", False
+
+        def interrupt_thread(self, ident):
+            threads.append(ident)
+            interrupted.set()
 
     def fake_call(module, name, path, version, args, kwargs):
-        if args[0] == "a":
+        if args[0] == "a" and not threads:
             worker.script_started()  # the user clicks another page while "a" is computed
-        done.append((args[0], time.monotonic()))
+            assert interrupted.wait(5)  # a query would raise here
+            raise RuntimeError("INTERRUPT Error: Interrupted!")
+        done.append((args[0], time.monotonic(), threading.get_ident()))
 
     monkeypatch.setattr(S, "_cached_call", fake_call)
-    app = SimpleNamespace(store=SimpleNamespace(path="x.duckdb", closing=False), version=0)
+    app = SimpleNamespace(store=FakeStore(), version=0)
     worker.script_started()
     worker.submit(app, 0, [(len, ("a",), {}), (len, ("b",), {})])
     worker.page_done()
-    deadline = time.monotonic() + 10
-    while len(done) < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.6)  # well past GRACE_S: "b" still waits for the other page's script
-    assert [n for n, _ in done] == ["a"]
+    assert interrupted.wait(10)
+    time.sleep(0.6)  # well past GRACE_S: nothing runs while the other page's script does
+    assert done == []
     t_done = time.monotonic()
     threading.Timer(0, worker.page_done).start()
     assert worker.idle.wait(10)
-    assert [n for n, _ in done] == ["a", "b"]
-    assert done[1][1] - t_done >= 0.3  # and the browser had GRACE_S to draw it
+    assert [n for n, _, _ in done] == ["a", "b"]  # "a" again, then "b"
+    assert done[0][1] - t_done >= 0.3  # and the browser had GRACE_S to draw the page
+    assert threads == [done[0][2]]  # the worker's own thread was interrupted, once
+
+
+def test_a_script_between_calls_interrupts_nothing(monkeypatch):
+    """A page script that starts while the worker waits between calls: nothing to interrupt, nothing redone."""
+    monkeypatch.setattr(prefetch, "GRACE_S", 0.05)
+    monkeypatch.setattr(prefetch, "_warm_lab_import", lambda: None)
+    worker = prefetch._Worker()
+    calls: list[str] = []
+    monkeypatch.setattr(S, "_cached_call", lambda m, n, p, v, args, kw: calls.append(args[0]))
+    store = SimpleNamespace(path="x.duckdb", closing=False, interrupt_thread=lambda ident: calls.append("interrupt"))
+    worker.submit(SimpleNamespace(store=store, version=0), 0, [(len, ("a",), {}), (len, ("b",), {})])
+    worker.page_done()
+    assert worker.idle.wait(10)
+    worker.script_started()
+    worker.page_done()
+    assert calls == ["a", "b"]
+
+
+def test_store_interrupts_only_the_named_threads_query(tmp_path):
+    """Store.interrupt_thread: the long query of one thread raises StoreError, another thread's query (and the
+    next one of the interrupted thread) runs as usual."""
+    from analysis.store import Store, StoreError
+    store = Store(tmp_path / "s.duckdb")
+    out: dict[str, object] = {}
+    started = threading.Event()
+
+    def long_query():
+        out["ident"] = threading.get_ident()
+        store.scalar("SELECT 1")  # this thread's cursor exists from here
+        started.set()
+        try:
+            out["long"] = store.scalar("SELECT count(*) FROM range(20000000000) t(x) WHERE x % 7 = 3")
+        except StoreError as e:
+            out["long"] = e
+        out["after"] = store.scalar("SELECT 42")
+
+    try:
+        t = threading.Thread(target=long_query)
+        t.start()
+        assert started.wait(10)
+        time.sleep(0.3)
+        assert store.scalar("SELECT 7") == 7  # this thread's query is not touched
+        store.interrupt_thread(out["ident"])
+        t.join(10)
+        assert not t.is_alive()
+        assert isinstance(out["long"], StoreError) and "nterrupt" in str(out["long"]), out["long"]
+        assert out["after"] == 42
+        store.interrupt_thread(threading.get_ident())  # idle: nothing to interrupt, the next query runs
+        assert store.scalar("SELECT 8") == 8
+    finally:
+        store.close()

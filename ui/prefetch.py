@@ -7,8 +7,9 @@ the current page's other tabs first, so that the next click is served from it; v
 (READS_TOKENS) come after all the rest. Before each call it waits until no page script is running and the last
 one finished GRACE_S ago, because the browser and DuckDB share the machine's cores: computing while the browser
 draws delayed the first page by seconds.
-Calls that are already cached cost nothing; a call a page needs while the thread computes it waits for that
-one result instead of running it twice (streamlit's cache holds a lock per key).
+Calls that are already cached cost nothing. When a page script starts, the call in flight gives way: its query
+is interrupted (in the worker's thread only) and the call is made again once the pages are quiet, so a page never
+shares the cores with a background scan; it computes what it needs that is not cached yet itself.
 When the database can be written, the drift lab's module (torch) is imported last, for the Lab page.
 DRIFT_PREFETCH=0 turns this off.
 """
@@ -29,6 +30,7 @@ from ui import state as S
 
 Call = tuple[Callable, tuple, dict]
 GRACE_S = 1.0  # after the page's script has finished: the browser draws it before the worker takes the cores
+MAX_GIVE_WAY = 20  # interrupted calls made again per selection; past that, the pages compute what they need
 # Views whose query reads token rows (every row of the selection, or up to sampled.THIN_TOKENS / quantiles.
 # EXACT_TOKENS of them: up to seconds at tens of millions of tokens, where the rest read summaries in tens of
 # milliseconds): queued after all the others, so that one of them does not hold up the cheap views of every page.
@@ -124,6 +126,8 @@ class _Worker:
         self._stopping = False
         self._scripts = 0  # page scripts running now (any session)
         self._quiet_since = time.monotonic()  # when the last one finished
+        self._in_call: tuple[object, int] | None = None  # (store, worker thread) while a call runs
+        self._gave_way = False  # the running call was interrupted for a page script
 
     def submit(self, app: S.AppDB, version: int, calls: list[Call]) -> None:
         with self._cv:
@@ -136,8 +140,18 @@ class _Worker:
             self._cv.notify()
 
     def script_started(self) -> None:
+        """A page script starts (any session): the call in flight, if any, gives way. Its query is interrupted
+        and the call is made again once the pages are quiet: a prefetch query running on while the user's page
+        computes took the page's CPU (a first visit right after the first load: 1.5 s of server CPU, mostly
+        the prefetch's token scans, against 0.2 s once the prefetch was done; benchmarks/RESULTS-pages.md)."""
         with self._cv:
             self._scripts += 1
+            running = self._in_call
+            if running is not None:
+                self._gave_way = True
+        if running is not None:
+            store, ident = running
+            store.interrupt_thread(ident)
 
     def page_done(self) -> None:
         with self._cv:
@@ -149,8 +163,8 @@ class _Worker:
     def _wait_quiet(self, limit: float = 60.0) -> None:
         """Before each call: wait until no page script runs and the last one finished GRACE_S ago (the browser
         is drawing it), so that a click on another page does not share the cores with a prefetch query started
-        meanwhile. A query already running is not stopped. At most `limit` seconds (a page that never says
-        it finished holds nothing up for long)."""
+        meanwhile (one already running is interrupted by `script_started` and made again). At most `limit`
+        seconds (a page that never says it finished holds nothing up for long)."""
         deadline = time.monotonic() + limit
         with self._cv:
             while not (self._stopping or self._job is not None):
@@ -182,17 +196,29 @@ class _Worker:
                 self._job = None
             self._page_done.wait(timeout=60)  # a page that never says so (an error) holds nothing up for long
             path = str(app.store.path)
-            for fn, args, kwargs in calls:
+            todo, gave_way = list(calls), 0
+            while todo:
+                fn, args, kwargs = todo[0]
                 self._wait_quiet()
                 if app.version != version or self._job is not None or self._stopping or app.store.closing:
                     break  # stale data, a newer selection, or the process is exiting
+                with self._cv:
+                    self._in_call, self._gave_way = (app.store, threading.get_ident()), False
                 try:
                     if fn in DERIVED:
                         fn(*args, **kwargs)
                     else:
                         S._cached_call(fn.__module__, fn.__qualname__, path, version, args, kwargs)
                 except Exception:  # the page shows the error when it asks; nothing to say from here
-                    S.log.debug("prefetch of %s failed", fn.__qualname__, exc_info=True)
+                    if not self._gave_way:
+                        S.log.debug("prefetch of %s failed", fn.__qualname__, exc_info=True)
+                finally:
+                    with self._cv:
+                        self._in_call, interrupted = None, self._gave_way
+                if interrupted and gave_way < MAX_GIVE_WAY:
+                    gave_way += 1  # again, once the pages are quiet (a result that did come back is cached)
+                    continue
+                todo.pop(0)
             else:
                 if not (self._stopping or app.store.closing):
                     _warm_lab_import()
