@@ -140,6 +140,7 @@ class Store:
         # when the interpreter finalises is unwound from inside DuckDB's C++ and aborts the process (exit -6).
         self._cursors: weakref.WeakSet = weakref.WeakSet()
         self._by_thread: dict[int, weakref.ref] = {}  # thread ident -> its cursor (interrupt_thread)
+        self._halted: set[int] = set()  # threads whose queries are refused until resume_thread
         self._active = 0
         self._idle = threading.Condition()
         self._closing = False
@@ -193,9 +194,11 @@ class Store:
         return self._closing
 
     def interrupt_thread(self, ident: int) -> None:
-        """Interrupt the query that thread `ident` runs, if any (it raises StoreError in that thread); the other
-        threads' queries go on. For the prefetch worker, which gives way when a page script starts."""
+        """Interrupt the query that thread `ident` runs, if any (it raises StoreError in that thread), and refuse
+        that thread's next queries until it calls `resume_thread`: a call of several queries stops at the next
+        one too. The other threads' queries go on. For the prefetch worker, which gives way to page scripts."""
         with self._idle:
+            self._halted.add(ident)
             ref = self._by_thread.get(ident)
         cur = ref() if ref is not None else None
         if cur is not None:
@@ -203,6 +206,11 @@ class Store:
                 cur.interrupt()
             except duckdb.Error:
                 pass
+
+    def resume_thread(self) -> None:
+        """Let this thread query again after `interrupt_thread`."""
+        with self._idle:
+            self._halted.discard(threading.get_ident())
 
     def interrupt(self) -> None:
         """Interrupt whatever query runs on any of this store's cursors (the query raises in its own thread)."""
@@ -220,6 +228,8 @@ class Store:
         with self._idle:
             if self._closing:
                 raise StoreError("the database is closing (the server is shutting down)")
+            if self._halted and threading.get_ident() in self._halted:
+                raise StoreError("query interrupted: this thread gives way (Store.interrupt_thread)")
             self._active += 1
         try:
             yield self.cursor()

@@ -501,7 +501,8 @@ def test_prefetch_waits_for_the_page_to_finish_and_draw(monkeypatch):
                         done.append((args[0], time.monotonic())))
     monkeypatch.setattr(prefetch, "_warm_lab_import", lambda: None)
     monkeypatch.setattr(prefetch, "GRACE_S", 0.3)
-    app = SimpleNamespace(store=SimpleNamespace(path="x.duckdb", closing=False), version=0)
+    app = SimpleNamespace(store=SimpleNamespace(path="x.duckdb", closing=False, resume_thread=lambda: None,
+                                                interrupt_thread=lambda ident: None), version=0)
     call = lambda name: (len, (name,), {})  # noqa: E731
     worker = prefetch._Worker()
     worker.submit(app, 0, [call("old")])

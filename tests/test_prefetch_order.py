@@ -6,6 +6,8 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from analysis import corrections, dashboard, findings, routing
 from ui import prefetch
 from ui import state as S
@@ -50,6 +52,9 @@ def test_a_page_script_interrupts_the_call_in_flight_and_the_next_waits(monkeypa
             threads.append(ident)
             interrupted.set()
 
+        def resume_thread(self):
+            pass
+
     def fake_call(module, name, path, version, args, kwargs):
         if args[0] == "a" and not threads:
             worker.script_started()  # the user clicks another page while "a" is computed
@@ -80,7 +85,8 @@ def test_a_script_between_calls_interrupts_nothing(monkeypatch):
     worker = prefetch._Worker()
     calls: list[str] = []
     monkeypatch.setattr(S, "_cached_call", lambda m, n, p, v, args, kw: calls.append(args[0]))
-    store = SimpleNamespace(path="x.duckdb", closing=False, interrupt_thread=lambda ident: calls.append("interrupt"))
+    store = SimpleNamespace(path="x.duckdb", closing=False, interrupt_thread=lambda ident: calls.append("interrupt"),
+                            resume_thread=lambda: None)
     worker.submit(SimpleNamespace(store=store, version=0), 0, [(len, ("a",), {}), (len, ("b",), {})])
     worker.page_done()
     assert worker.idle.wait(10)
@@ -90,8 +96,8 @@ def test_a_script_between_calls_interrupts_nothing(monkeypatch):
 
 
 def test_store_interrupts_only_the_named_threads_query(tmp_path):
-    """Store.interrupt_thread: the long query of one thread raises StoreError, another thread's query (and the
-    next one of the interrupted thread) runs as usual."""
+    """Store.interrupt_thread: the long query of one thread raises StoreError and its next ones are refused until
+    it calls resume_thread; another thread's query runs as usual."""
     from analysis.store import Store, StoreError
     store = Store(tmp_path / "s.duckdb")
     out: dict[str, object] = {}
@@ -105,7 +111,12 @@ def test_store_interrupts_only_the_named_threads_query(tmp_path):
             out["long"] = store.scalar("SELECT count(*) FROM range(20000000000) t(x) WHERE x % 7 = 3")
         except StoreError as e:
             out["long"] = e
-        out["after"] = store.scalar("SELECT 42")
+        try:
+            out["after"] = store.scalar("SELECT 41")
+        except StoreError as e:
+            out["after"] = e
+        store.resume_thread()
+        out["resumed"] = store.scalar("SELECT 42")
 
     try:
         t = threading.Thread(target=long_query)
@@ -117,8 +128,12 @@ def test_store_interrupts_only_the_named_threads_query(tmp_path):
         t.join(10)
         assert not t.is_alive()
         assert isinstance(out["long"], StoreError) and "nterrupt" in str(out["long"]), out["long"]
-        assert out["after"] == 42
-        store.interrupt_thread(threading.get_ident())  # idle: nothing to interrupt, the next query runs
-        assert store.scalar("SELECT 8") == 8
+        assert isinstance(out["after"], StoreError)  # refused until the thread resumes
+        assert out["resumed"] == 42
+        store.interrupt_thread(threading.get_ident())  # idle: nothing runs, the next query is refused
+        with pytest.raises(StoreError, match="gives way"):
+            store.scalar("SELECT 8")
+        store.resume_thread()
+        assert store.scalar("SELECT 9") == 9
     finally:
         store.close()

@@ -204,6 +204,7 @@ class _Worker:
                     break  # stale data, a newer selection, or the process is exiting
                 with self._cv:
                     self._in_call, self._gave_way = (app.store, threading.get_ident()), False
+                app.store.resume_thread()  # after an interrupt_thread: this call may query again
                 try:
                     if fn in DERIVED:
                         fn(*args, **kwargs)
