@@ -252,6 +252,8 @@ class Store:
             self._local.cur = cur
             with self._idle:
                 self._cursors.add(cur)  # weak: a finished thread's cursor goes with its thread
+                # thread ids are reused: a new thread's entry replaces a finished one's, and dead ones are dropped
+                self._by_thread = {k: r for k, r in self._by_thread.items() if r() is not None}
                 self._by_thread[threading.get_ident()] = weakref.ref(cur)
         return cur
 

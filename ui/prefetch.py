@@ -216,6 +216,7 @@ class _Worker:
                 finally:
                     with self._cv:
                         self._in_call, interrupted = None, self._gave_way
+                    app.store.resume_thread()  # no refusal left behind for this thread's id
                 if interrupted and gave_way < MAX_GIVE_WAY:
                     gave_way += 1  # again, once the pages are quiet (a result that did come back is cached)
                     continue
