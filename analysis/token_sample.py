@@ -80,10 +80,10 @@ def select(delta: torch.Tensor, mask: torch.Tensor, plan: SamplePlan,
     n_top = min(plan.top_tokens, n_tokens)
     if delta.device.type == "cpu" and engine == "auto":
         # the rate as float32, as torch compares a float32 tensor with a Python float: the same draw as below
-        uniform, n_uniform, seq_abs, lengths, top_index = (torch.from_numpy(a) if isinstance(a, np.ndarray) else a
-                                                           for a in _cpu_parts(
+        uniform, n_uniform, seq_abs, lengths, top_index = _cpu_parts(
             delta.detach().to(torch.float64).contiguous().numpy(), mask.contiguous().numpy(), n_top,
-            draw.numpy(), np.float32(plan.rate)))
+            draw.numpy(), np.float32(plan.rate))
+        uniform, seq_abs, lengths, top_index = map(torch.from_numpy, (uniform, seq_abs, lengths, top_index))
     else:
         uniform = (draw < plan.rate) & mask
         n_uniform = int(uniform.sum())

@@ -144,14 +144,12 @@ class _Worker:
         and the call is made again once the pages are quiet: a prefetch query running on while the user's page
         computes took the page's CPU (a first visit right after the first load: 1.5 s of server CPU, mostly
         the prefetch's token scans, against 0.2 s once the prefetch was done; benchmarks/RESULTS-pages.md)."""
-        with self._cv:
+        with self._cv:  # under the lock: the worker clears _in_call, then resumes its thread, after this
             self._scripts += 1
-            running = self._in_call
-            if running is not None:
+            if self._in_call is not None:
                 self._gave_way = True
-        if running is not None:
-            store, ident = running
-            store.interrupt_thread(ident)
+                store, ident = self._in_call
+                store.interrupt_thread(ident)
 
     def page_done(self) -> None:
         with self._cv:
@@ -204,7 +202,6 @@ class _Worker:
                     break  # stale data, a newer selection, or the process is exiting
                 with self._cv:
                     self._in_call, self._gave_way = (app.store, threading.get_ident()), False
-                app.store.resume_thread()  # after an interrupt_thread: this call may query again
                 try:
                     if fn in DERIVED:
                         fn(*args, **kwargs)
