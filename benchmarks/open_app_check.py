@@ -11,7 +11,7 @@ class NavOnly(PagesManager):
 app_test.PagesManager = NavOnly
 at = AppTest.from_file(os.path.abspath("app.py"), default_timeout=300)
 t0 = time.perf_counter(); at.run(); print("overview", round(time.perf_counter() - t0, 2), "s", "exception:", at.exception)
-print([e.value for e in at.error], len(list(at.get("plotly_chart"))), "charts")
+print([e.value for e in at.error], sum(1 for e in at.get("bidi_component") if e.proto.component_name == "driftscope_chart"), "charts")
 for page in ("pages/token_drift.py", "pages/sequences.py", "pages/routing.py"):
     t0 = time.perf_counter(); at.switch_page(page).run()
     print(page, round(time.perf_counter() - t0, 2), "s", "exception:", bool(at.exception), [e.value for e in at.error][:2],

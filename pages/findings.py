@@ -3,7 +3,7 @@ step ranges (waterfall), what each off-policy correction would mask (simulator),
 import streamlit as st
 
 from analysis import corrections, dashboard, decomposition, drilldown, findings, gates, sampled
-from ui import auth, findings_charts, nav
+from ui import auth, findings_charts, nav, plot
 from ui.auth import md_escape
 from ui import state as S
 
@@ -114,7 +114,7 @@ def waterfall_tab() -> None:
         if terms.is_empty():
             st.info("One of the two ranges has no tokens.")
             return
-        st.plotly_chart(findings_charts.waterfall(terms, a, b), key="findings_waterfall")
+        plot.show(findings_charts.waterfall(terms, a, b), key="findings_waterfall")
         if thin.label():
             st.caption(f"The decomposition reads token rows: on a run this large it is {thin.label()} of each "
                        "range, to stay interactive.")
@@ -154,7 +154,7 @@ def simulator_tab() -> None:
                        "icepop where a threshold lies off the sidebar's C and 1 ± ε values); on a run this large that "
                        f"is {thin.label()}, and the per-run row is over those steps. The other methods count every "
                        "token, from the per-sequence summaries.")
-        st.plotly_chart(findings_charts.simulator_curves(per_step, [
+        plot.show(findings_charts.simulator_curves(per_step, [
             ("masked_token_frac", "masked tokens"), ("masked_seq_frac", "masked sequences"),
             ("ess_after", "ESS after")]), key="findings_sim_curves")
         st.dataframe(per_run, hide_index=True, key="findings_sim_table", column_config=S.number_columns(per_run))
@@ -163,7 +163,7 @@ def simulator_tab() -> None:
             st.caption("This run logged no rewards: the reward columns stay empty.")
         q = S.cached(corrections.log_ratio_quantiles, [run], by="step", steps=sel.steps)
         bands = [(m, corrections.BAND_QUANTITY[m], corrections.band_log_width(m, p)) for m, p in choices]
-        st.plotly_chart(findings_charts.noise_vs_bands(q, bands, corrections.QUANTITY_LABELS), key="findings_noise")
+        plot.show(findings_charts.noise_vs_bands(q, bands, corrections.QUANTITY_LABELS), key="findings_noise")
         st.caption("Measured p50 (solid) and p99 (dotted) of what each method acts on, per step, against how far its "
                    "band reaches from Δ = 0 on its narrower side: a band below the p50 masks ordinary noise "
                    "(verl-omni RFC #280).")
@@ -173,7 +173,7 @@ def gates_tab() -> None:
     with S.guard("check the gates"):
         tables = S.cached(dashboard.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)
         table = gates.gate_table(tables["run"], tables["step"], sel.runs)
-        st.plotly_chart(findings_charts.gates_matrix(table), key="findings_gates_matrix")
+        plot.show(findings_charts.gates_matrix(table), key="findings_gates_matrix")
         st.dataframe(table, hide_index=True, key="findings_gates",
                      column_config={"passed": st.column_config.CheckboxColumn("pass"),
                                     "value": st.column_config.NumberColumn("value", format="%.4g")})

@@ -2,7 +2,7 @@
 import streamlit as st
 
 from analysis import compare, context, dashboard
-from ui import auth, charts, context_charts, glossary
+from ui import auth, charts, context_charts, glossary, plot
 from ui import state as S
 
 auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
@@ -66,7 +66,7 @@ with S.guard("compute the per-step metrics"):
         st.info("Pick at least one metric to plot.")
     else:
         shown = dashboard.smooth(per_step, chosen, window)
-        st.plotly_chart(charts.step_curves(shown, chosen, colors, log_y=log_y), key="overview_curves")
+        plot.show(charts.step_curves(shown, chosen, colors, log_y=log_y), key="overview_curves")
         st.markdown("\n".join(f"- **{m}**: {glossary.describe(m)}" for m in chosen))
 
 st.subheader("Context over steps")
@@ -81,7 +81,7 @@ with S.guard("compute the context per step"):
     if ctx.is_empty():
         st.info("No steps to show in this range.")
     else:
-        st.plotly_chart(context_charts.context_over_steps(per_step, ctx, drift, colors), key="overview_context")
+        plot.show(context_charts.context_over_steps(per_step, ctx, drift, colors), key="overview_context")
         if not ctx["n_rewarded"].sum():
             st.caption("The chosen runs logged no reward (sequence JSON Lines `reward`, or a mapped field).")
         with st.expander("Context per step, as numbers"):

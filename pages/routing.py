@@ -2,7 +2,7 @@
 import streamlit as st
 
 from analysis import dashboard, drilldown, routing
-from ui import auth, charts, glossary, routing_charts
+from ui import auth, charts, glossary, plot, routing_charts
 from ui import state as S
 
 auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
@@ -61,7 +61,7 @@ def expert_load_section() -> None:
         if df.is_empty():
             st.info(f"No routing recorded for step {step}, layer {layer} of {load_run}.")
         else:
-            st.plotly_chart(routing_charts.expert_load(df), key="routing_expert_load")
+            plot.show(routing_charts.expert_load(df), key="routing_expert_load")
             st.caption("Share of the routed top-k slots each expert received at this (step, layer), for the "
                        "sampler and the trainer. Imbalance shifts between the two sides when routing flips.")
 
@@ -92,12 +92,12 @@ if layer_tab.open:
             if df.is_empty():
                 st.info("No routing rows with both sides in this step range.")
             else:
-                st.plotly_chart(routing_charts.layer_heatmap(df, value), key="routing_layer_heatmap")
+                plot.show(routing_charts.layer_heatmap(df, value), key="routing_layer_heatmap")
                 st.caption(f"**{value}**: {glossary.describe(value)}.")
         with right, S.guard("compute the layer profile"):
             st.markdown("**Flip rate per layer** (all steps, every run with both sides)")
             df = S.cached(routing.layer_profile, both, steps=sel.steps)
-            st.plotly_chart(routing_charts.layer_profile(df, colors, "flip_rate"), key="routing_layer_profile")
+            plot.show(routing_charts.layer_profile(df, colors, "flip_rate"), key="routing_layer_profile")
             st.caption("Deeper layers see inputs that already carry upstream drift; a rising profile is typical.")
 
 if token_tab.open:
@@ -105,19 +105,19 @@ if token_tab.open:
     with token_tab, S.guard("compute flips per token"):
         flips = S.cached(routing.flip_views, both, steps=sel.steps)
         st.markdown("**Tokens with a flip, per step**")
-        st.plotly_chart(charts.step_curves(flips["step"], ["token_any_flip_rate", "flipped_layers_per_token"],
+        plot.show(charts.step_curves(flips["step"], ["token_any_flip_rate", "flipped_layers_per_token"],
                                            colors), key="routing_flip_steps")
         st.caption(f"**token_any_flip_rate**: {glossary.describe('token_any_flip_rate')}. "
                    f"**flipped_layers_per_token**: {glossary.describe('flipped_layers_per_token')}.")
         left, right = st.columns(2)
         with left:
             st.markdown("**First layer where a token's experts flip**")
-            st.plotly_chart(routing_charts.first_flip(flips["first_flip"], colors), key="routing_first_flip")
+            plot.show(routing_charts.first_flip(flips["first_flip"], colors), key="routing_first_flip")
             st.caption("Where divergence starts: once one layer routes differently, later layers see different "
                        "inputs.")
         with right:
             st.markdown("**Do flips cost log-prob agreement?**")
-            st.plotly_chart(routing_charts.flip_mismatch(flips["mismatch"], colors), key="routing_flip_mismatch")
+            plot.show(routing_charts.flip_mismatch(flips["mismatch"], colors), key="routing_flip_mismatch")
             st.caption("Mean |Δ| and kl_k3 of tokens with at least one flipped layer against tokens without. A "
                        "large gap says routing replay (R3) would remove much of the mismatch.")
 

@@ -4,7 +4,7 @@ the same sequence."""
 import streamlit as st
 
 from analysis import dashboard, drilldown, sampled
-from ui import auth, charts, routing_charts, sequence_view
+from ui import auth, charts, plot, routing_charts, sequence_view
 from ui import state as S
 
 auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
@@ -115,7 +115,7 @@ with S.guard("load the sequence"):
         st.html(sequence_view.legend_html(scale))
         with st.container(border=True):
             st.html(sequence_view.sequence_html(toks, scale))
-    st.plotly_chart(charts.sequence_delta(toks), key="seq_delta_chart")
+    plot.show(charts.sequence_delta(toks), key="seq_delta_chart")
     with st.expander("Token by token, as numbers"):
         table = sequence_view.token_table(toks)
         st.dataframe(table, hide_index=True, key="seq_token_table", column_config=S.number_columns(table, "%.6g"))
@@ -131,7 +131,7 @@ if kinds.get(run) == "both":
         grid = S.cached(drilldown.sequence_flip_grid, run, step, sample)
         if not grid.is_empty():
             st.subheader("Routing flips in this sequence")
-            st.plotly_chart(routing_charts.flip_grid(grid), key="seq_flip_grid")
+            plot.show(routing_charts.flip_grid(grid), key="seq_flip_grid")
             st.caption("Position × MoE layer; a red cell is a token whose top-k expert set differs between the "
                        "sampler and the trainer at that layer.")
 elif kinds.get(run) == "sampler":

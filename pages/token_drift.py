@@ -3,7 +3,7 @@ where the mismatch lives (probability, position, length, entropy, staleness) and
 import streamlit as st
 
 from analysis import buckets, distributions, sampled
-from ui import auth, charts, glossary
+from ui import auth, charts, glossary, plot
 from ui import state as S
 
 auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
@@ -31,12 +31,12 @@ if dist_tab.open:
         with S.guard("bin Δ and r"):
             hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=80, steps=sel.steps)
             with left:
-                st.plotly_chart(charts.histogram(hists["log_ratio"], colors, "Δ = t − s (signed log axis)",
+                plot.show(charts.histogram(hists["log_ratio"], colors, "Δ = t − s (signed log axis)",
                                                  log_y=log_y, signed_log_x=True), key="tokens_hist_delta")
                 st.caption("Histogram of Δ on a signed log axis (each decade of |Δ| equally wide, 0 in the "
                            "middle): mass near 0 means the trainer reproduces the sampler; mass far out is drift.")
             with right:
-                st.plotly_chart(charts.histogram(hists["ratio"], colors, "r = π_trainer / π_sampler (log axis)",
+                plot.show(charts.histogram(hists["ratio"], colors, "r = π_trainer / π_sampler (log axis)",
                                                  log_y=log_y, log_x=True), key="tokens_hist_ratio")
                 st.caption(f"Histogram of r on a log axis; tokens beyond C = {sel.cap:g} (or below 1/C) are what "
                            "importance sampling corrections cap or reject.")
@@ -56,7 +56,7 @@ if run_tab.open:
             if df.is_empty():
                 st.info("No tokens in this step range.")
             else:
-                st.plotly_chart(charts.step_heatmap(df, "Δ = t − s (signed log axis)", signed_log_x=True), key="tokens_step_heatmap")
+                plot.show(charts.step_heatmap(df, "Δ = t − s (signed log axis)", signed_log_x=True), key="tokens_step_heatmap")
                 per_row = charts.steps_per_row(df)
                 st.caption("Step × Δ bin, colour = share of the step's tokens (log scale): watch the distribution "
                            "widen or shift as training moves."
@@ -69,7 +69,7 @@ if run_tab.open:
             if df.is_empty():
                 st.info("No tokens in this step range.")
             else:
-                st.plotly_chart(charts.density_2d(df, log_axes=log_axes), key="tokens_density")
+                plot.show(charts.density_2d(df, log_axes=log_axes), key="tokens_density")
                 st.caption("Each token placed at (sampler probability, trainer probability), counted in 100 × 100 "
                            "bins. Perfect agreement puts everything on the dashed diagonal."
                            + (f" It reads token rows: on a run this large, {thin.label()}." if thin.label() else ""))
@@ -104,7 +104,7 @@ if where_tab.open:
         if df.is_empty():
             st.info("No tokens to group in this range.")
         else:
-            st.plotly_chart(charts.bucket_chart(df, metric, colors, glossary.DIMENSIONS[dim][0], bars=dim == "lag"),
+            plot.show(charts.bucket_chart(df, metric, colors, glossary.DIMENSIONS[dim][0], bars=dim == "lag"),
                             key="tokens_bucket_chart")
         missing = []
         if not has_entropy:
@@ -118,6 +118,6 @@ if where_tab.open:
 if extreme_tab.open:
     with extreme_tab, S.guard("compute the extreme-token curve"):
         hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=80, steps=sel.steps)  # the histograms' pass
-        st.plotly_chart(charts.extreme_curve(hists["extreme"], colors), key="tokens_extreme")
+        plot.show(charts.extreme_curve(hists["extreme"], colors), key="tokens_extreme")
         st.caption("F(τ): the share of tokens whose ratio is off by more than a factor τ in either direction "
                    "(max(r, 1/r) > τ). A heavy tail here is what breaks importance-sampling corrections.")

@@ -120,12 +120,13 @@ def free_port() -> int:
 
 @contextmanager
 def streamlit_server(db: Path, env: dict | None = None, timeout: float = 60.0,
-                     log: Path | None = None, procs: list | None = None) -> Iterator[str]:
-    """`streamlit run app.py` on a free port with DRIFT_DB=db; yields the base URL once /_stcore/health answers.
-    `procs`, if given, receives the server's Popen (a test that signals the server itself)."""
+                     log: Path | None = None, procs: list | None = None, app: str = "app.py") -> Iterator[str]:
+    """`streamlit run app.py` (or `app`, relative to the repository) on a free port with DRIFT_DB=db; yields the
+    base URL once /_stcore/health answers. `procs`, if given, receives the server's Popen (a test that signals
+    the server itself)."""
     port = free_port()
     full_env = os.environ | {"DRIFT_DB": str(db), "PYTHONUNBUFFERED": "1"} | (env or {})
-    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+    cmd = [sys.executable, "-m", "streamlit", "run", app, "--server.headless", "true",
            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
            "--server.port", str(port), "--server.address", "127.0.0.1"]
     out = open(log, "wb") if log else subprocess.DEVNULL
@@ -171,8 +172,8 @@ _IDLE_JS = """([title]) => {
   const h1 = [...document.querySelectorAll("h1")].map(e => e.textContent.trim());
   if (title && !h1.some(t => t.startsWith(title))) return false;
   if (document.querySelector("[data-testid='stSkeleton']")) return false;
-  const charts = document.querySelectorAll("[data-testid='stPlotlyChart']");
-  for (const c of charts) { if (!c.querySelector(".main-svg")) return false; }
+  const charts = document.querySelectorAll("div.drift-chart");  // ui/plot.py: pending while plotly draws
+  for (const c of charts) { if (c.dataset.pending || !c.querySelector(".main-svg")) return false; }
   return true;
 }"""
 

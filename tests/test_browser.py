@@ -74,13 +74,13 @@ def test_pages_render_and_upload_works(server):
                 errors = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
                 assert not errors, f"{label}: {errors}"
                 if label in CHART_PAGES:
-                    assert page.locator("[data-testid='stPlotlyChart'] .main-svg").count() > 0, label
+                    assert page.locator("div.drift-chart .main-svg").count() > 0, label
                 bu.full_screenshot(page, SHOTS / f"{name}.png")
                 for tab, suffix, _ in bu.visit_tabs(page, label):  # tabs run their content only when opened
                     assert page.locator("[data-testid='stException']").count() == 0, f"exception on {label}/{tab}"
                     errors = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
                     assert not errors, f"{label}/{tab}: {errors}"
-                    assert page.locator("[data-testid='stPlotlyChart'] .main-svg").count() > 0, (label, tab)
+                    assert page.locator("div.drift-chart .main-svg").count() > 0, (label, tab)
                     bu.full_screenshot(page, SHOTS / f"{name}-{suffix}.png")
 
             # a metrics table downloads as CSV (its data is made on click, on another server thread)

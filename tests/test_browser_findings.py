@@ -56,11 +56,11 @@ def test_findings_page_cards_waterfall_simulator_and_evidence_link(server):
                 if tab == "Waterfall":
                     assert page.locator(".waterfalllayer").count() == 1
                 if tab == "Correction simulator":
-                    assert page.locator("[data-testid='stPlotlyChart']").count() == 2
+                    assert page.locator("div.drift-chart").count() == 2
                     assert page.locator("[data-testid='stDataFrame']").count() == 1
                 if tab == "Gates":  # the pass/fail grid and the table
                     assert page.locator("[data-testid='stDataFrame']").count() == 1
-                    assert page.locator("[data-testid='stPlotlyChart']").count() == 1
+                    assert page.locator("div.drift-chart").count() == 1
                 bu.full_screenshot(page, SHOTS / f"findings-{suffix}.png")
             # the link opens the evidence view: Token drift, its "Where the mismatch lives" tab, grouped by lag
             link = page.locator("xpath=//*[contains(text(), 'Stale tokens (lag')]"
@@ -73,6 +73,6 @@ def test_findings_page_cards_waterfall_simulator_and_evidence_link(server):
             tab = page.get_by_role("tab", name="Where the mismatch lives", exact=True)
             assert tab.get_attribute("aria-selected") == "true"
             assert page.get_by_role("radio", name="staleness (lag)").is_checked()
-            assert page.locator("[data-testid='stPlotlyChart'] .main-svg").count() >= 1
+            assert page.locator("div.drift-chart .main-svg").count() >= 1
         finally:
             browser.close()

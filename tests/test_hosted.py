@@ -380,7 +380,7 @@ def test_sign_in_flow_in_a_real_server(app_template_db, tmp_path):
                     idp.claims = {"email": "eve@elsewhere.net", "name": "Eve", "email_verified": True}
                     sign_in.click()
                     page.get_by_text("is not allowed to use this Driftscope").wait_for(timeout=60_000)
-                    assert page.locator("[data-testid='stPlotlyChart']").count() == 0
+                    assert page.locator("div.drift-chart").count() == 0
                     page.get_by_role("button", name="Sign out").click()
                     signed_out()
 

@@ -12,6 +12,7 @@ from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest, app_test
 
 import browser_util as bu
+from ui import plot
 
 pytestmark = pytest.mark.slow  # AppTest runs whole pages: about 14 s of CPU for the file
 
@@ -84,7 +85,8 @@ def texts(elements) -> str:
 
 
 def charts(at: AppTest) -> int:
-    return sum(1 for e in at.get("plotly_chart"))
+    """The charts drawn (ui/plot.py's component)."""
+    return sum(1 for e in at.get("bidi_component") if e.proto.component_name == plot.COMPONENT)
 
 
 def html_bodies(at: AppTest) -> str:

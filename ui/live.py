@@ -14,10 +14,9 @@ Refresh: each load bumps the data version. A small fragment in the sidebar rerun
 seconds (st.fragment(run_every=...)): it redraws the runs' last step and file age, and only when the data
 version moved since the page was drawn does it rerun the script. That rerun happens inside the open page:
 the browser keeps it, the session keeps its widgets (runs, step range, tab in the URL) and the charts keep
-their zoom: ui/charts.py names each figure's view in plotly's uirevision, and ui/static/keep_view.js puts the
-user's axis ranges back on the redrawn chart (Streamlit mounts a new chart when the figure changes, so plotly
-alone would forget them). The "Follow live runs" toggle pauses it for the session;
-the watcher itself goes on loading.
+their zoom: ui/charts.py names each figure's view in plotly's uirevision, and ui/plot.py redraws a chart in
+place (Plotly.react into the same div), so plotly keeps the user's axis ranges while the view is the same.
+The "Follow live runs" toggle pauses it for the session; the watcher itself goes on loading.
 """
 from __future__ import annotations
 
@@ -43,7 +42,6 @@ DEFAULT_INTERVAL = 0.5
 SETTLE_S = 1.0  # the least time a file keeps its size and time before it is read
 FOLLOW_KEY = "live_follow"
 _DRAWN = "_live_drawn_version"  # the data version the page on screen was drawn from
-_KEEP_VIEW_JS = (Path(__file__).parent / "static" / "keep_view.js").read_text(encoding="utf-8")
 
 
 def watch_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
@@ -133,7 +131,6 @@ def sidebar(app) -> None:
     ss = st.session_state
     ss[_DRAWN] = app.version
     ss.setdefault(FOLLOW_KEY, True)
-    st.html(f"<script>{_KEEP_VIEW_JS}</script>", unsafe_allow_javascript=True)  # our constant code only
     follow = st.toggle("Follow live runs", key=FOLLOW_KEY,
                        help=f"Loads new files from the folders this server follows and redraws the page every "
                             f"{live.interval:g} s, keeping your runs, tab and zoom. Off: the page stays as it is "
