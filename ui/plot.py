@@ -41,7 +41,8 @@ TEMPLATE = go.layout.Template(layout=go.Layout(
 ))
 
 _JS = """
-const CONFIG = {responsive: true, displaylogo: false, modeBarButtonsToRemove: ["select2d", "lasso2d"]};
+// no `responsive`: the ResizeObserver below already follows every width change, the window's included
+const CONFIG = {displaylogo: false, modeBarButtonsToRemove: ["select2d", "lasso2d"]};
 
 function plotlyJs(src) {
   if (!window.__driftPlotly) {
@@ -58,7 +59,13 @@ function plotlyJs(src) {
 
 export default function ({ data, parentElement }) {
   const box = parentElement.querySelector("div.CHART_CLASS");
-  if (!box || box.__driftJson === data.figure) return;  // same figure: already drawn (or being drawn)
+  if (!box) return;
+  // one cleanup per div, handed back by every call (whichever call Streamlit keeps it from)
+  box.__driftCleanup ??= () => {
+    if (box.__driftResize) box.__driftResize.disconnect();
+    if (window.Plotly) window.Plotly.purge(box);
+  };
+  if (box.__driftJson === data.figure) return box.__driftCleanup;  // same figure: drawn (or being drawn)
   box.__driftJson = data.figure;
   box.dataset.pending = "1";
   const fig = JSON.parse(data.figure);
@@ -79,10 +86,7 @@ export default function ({ data, parentElement }) {
     })
     .catch((err) => { box.dataset.error = String(err); })
     .finally(() => { if (box.__driftJson === data.figure) delete box.dataset.pending; });
-  return () => {
-    if (box.__driftResize) box.__driftResize.disconnect();
-    if (window.Plotly) window.Plotly.purge(box);
-  };
+  return box.__driftCleanup;
 }
 """.replace("CHART_CLASS", CHART_CLASS)
 
