@@ -65,7 +65,7 @@ if tabs[1].open:
             hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=80, steps=sel.steps)
             with left:
                 plot.show(charts.histogram(hists["log_ratio"], colors, "Δ = t − s (signed log axis)",
-                                                 log_y=True, signed_log_x=True), key="compare_hist")
+                                           log_y=True, signed_log_x=True), key="compare_hist")
             with right:
                 plot.show(charts.extreme_curve(hists["extreme"], colors), key="compare_extreme")
         with S.guard("compute the per-step kl_k3"):

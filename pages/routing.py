@@ -106,7 +106,7 @@ if token_tab.open:
         flips = S.cached(routing.flip_views, both, steps=sel.steps)
         st.markdown("**Tokens with a flip, per step**")
         plot.show(charts.step_curves(flips["step"], ["token_any_flip_rate", "flipped_layers_per_token"],
-                                           colors), key="routing_flip_steps")
+                                     colors), key="routing_flip_steps")
         st.caption(f"**token_any_flip_rate**: {glossary.describe('token_any_flip_rate')}. "
                    f"**flipped_layers_per_token**: {glossary.describe('flipped_layers_per_token')}.")
         left, right = st.columns(2)

@@ -32,12 +32,12 @@ if dist_tab.open:
             hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=80, steps=sel.steps)
             with left:
                 plot.show(charts.histogram(hists["log_ratio"], colors, "Δ = t − s (signed log axis)",
-                                                 log_y=log_y, signed_log_x=True), key="tokens_hist_delta")
+                                           log_y=log_y, signed_log_x=True), key="tokens_hist_delta")
                 st.caption("Histogram of Δ on a signed log axis (each decade of |Δ| equally wide, 0 in the "
                            "middle): mass near 0 means the trainer reproduces the sampler; mass far out is drift.")
             with right:
                 plot.show(charts.histogram(hists["ratio"], colors, "r = π_trainer / π_sampler (log axis)",
-                                                 log_y=log_y, log_x=True), key="tokens_hist_ratio")
+                                           log_y=log_y, log_x=True), key="tokens_hist_ratio")
                 st.caption(f"Histogram of r on a log axis; tokens beyond C = {sel.cap:g} (or below 1/C) are what "
                            "importance sampling corrections cap or reject.")
 
@@ -105,7 +105,7 @@ if where_tab.open:
             st.info("No tokens to group in this range.")
         else:
             plot.show(charts.bucket_chart(df, metric, colors, glossary.DIMENSIONS[dim][0], bars=dim == "lag"),
-                            key="tokens_bucket_chart")
+                      key="tokens_bucket_chart")
         missing = []
         if not has_entropy:
             missing.append("no `sampler_entropy`, so no entropy grouping")

@@ -160,6 +160,12 @@ def streamlit_server(db: Path, env: dict | None = None, timeout: float = 60.0,
             out.close()
 
 
+def app_charts(at) -> int:
+    """The charts an AppTest run drew: ui/plot.py's component, which AppTest lists as a bidi_component."""
+    from ui import plot
+    return sum(1 for e in at.get("bidi_component") if e.proto.component_name == plot.COMPONENT)
+
+
 def launch_chromium(playwright):
     return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
 

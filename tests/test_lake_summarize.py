@@ -11,10 +11,10 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
+import browser_util as bu
 import lake_util as lu
 from analysis import buckets, metrics, report
 from analysis.__main__ import main
-from ui import plot
 from analysis.ingest import ingest_paths
 from analysis.lake import partial
 from analysis.lake.engines import run_local
@@ -214,4 +214,4 @@ def test_the_app_shows_a_summarized_lake(tmp_path, monkeypatch):
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     assert at.multiselect(key="sidebar_runs").value == ["s"]
-    assert sum(1 for e in at.get("bidi_component") if e.proto.component_name == plot.COMPONENT) > 0
+    assert bu.app_charts(at) > 0

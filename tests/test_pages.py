@@ -12,7 +12,6 @@ from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest, app_test
 
 import browser_util as bu
-from ui import plot
 
 pytestmark = pytest.mark.slow  # AppTest runs whole pages: about 14 s of CPU for the file
 
@@ -84,9 +83,7 @@ def texts(elements) -> str:
     return "\n".join(str(e.value) for e in elements)
 
 
-def charts(at: AppTest) -> int:
-    """The charts drawn (ui/plot.py's component)."""
-    return sum(1 for e in at.get("bidi_component") if e.proto.component_name == plot.COMPONENT)
+charts = bu.app_charts  # the charts drawn
 
 
 def html_bodies(at: AppTest) -> str:
