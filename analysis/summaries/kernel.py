@@ -33,12 +33,20 @@ term (see `accumulate`). Counts are float64 (exact below 2^53) in column 0, as i
 
 How a call is laid out, per chunk of CHUNK tokens (measured on 750k tokens, benchmarks/RESULTS-logger.md):
   - numpy's vectorised exp and expm1 of the chunk (SIMD: ~10x faster than libm's per token in the loop);
-  - a vectorised loop for each token's Δ bin and probability bucket;
-  - then one loop over the tokens: a "run" of consecutive tokens with the same sequence and position bucket
-    is summed plainly (wide sums, extremes and its band cells), then added once into its sequence's row and
-    band cells, the step row, its position bucket and, with one lag per sequence, its lag bucket (in
-    DriftLogger's row-major layout a run is up to RUN tokens); the probability bucket (and, when given,
-    per-token lag and entropy buckets), the histogram and the bucket × band cells take each token.
+  - a loop for each token's Δ bin and probability bucket;
+  - per block of SUB tokens, a loop that writes each token's terms into a column of W (sums) and XK (the
+    extremes' order keys). It has no branch, scatter or exception (error_model="numpy": a division by zero
+    gives inf rather than raising) and its rows lie at constant distances, so LLVM vectorises it; the rows are
+    SUB_STRIDE apart, not a power of two, which kept 27 store streams from evicting each other in L1
+    (74 -> 14 ns a token, measured);
+  - then run by run: a "run" is consecutive tokens of one sequence and position bucket, at most RUN of them
+    (in DriftLogger's row-major layout, a stretch of a row). Its sums and maxima are reduced over its columns
+    (vectorised: sums reassociated within the run, maxima as integer keys, since LLVM does not vectorise a
+    float maximum), then added once into its sequence, the step, its position bucket and its lag bucket
+    (the sequence's lag, or the one lag its tokens share). The block's most common probability bucket is
+    reduced in the same pass, from the tokens of the run that fall in it;
+  - then each token of the run joins, on its own, its Δ bin, band cells, probability bucket (if not the
+    common one) and, when given, per-token lag (where a run's tokens differ), entropy bucket and flip sums.
 """
 from __future__ import annotations
 
@@ -155,15 +163,6 @@ def _settle_rows(acc, lo, hi):
 
 
 @njit(inline="always")
-def _pend(acc, row, v):
-    """A token's terms v into the plain partial sums of a wide `row` (settled every RUN tokens)."""
-    for j in range(NW):
-        acc[2, row, j] += v[j]
-    if acc[2, row, 0] >= RUN:
-        _settle(acc, row)
-
-
-@njit(inline="always")
 def _pend_band(acc, row, rm1, rm1_sq):
     """A token's (1, r − 1, (r − 1)²) into the plain partial sums of a band cell."""
     acc[2, row, 0] += 1.0
@@ -171,12 +170,6 @@ def _pend_band(acc, row, rm1, rm1_sq):
     acc[2, row, 2] += rm1_sq
     if acc[2, row, 0] >= RUN:
         _settle(acc, row)
-
-
-@njit(inline="always")
-def _top(top, row, x):
-    for j in range(NX):
-        top[row, j] = max(top[row, j], x[j])
 
 
 @njit(inline="always")
@@ -213,188 +206,297 @@ def _bit_length(p):
     return k
 
 
-@njit(cache=True, nogil=True)
-def accumulate(s, t, d_a, rm1_a, r_a, ps_a, em1s_a, pt_a, bin_a, prob_a, pos, seq, valid, T, lo, hi, seq_lag,
-               tok_lag, entropy, flipped, d_padded, bin_start, band_of_bin, ent_edges,
+CHUNK = 1 << 15  # tokens whose exp / expm1 are computed at once (numpy's vectorised functions; in L2)
+SUB = 2048  # tokens whose terms are held at once (W, XK: 440 KB)
+SUB_STRIDE = SUB + 24  # their rows' distance: rows 16 KB apart would share the L1 cache's sets
+KEY_MASK = np.int64((1 << 63) - 1)
+KEY_NEG_INF = np.int64(np.float64(-np.inf).view(np.int64) ^ ((1 << 63) - 1))  # _key(−inf)
+
+
+@njit(fastmath={"reassoc", "nsz"}, error_model="numpy", nogil=True, cache=True)
+def _sum_both(W, off, key, key_off, n, want):
+    """(Σ W[off + c], the same where key[key_off + c] == want) over c < n, vectorised as `_sum_range`."""
+    row = W[off:off + n]
+    keys = key[key_off:key_off + n]
+    acc = 0.0
+    part = 0.0
+    for c in range(row.size):
+        x = row[c]
+        acc += x
+        part += x if keys[c] == want else 0.0
+    return acc, part
+
+
+@njit(error_model="numpy", nogil=True, cache=True)
+def _max_both(XK, off, key, key_off, n, want):
+    """(max XK[off + c], the same where key[key_off + c] == want) over c < n (order keys)."""
+    row = XK[off:off + n]
+    keys = key[key_off:key_off + n]
+    m = KEY_NEG_INF
+    mp = KEY_NEG_INF
+    for c in range(row.size):
+        x = row[c]
+        m = x if x > m else m
+        y = x if keys[c] == want else KEY_NEG_INF
+        mp = y if y > mp else mp
+    return m, mp
+
+
+@njit(inline="always")
+def _key(x):
+    """An int64 that orders as the float64 x does (no NaN): its bits, the lower 63 flipped if negative."""
+    b = np.float64(x).view(np.int64)
+    return b ^ ((b >> 63) & KEY_MASK)
+
+
+@njit(inline="always")
+def _unkey(k):
+    """The float64 of an order key (`_key` is its own inverse on the bits)."""
+    return np.int64(k ^ ((k >> 63) & KEY_MASK)).view(np.float64)
+
+
+@njit(inline="always")
+def _terms(s, t, E, valid, masked, n, W, XK):
+    """The terms of n tokens: token c's sums into W[j·SUB_STRIDE + c] (j a column of WIDE), its extremes' order
+    keys into XK[j·SUB_STRIDE + c] (j of EXTREMES); 0 and −inf where `valid` is False. s, t, valid start at the
+    first token, E (the chunk's numpy rows, CHUNK apart) at its column. No branch, scatter or exception in the
+    loop, and constant distances between rows, so that it vectorises."""
+    for c in range(n):
+        ok = not masked or valid[c]
+        si, ti = s[c], t[c]
+        d = E[c]  # t − s
+        cd = d if d > -CLAMP else -CLAMP
+        cd = cd if cd < CLAMP else CLAMP
+        rm1 = E[CHUNK + c]
+        em = -rm1 / E[2 * CHUNK + c]
+        ps, pt = E[3 * CHUNK + c], E[5 * CHUNK + c]
+        qs = -E[4 * CHUNK + c]
+        ad = abs(d)
+        k3_big, k3r_big = rm1 - d, em + d
+        k3_big = k3_big if k3_big > 0.0 else 0.0
+        k3r_big = k3r_big if k3r_big > 0.0 else 0.0
+        k3_series, k3r_series = _series_k3(d), _series_k3(-d)
+        small = ad < SERIES_BELOW
+        k3 = k3_series if small else k3_big
+        k3r = k3r_series if small else k3r_big
+        dp_exact, dp_clamped = ps * rm1, pt - ps
+        dp = dp_exact if d == cd else dp_clamped
+        qt = qs - dp
+        adp = abs(dp)
+        mpe = rm1 if cd >= 0 else em
+        W[c] = 1.0 if ok else 0.0
+        W[I_RM1 * SUB_STRIDE + c] = rm1 if ok else 0.0
+        W[I_RM1_SQ * SUB_STRIDE + c] = rm1 * rm1 if ok else 0.0
+        W[I_D * SUB_STRIDE + c] = d if ok else 0.0
+        W[I_D2 * SUB_STRIDE + c] = d * d if ok else 0.0
+        W[I_ABS_D * SUB_STRIDE + c] = ad if ok else 0.0
+        W[I_K3 * SUB_STRIDE + c] = k3 if ok else 0.0
+        W[I_K3R * SUB_STRIDE + c] = k3r if ok else 0.0
+        W[I_MPE * SUB_STRIDE + c] = mpe if ok else 0.0
+        W[I_ADP * SUB_STRIDE + c] = adp if ok else 0.0
+        W[I_QS * SUB_STRIDE + c] = qs if ok else 0.0
+        W[I_QT * SUB_STRIDE + c] = qt if ok else 0.0
+        W[I_QS2 * SUB_STRIDE + c] = qs * qs if ok else 0.0
+        W[I_QT2 * SUB_STRIDE + c] = qt * qt if ok else 0.0
+        W[I_QSQT * SUB_STRIDE + c] = qs * qt if ok else 0.0
+        W[I_PS * SUB_STRIDE + c] = ps if ok else 0.0
+        W[I_PT * SUB_STRIDE + c] = pt if ok else 0.0
+        W[I_PS2 * SUB_STRIDE + c] = ps * ps if ok else 0.0
+        W[I_PT2 * SUB_STRIDE + c] = pt * pt if ok else 0.0
+        W[I_PSPT * SUB_STRIDE + c] = ps * pt if ok else 0.0
+        XK[X_MAX_D * SUB_STRIDE + c] = _key(d) if ok else KEY_NEG_INF
+        XK[X_MIN_D * SUB_STRIDE + c] = _key(-d) if ok else KEY_NEG_INF
+        XK[X_MAX_ADP * SUB_STRIDE + c] = _key(adp) if ok else KEY_NEG_INF
+        XK[X_MAX_S * SUB_STRIDE + c] = _key(si) if ok else KEY_NEG_INF
+        XK[X_MIN_S * SUB_STRIDE + c] = _key(-si) if ok else KEY_NEG_INF
+        XK[X_MAX_T * SUB_STRIDE + c] = _key(ti) if ok else KEY_NEG_INF
+        XK[X_MIN_T * SUB_STRIDE + c] = _key(-ti) if ok else KEY_NEG_INF
+
+
+@njit(inline="always")
+def _pend_token(acc, topk, row, W, XK, c):
+    """Token c's terms into the plain partial sums of a wide `row`, its extremes' keys into topk[row]."""
+    for j in range(NW):
+        acc[2, row, j] += W[j * SUB_STRIDE + c]
+    for j in range(NX):
+        x = XK[j * SUB_STRIDE + c]
+        if x > topk[row, j]:
+            topk[row, j] = x
+    if acc[2, row, 0] >= RUN:
+        _settle(acc, row)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def accumulate(s, t, E, bin_a, prob_a, W, XK, pos, seq, valid, T, lo, hi, seq_lag, tok_lag, entropy, flipped,
+               d_padded, bin_start, band_of_bin, ent_edges,
                seq_acc, seq_top, seq_max_pos, seq_flip, seq_band, wide, wide_top, band, hist, flip):
-    """Add tokens lo .. hi − 1 to the accumulators (the module docstring lists the inputs, `Accumulators` the
-    outputs). d_a, rm1_a, r_a, ps_a, em1s_a, pt_a hold t − s, expm1(cd), exp(cd), exp(s), expm1(s), exp(t) of
-    tokens lo .. hi − 1 (numpy's vectorised functions, `Accumulators.add`); bin_a and prob_a take their Δ bin
-    and probability-bucket row.
+    """Add tokens lo .. hi − 1 (at most CHUNK) to the accumulators (the module docstring lists the inputs,
+    `Accumulators` the outputs). E holds, CHUNK apart, the rows t − s, expm1(cd), exp(cd), exp(s), expm1(s),
+    exp(t) of those tokens (numpy's vectorised functions, `Accumulators.add`); bin_a and prob_a take their Δ bin
+    and probability-bucket row; W and XK the terms of SUB tokens at a time.
 
     The per-token terms are compute.token_terms_sql's, from those five: the SQL forms expm1 from exp by
     Kahan's (u − 1)·x / ln u, accurate to a few ulps, and numpy's exp and expm1 are within a few ulps too, so
     the two agree per term to a few ulps, which the compensated sums then preserve. The k3 series is the
     SQL's Horner form, operation for operation.
     """
+    n_all = hi - lo
+    d_a = E[:n_all]
     d_bits = d_a.view(np.int64)
-    for k in range(hi - lo):  # vectorised: each token's Δ bin and probability bucket
+    for k in range(n_all):  # vectorised: each token's Δ bin and probability bucket
         bin_a[k] = _d_bin(d_a[k], d_bits[k], bin_start, d_padded)
         prob_a[k] = PROB0 + int(min(max(math.floor((s[lo + k] / LN10 - PROB_LO) / PROB_WIDTH), 0.0), PROB_TOP))
     grid = len(seq) == 0
     masked = len(valid) > 0
     has_seq_lag, has_tok_lag = len(seq_lag) > 0, len(tok_lag) > 0
     has_ent, has_flip = len(entropy) > 0, len(flipped) > 0
-    v = np.zeros(NW)
-    x = np.empty(NX)
-    run = np.zeros(NW)  # the run's plain sums and maxima
-    run_top = np.full(NX, -np.inf)
-    run_band = np.zeros((NB, 3))  # and its band cells, those touched listed in run_bands[:n_bands]
+    topk = np.full((wide.shape[1], NX), KEY_NEG_INF)  # per-token groupings' maxima, as order keys
+    run_band = np.zeros((NB, 3))  # a run's band cells, those touched listed in run_bands[:n_bands]
     run_bands = np.empty(NB, np.int64)
-    n_bands = 0
-    run_seq, run_pb, run_lo, run_hi, run_n, run_max_pos = -1, 0, 0, 0, 0, -1
-    for i in range(lo, hi + 1):
-        if i < hi:
+    counts = np.zeros(S.PROB_BINS, np.int64)
+    for a in range(0, n_all, SUB):
+        b = min(n_all, a + SUB)
+        _terms(s[lo + a:], t[lo + a:], E[a:], valid[lo + a:] if masked else valid, masked, b - a, W, XK)
+        # the block's most common probability bucket (from every 4th token): its tokens join it run by run,
+        # in the vectorised sums below, rather than one by one
+        counts[:] = 0
+        for k in range(a, b, 4):
+            if not masked or valid[lo + k]:
+                counts[prob_a[k] - PROB0] += 1
+        dom = PROB0 + np.argmax(counts)
+        k = a
+        while k < b:
+            i = lo + k
             if masked and not valid[i]:
+                k += 1
                 continue
             if grid:
-                b = i // T
-                p = i - b * T
+                sq = i // T
+                p = i - sq * T
             else:
-                b = seq[i]
+                sq = seq[i]
                 p = pos[i]
-            same_run = b == run_seq and run_lo <= p < run_hi and run_n < RUN
-        else:
-            b, p, same_run = -1, 0, False  # past the end: add the last run
-        if not same_run and run_n > 0:  # the run into its sequence, the step, its position (and lag) bucket
-            lag_g = LAG0 + seq_lag[run_seq] if has_seq_lag and seq_lag[run_seq] >= 0 else -1
-            pos_g = POS0 + run_pb
-            for j in range(NW):
-                run_j = run[j]
-                _add(seq_acc, run_seq, j, run_j)
-                _add(wide, STEP, j, run_j)
-                _add(wide, pos_g, j, run_j)
-                if lag_g >= 0:
-                    _add(wide, lag_g, j, run_j)
-                run[j] = 0.0
-            _top(seq_top, run_seq, run_top)
-            _top(wide_top, STEP, run_top)
-            _top(wide_top, pos_g, run_top)
-            if lag_g >= 0:
-                _top(wide_top, lag_g, run_top)
-            run_top[:] = -np.inf
-            seq_max_pos[run_seq] = max(seq_max_pos[run_seq], run_max_pos)
-            for m in range(n_bands):  # the run's band cells into the sequence's, the position's, the lag's
-                bd = run_bands[m]
-                for j in range(3):
-                    c = run_band[bd, j]
-                    _add(seq_band, run_seq * NB + bd, j, c)
-                    _add(band, pos_g * NB + bd, j, c)
-                    if lag_g >= 0:
-                        _add(band, lag_g * NB + bd, j, c)
-                    run_band[bd, j] = 0.0
-            n_bands = 0
-            run_n = 0
-        if i == hi:
-            break
-        if not same_run:
             pb = _bit_length(p)
-            run_seq, run_pb = b, pb
-            run_lo = 0 if pb == 0 else 1 << (pb - 1)
-            run_hi = 1 << pb
-            run_max_pos = -1
-
-        # the terms (compute.token_terms_sql)
-        k = i - lo
-        si, ti = s[i], t[i]
-        d = d_a[k]  # t − s
-        cd = min(max(d, -CLAMP), CLAMP)
-        rm1 = rm1_a[k]
-        em = -rm1 / r_a[k]
-        ad = abs(d)
-        if ad < SERIES_BELOW:
-            k3 = _series_k3(d)
-            k3r = _series_k3(-d)
-        else:
-            k3 = max(rm1 - d, 0.0)
-            k3r = max(em + d, 0.0)
-        ps, pt = ps_a[k], pt_a[k]
-        qs = -em1s_a[k]
-        dp = ps * rm1 if d == cd else pt - ps
-        qt = qs - dp
-        adp = abs(dp)
-        rm1_sq = rm1 * rm1
-        v[0] = 1.0
-        v[I_RM1] = rm1
-        v[I_RM1_SQ] = rm1_sq
-        v[I_D] = d
-        v[I_D2] = d * d
-        v[I_ABS_D] = ad
-        v[I_K3] = k3
-        v[I_K3R] = k3r
-        v[I_MPE] = rm1 if cd >= 0 else em
-        v[I_ADP] = adp
-        v[I_QS] = qs
-        v[I_QT] = qt
-        v[I_QS2] = qs * qs
-        v[I_QT2] = qt * qt
-        v[I_QSQT] = qs * qt
-        v[I_PS] = ps
-        v[I_PT] = pt
-        v[I_PS2] = ps * ps
-        v[I_PT2] = pt * pt
-        v[I_PSPT] = ps * pt
-        x[X_MAX_D] = d
-        x[X_MIN_D] = -d
-        x[X_MAX_ADP] = adp
-        x[X_MAX_S] = si
-        x[X_MIN_S] = -si
-        x[X_MAX_T] = ti
-        x[X_MIN_T] = -ti
-
-        # the run (sequence, step, position bucket, the sequence's lag)
-        for j in range(NW):
-            run[j] += v[j]
-        for j in range(NX):
-            run_top[j] = max(run_top[j], x[j])
-        run_max_pos = max(run_max_pos, p)
-        run_n += 1
-
-        # the groupings of each token: probability bucket, per-token lag, entropy bucket, with their bands
-        dbin = bin_a[k]
-        bd = band_of_bin[dbin]
-        _pend_band(hist, dbin, rm1, rm1_sq)
-        if run_band[bd, 0] == 0:
-            run_bands[n_bands] = bd
-            n_bands += 1
-        run_band[bd, 0] += 1.0
-        run_band[bd, 1] += rm1
-        run_band[bd, 2] += rm1_sq
-        pr = prob_a[k]
-        _pend(wide, pr, v)
-        _top(wide_top, pr, x)
-        _pend_band(band, pr * NB + bd, rm1, rm1_sq)
-        if not has_seq_lag and has_tok_lag and tok_lag[i] >= 0:
-            g = LAG0 + tok_lag[i]
-            _pend(wide, g, v)
-            _top(wide_top, g, x)
-            _pend_band(band, g * NB + bd, rm1, rm1_sq)
-        if has_ent and entropy[i] == entropy[i]:  # NaN: no entropy
-            e = entropy[i]
-            g = ENT0
-            while g + 1 < ENT0 + len(ent_edges) and e >= ent_edges[g + 1 - ENT0]:
-                g += 1
-            _pend(wide, g, v)
-            _top(wide_top, g, x)
-            _pend_band(band, g * NB + bd, rm1, rm1_sq)
-        if has_flip and flipped[i] >= 0:  # a token with routing of both sides
-            fl = flipped[i]
-            flip[0, 0, 6] += 1.0  # n_routed
-            if fl > 0:
-                seq_flip[b] += 1
-                flip[0, 0, 0] += 1.0
-                flip[0, 0, 1] += fl
-                _add(flip, 0, 2, ad)
-                _add(flip, 0, 3, k3)
+            p_lo = 0 if pb == 0 else 1 << (pb - 1)
+            p_hi = 1 << pb
+            limit = min(b, k + RUN)
+            # the run: tokens k .. e − 1 of one sequence and position bucket (masked ones inside hold 0, −inf)
+            max_pos = p
+            if grid:
+                e = min(limit, sq * T + min(p_hi, T) - lo)
+                last = e - 1
+                while masked and not valid[lo + last]:
+                    last -= 1
+                max_pos = lo + last - sq * T
             else:
-                _add(flip, 0, 4, ad)
-                _add(flip, 0, 5, k3)
+                e = k + 1
+                while e < limit:
+                    j = lo + e
+                    if not masked or valid[j]:
+                        pj = pos[j]
+                        if seq[j] != sq or pj < p_lo or pj >= p_hi:
+                            break
+                        max_pos = max(max_pos, pj)
+                    e += 1
+            # its lag bucket: the sequence's, or the one its tokens share (else each token's, below)
+            lag_g = -1
+            per_token_lag = False
+            if has_seq_lag:
+                if seq_lag[sq] >= 0:
+                    lag_g = LAG0 + seq_lag[sq]
+            elif has_tok_lag:
+                first = tok_lag[i]
+                for j in range(i + 1, lo + e):
+                    if tok_lag[j] != first and (not masked or valid[j]):
+                        per_token_lag = True
+                        break
+                if not per_token_lag and first >= 0:
+                    lag_g = LAG0 + first
+            pos_g = POS0 + pb
+            ca, m = k - a, e - k
+            for j in range(NW):
+                x, xd = _sum_both(W, j * SUB_STRIDE + ca, prob_a, k, m, dom)
+                _add(seq_acc, sq, j, x)
+                _add(wide, STEP, j, x)
+                _add(wide, pos_g, j, x)
+                if lag_g >= 0:
+                    _add(wide, lag_g, j, x)
+                _add(wide, dom, j, xd)  # 0 if the run has none of it
+            for j in range(NX):
+                xk, xdk = _max_both(XK, j * SUB_STRIDE + ca, prob_a, k, m, dom)
+                x = _unkey(xk)
+                seq_top[sq, j] = max(seq_top[sq, j], x)
+                wide_top[STEP, j] = max(wide_top[STEP, j], x)
+                wide_top[pos_g, j] = max(wide_top[pos_g, j], x)
+                if lag_g >= 0:
+                    wide_top[lag_g, j] = max(wide_top[lag_g, j], x)
+                topk[dom, j] = max(topk[dom, j], xdk)
+            seq_max_pos[sq] = max(seq_max_pos[sq], max_pos)
+
+            # each token of the run on its own: probability bucket, Δ bin, band cells, per-token groupings
+            n_bands = 0
+            for kk in range(k, e):
+                ii = lo + kk
+                if masked and not valid[ii]:
+                    continue
+                c = kk - a
+                rm1 = W[I_RM1 * SUB_STRIDE + c]
+                rm1_sq = W[I_RM1_SQ * SUB_STRIDE + c]
+                dbin = bin_a[kk]
+                bd = band_of_bin[dbin]
+                _pend_band(hist, dbin, rm1, rm1_sq)
+                if run_band[bd, 0] == 0:
+                    run_bands[n_bands] = bd
+                    n_bands += 1
+                run_band[bd, 0] += 1.0
+                run_band[bd, 1] += rm1
+                run_band[bd, 2] += rm1_sq
+                pr = prob_a[kk]
+                if pr != dom:
+                    _pend_token(wide, topk, pr, W, XK, c)
+                _pend_band(band, pr * NB + bd, rm1, rm1_sq)
+                if per_token_lag and tok_lag[ii] >= 0:
+                    g = LAG0 + tok_lag[ii]
+                    _pend_token(wide, topk, g, W, XK, c)
+                    _pend_band(band, g * NB + bd, rm1, rm1_sq)
+                if has_ent and entropy[ii] == entropy[ii]:  # NaN: no entropy
+                    en = entropy[ii]
+                    g = ENT0
+                    while g + 1 < ENT0 + len(ent_edges) and en >= ent_edges[g + 1 - ENT0]:
+                        g += 1
+                    _pend_token(wide, topk, g, W, XK, c)
+                    _pend_band(band, g * NB + bd, rm1, rm1_sq)
+                if has_flip and flipped[ii] >= 0:  # a token with routing of both sides
+                    fl = flipped[ii]
+                    flip[0, 0, 6] += 1.0  # n_routed
+                    if fl > 0:
+                        seq_flip[sq] += 1
+                        flip[0, 0, 0] += 1.0
+                        flip[0, 0, 1] += fl
+                        _add(flip, 0, 2, W[I_ABS_D * SUB_STRIDE + c])
+                        _add(flip, 0, 3, W[I_K3 * SUB_STRIDE + c])
+                    else:
+                        _add(flip, 0, 4, W[I_ABS_D * SUB_STRIDE + c])
+                        _add(flip, 0, 5, W[I_K3 * SUB_STRIDE + c])
+            for mb in range(n_bands):  # the run's band cells into the sequence's, the position's, the lag's
+                bd = run_bands[mb]
+                for j in range(3):
+                    x = run_band[bd, j]
+                    _add(seq_band, sq * NB + bd, j, x)
+                    _add(band, pos_g * NB + bd, j, x)
+                    if lag_g >= 0:
+                        _add(band, lag_g * NB + bd, j, x)
+                    run_band[bd, j] = 0.0
+            k = e
+    for row in range(topk.shape[0]):
+        for j in range(NX):
+            if topk[row, j] > KEY_NEG_INF:
+                wide_top[row, j] = max(wide_top[row, j], _unkey(topk[row, j]))
     _settle_rows(wide, 0, wide.shape[1])
     _settle_rows(band, 0, band.shape[1])
     _settle_rows(hist, 0, hist.shape[1])
 
 
-CHUNK = 1 << 15  # tokens whose exp / expm1 are computed at once (numpy's vectorised functions; in L2)
 
 
 SEQUENCE_FIELDS = ("seq", "seq_top", "seq_max_pos", "seq_flip", "seq_band")  # one row (or NB rows) per sequence
@@ -433,9 +535,10 @@ class Accumulators:
         tail = (arr(seq_lag, np.int64), arr(tok_lag, np.int64), arr(entropy, np.float64), arr(flipped, np.int64),
                 D_PADDED, BIN_START, BAND_OF_BIN, ENTROPY_EDGES, *vars(self).values())
         hi = len(s) if hi is None else hi
-        scratch = np.empty((6, min(CHUNK, max(hi - lo, 0))))
+        scratch = np.empty((6, CHUNK))  # rows CHUNK apart: the kernel's loops index them by constant offsets
         d, rm1, r, ps, em1s, pt = scratch
-        bins, probs = np.empty((2, len(d)), np.int64)
+        bins, probs = np.empty((2, CHUNK), np.int64)
+        W, XK = np.empty(NW * SUB_STRIDE), np.empty(NX * SUB_STRIDE, np.int64)
         for a in range(lo, hi, CHUNK):
             b = min(hi, a + CHUNK)
             n = b - a
@@ -447,7 +550,7 @@ class Accumulators:
                 np.exp(s[a:b], out=ps[:n])
                 np.expm1(s[a:b], out=em1s[:n])
                 np.exp(t[a:b], out=pt[:n])
-            accumulate(s, t, d, rm1, r, ps, em1s, pt, bins, probs, *rest, a, b, *tail)
+            accumulate(s, t, scratch.reshape(-1), bins, probs, W, XK, *rest, a, b, *tail)
         return self
 
     def sharing_sequences(self) -> "Accumulators":
