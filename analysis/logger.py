@@ -57,11 +57,15 @@ def _per_token(x, B: int, T: int, name: str, device: torch.device) -> torch.Tens
 
 
 def _all_logprobs(values: torch.Tensor, mask: torch.Tensor, scratch: torch.Tensor | None = None) -> bool:
-    """Whether every unmasked value is finite and <= 0, in two passes (a where and one min/max) rather than the
-    five of the elementwise test: the smallest is not −inf and the largest is <= 0, NaN included, since aminmax
-    returns NaN when any value is NaN (and NaN <= 0 is false). `scratch`: a buffer of values' shape and dtype
-    for the where."""
+    """Whether every unmasked value is finite and <= 0, with one min/max (aminmax) rather than the five passes of
+    the elementwise test: the smallest is not −inf and the largest is <= 0, NaN included, since aminmax returns
+    NaN when any value is NaN (and NaN <= 0 is false). First over every value, which settles it when the padding
+    holds valid log-probs too; else over the values with the padding replaced by −1 (a where into `scratch`, a
+    buffer of values' shape and dtype)."""
     if values.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(values)  # one pass, padding included: where padding holds log-probs too (0, say)
+    if bool(hi <= 0) and bool(lo > -math.inf):
         return True
     masked = torch.where(mask, values, -1.0) if scratch is None else \
         torch.where(mask, values, torch.tensor(-1.0, dtype=values.dtype), out=scratch)
@@ -153,7 +157,11 @@ class DriftLogger:
             rows = x.mask.reshape(-1).nonzero().squeeze(1)
             routing = self._routing_rows(step, x, rows) if x.sampler_experts is not None else None
             return self.lake.write_step(step, self._token_rows(step, x, rows), routing)
-        keep, kept = select(x.delta, x.mask, self.plan, step_generator(self.plan.seed, self.run, step, x.device))
+        delta = None  # Δ = t − s: read only to draw a partial sample (token_sample strictly between 0 and 1)
+        if 0.0 < self.plan.rate < 1.0:
+            B, T = x.mask.shape
+            delta = torch.sub(x.t, x.s, out=self.work.get("input_delta", (B, T), torch.float64, x.device))
+        keep, kept = select(delta, x.mask, self.plan, step_generator(self.plan.seed, self.run, step, x.device))
         tables = {"summary": (summary_files.build(self.run, step, summarise(x, kept, self.plan, self.work)),
                               None)}
         if self.plan.rate > 0:  # token_sample=0 writes summaries only
@@ -222,8 +230,7 @@ class DriftLogger:
                 te = _tensor(trainer_experts, "trainer_experts", device)
                 _expect_shape(te, tuple(se.shape), "trainer_experts")
                 _check_experts(te, m, "trainer_experts")
-        delta = t - s if work is None else torch.sub(t, s, out=block("input_delta"))
-        return StepTensors(s, t, delta, m, samples, ids, versions["sampler_version"], versions["trainer_version"],
+        return StepTensors(s, t, m, samples, ids, versions["sampler_version"], versions["trainer_version"],
                            se, te)
 
     def _token_rows(self, step: int, x: StepTensors, rows: torch.Tensor) -> pa.Table:

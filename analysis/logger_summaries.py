@@ -53,7 +53,6 @@ class StepTensors:
     """One step's checked inputs on their device: float64 log-probs, bool mask, int64 ids."""
     s: torch.Tensor  # [B, T] float64
     t: torch.Tensor  # [B, T] float64
-    delta: torch.Tensor  # t − s
     mask: torch.Tensor  # [B, T] bool
     samples: torch.Tensor  # [B] int64 sequence ids
     token_ids: torch.Tensor | None  # [B, T]

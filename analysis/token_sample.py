@@ -63,9 +63,10 @@ def step_generator(seed: int, run: str, step: int, device: torch.device) -> torc
     return g
 
 
-def select(delta: torch.Tensor, mask: torch.Tensor, plan: SamplePlan,
+def select(delta: torch.Tensor | None, mask: torch.Tensor, plan: SamplePlan,
            generator: torch.Generator, engine: str = "auto") -> tuple[torch.Tensor, Kept]:
-    """keep [B, T] bool (a subset of `mask`) and its counts, for Δ [B, T] (any value where mask is False).
+    """keep [B, T] bool (a subset of `mask`) and its counts, for Δ [B, T] (any value where mask is False; not
+    read, and may be None, when plan.rate is 0 or 1).
     engine: "auto" takes the numba pass on the CPU and torch ops elsewhere; "torch" forces the torch ops (for
     tests: both keep the same tokens)."""
     if engine not in ("auto", "torch"):

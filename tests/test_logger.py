@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 
 import numpy as np
 import pyarrow as pa
@@ -12,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.logger import DriftLogger, safe_run_name
+from analysis.logger import DriftLogger, _all_logprobs, safe_run_name
 
 
 def make_step(B=5, T=7, L=3, K=2, E=8, seed=0):
@@ -172,6 +173,23 @@ def test_every_bad_log_prob_is_refused_and_a_masked_one_is_not(tmp_path, value, 
     mask[3, 4] = 0  # padding may hold anything
     log.log_step(0, bad["sampler_logprobs"], bad["trainer_logprobs"], mask)
     assert list((tmp_path / "bad").glob("summary-step000000.parquet"))
+
+
+def test_log_prob_check_equals_the_elementwise_rule():
+    """_all_logprobs (a min/max over every value, then over the trained ones) against the rule itself, token by
+    token: every trained value finite and <= 0, whatever the padding holds."""
+    g = torch.Generator().manual_seed(5)
+    choices = torch.tensor([-3.0, -0.0, 0.0, -1e-300, float("nan"), float("inf"), -float("inf"), 1e-300, 2.0],
+                           dtype=torch.float64)
+    for _ in range(400):
+        shape = (int(torch.randint(1, 4, (1,), generator=g)), int(torch.randint(1, 6, (1,), generator=g)))
+        values = -torch.rand(shape, generator=g, dtype=torch.float64) * 5
+        odd = torch.rand(shape, generator=g) < 0.15  # a few values from the edge cases
+        values[odd] = choices[torch.randint(len(choices), shape, generator=g)][odd]
+        mask = torch.rand(shape, generator=g) < 0.7
+        want = all(math.isfinite(v) and v <= 0 for v, m in zip(values.flatten().tolist(), mask.flatten().tolist()) if m)
+        assert _all_logprobs(values, mask) == want, (values, mask)
+        assert _all_logprobs(values, mask, torch.empty_like(values)) == want
 
 
 @settings(max_examples=25, deadline=None)
