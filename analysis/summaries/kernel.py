@@ -214,32 +214,38 @@ KEY_NEG_INF = np.int64(np.float64(-np.inf).view(np.int64) ^ ((1 << 63) - 1))  # 
 
 
 @njit(fastmath={"reassoc", "nsz"}, error_model="numpy", nogil=True, cache=True)
-def _sum_both(W, off, key, key_off, n, want):
-    """(Σ W[off + c], the same where key[key_off + c] == want) over c < n, vectorised as `_sum_range`."""
-    row = W[off:off + n]
+def _run_sums(W, off, key, key_off, n, want, out):
+    """out[0, j], out[1, j]: Σ W[j·SUB_STRIDE + off + c] over c < n, and the same where key[key_off + c] == want,
+    for every column j of WIDE (vectorised over c, reassociated within the run: a plain sum of ≤ RUN terms)."""
     keys = key[key_off:key_off + n]
-    acc = 0.0
-    part = 0.0
-    for c in range(row.size):
-        x = row[c]
-        acc += x
-        part += x if keys[c] == want else 0.0
-    return acc, part
+    for j in range(NW):
+        row = W[j * SUB_STRIDE + off:j * SUB_STRIDE + off + n]
+        acc = 0.0
+        part = 0.0
+        for c in range(n):
+            x = row[c]
+            acc += x
+            part += x if keys[c] == want else 0.0
+        out[0, j] = acc
+        out[1, j] = part
 
 
 @njit(error_model="numpy", nogil=True, cache=True)
-def _max_both(XK, off, key, key_off, n, want):
-    """(max XK[off + c], the same where key[key_off + c] == want) over c < n (order keys)."""
-    row = XK[off:off + n]
+def _run_maxima(XK, off, key, key_off, n, want, out):
+    """out[0, j], out[1, j]: the largest order key of extreme j over c < n, and over those where
+    key[key_off + c] == want (an integer maximum vectorises where a float one does not)."""
     keys = key[key_off:key_off + n]
-    m = KEY_NEG_INF
-    mp = KEY_NEG_INF
-    for c in range(row.size):
-        x = row[c]
-        m = x if x > m else m
-        y = x if keys[c] == want else KEY_NEG_INF
-        mp = y if y > mp else mp
-    return m, mp
+    for j in range(NX):
+        row = XK[j * SUB_STRIDE + off:j * SUB_STRIDE + off + n]
+        m = KEY_NEG_INF
+        mp = KEY_NEG_INF
+        for c in range(n):
+            x = row[c]
+            m = x if x > m else m
+            y = x if keys[c] == want else KEY_NEG_INF
+            mp = y if y > mp else mp
+        out[0, j] = m
+        out[1, j] = mp
 
 
 @njit(inline="always")
@@ -354,6 +360,8 @@ def accumulate(s, t, E, bin_a, prob_a, W, XK, pos, seq, valid, T, lo, hi, seq_la
     run_band = np.zeros((NB, 3))  # a run's band cells, those touched listed in run_bands[:n_bands]
     run_bands = np.empty(NB, np.int64)
     counts = np.zeros(S.PROB_BINS, np.int64)
+    sums = np.empty((2, NW))  # a run's sums, and those of its tokens in the common probability bucket
+    maxima = np.empty((2, NX), np.int64)  # the same for the extremes' order keys
     for a in range(0, n_all, SUB):
         b = min(n_all, a + SUB)
         _terms(s[lo + a:], t[lo + a:], E[a:], valid[lo + a:] if masked else valid, masked, b - a, W, XK)
@@ -414,8 +422,10 @@ def accumulate(s, t, E, bin_a, prob_a, W, XK, pos, seq, valid, T, lo, hi, seq_la
                     lag_g = LAG0 + first
             pos_g = POS0 + pb
             ca, m = k - a, e - k
+            _run_sums(W, ca, prob_a, k, m, dom, sums)
+            _run_maxima(XK, ca, prob_a, k, m, dom, maxima)
             for j in range(NW):
-                x, xd = _sum_both(W, j * SUB_STRIDE + ca, prob_a, k, m, dom)
+                x, xd = sums[0, j], sums[1, j]
                 _add(seq_acc, sq, j, x)
                 _add(wide, STEP, j, x)
                 _add(wide, pos_g, j, x)
@@ -423,7 +433,7 @@ def accumulate(s, t, E, bin_a, prob_a, W, XK, pos, seq, valid, T, lo, hi, seq_la
                     _add(wide, lag_g, j, x)
                 _add(wide, dom, j, xd)  # 0 if the run has none of it
             for j in range(NX):
-                xk, xdk = _max_both(XK, j * SUB_STRIDE + ca, prob_a, k, m, dom)
+                xk, xdk = maxima[0, j], maxima[1, j]
                 x = _unkey(xk)
                 seq_top[sq, j] = max(seq_top[sq, j], x)
                 wide_top[STEP, j] = max(wide_top[STEP, j], x)
