@@ -114,14 +114,16 @@ def test_empty_step_gives_the_torch_writers_tables():
 
 @pytest.mark.parametrize("routed", [False, True])
 def test_threads_merge_to_one_pass(monkeypatch, routed):
-    """Rows split among threads (sharing the sequence arrays, each with its own bucket sums) merge to the rows of
-    one pass, with and without the routing columns."""
+    """Rows split among threads in pieces of two rows, each thread taking the next piece left (sharing the
+    sequence arrays, each with its own bucket sums), merge to the rows of one pass, with and without the routing
+    columns."""
     from analysis import logger_summaries
     data = make_step(B=11, T=30, seed=8, **({} if routed else {"routing": None}))
     x = checked(data)
     kept, plan = Kept(int(x.mask.sum()), 0, 0, 0, 0), SamplePlan(0.0, 0, 0, 0)
     one = summarise(x, kept, plan, engine="kernel")
     monkeypatch.setattr(logger_summaries, "KERNEL_SPLIT", 30)
+    monkeypatch.setattr(logger_summaries, "KERNEL_PIECE", 60)  # two rows of 30
     threads = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
