@@ -1,0 +1,142 @@
+"""The summary kernel alone (analysis/summaries/kernel.py), on one thread: this checkout against another commit's
+kernel, in one process, alternating.
+
+    python benchmarks/bench_kernel.py [--against 60a0fdc] [--rounds 15] [--no-write]
+
+Two inputs, each summed into fresh accumulators per call (`Accumulators.add`, numpy's exp/expm1 included):
+
+- grid: DriftLogger's form, a [1000, 1000] step with lengths uniform in [500, 1000] (~25% padding) and one lag
+  per sequence; s ~ −Exp(1.5), Δ ~ N(0, 0.05) with a 0.5% heavy tail, as bench_logger.py's step;
+- long: ingest's form (an Arrow batch: sequence and position columns), 400 sequences of 250–750 tokens in
+  order, a per-token lag that is constant within each sequence (as ingest passes it).
+
+The other commit's kernel.py is loaded from `git show` under another module name (its own numba cache, in a
+temporary folder), so both run in the same process on the same arrays; each is called once before timing
+(a first call compiles or loads it). The rows of both are compared (max relative difference), and per input the
+min and median of `--rounds` calls are reported, with the ratio of the mins. Results are appended to
+benchmarks/RESULTS-kernel.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from analysis.summaries import kernel as current  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "RESULTS-kernel.md"
+AGAINST = "60a0fdc"  # main before the vectorised terms and run reductions
+
+
+def kernel_at(commit: str):
+    """analysis/summaries/kernel.py as it was at `commit`, imported under another name."""
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:analysis/summaries/kernel.py"],
+                         check=True, capture_output=True, text=True).stdout
+    file = Path(tempfile.mkdtemp()) / f"kernel_{commit}.py"
+    file.write_text(src)
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[file.stem] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def inputs(seed: int = 0) -> dict[str, tuple[int, int, dict]]:
+    """name -> (sequences, lags, keyword arguments of Accumulators.add)."""
+    rng = np.random.default_rng(seed)
+    B, T = 1000, 1000
+    lengths = rng.integers(500, 1001, B)
+    valid = (np.arange(T)[None, :] < lengths[:, None]).reshape(-1)
+    s = -rng.exponential(1 / 1.5, B * T)
+    d = rng.normal(0, 0.05, B * T)
+    d = np.where(rng.random(B * T) < 0.005, d * 20, d)
+    t = np.minimum(s + d, 0.0)
+    s[~valid], t[~valid] = np.nan, np.nan  # padding: never read
+    grid = dict(s=s, t=t, valid=valid, T=T, seq_lag=rng.integers(0, 2, B))
+    n_seq = 400
+    lengths = rng.integers(250, 751, n_seq)
+    seq = np.repeat(np.arange(n_seq), lengths)
+    pos = np.concatenate([np.arange(n) for n in lengths])
+    s = -rng.exponential(1 / 1.5, len(seq))
+    t = np.minimum(s + rng.normal(0, 0.05, len(seq)), 0.0)
+    long = dict(s=s, t=t, pos=pos, seq=seq, tok_lag=rng.integers(0, 2, n_seq)[seq])
+    return {"grid": (B, 2, grid), "long": (n_seq, 2, long)}
+
+
+def tokens(args: dict) -> int:
+    return int(args["valid"].sum()) if "valid" in args else len(args["s"])
+
+
+def max_rel_diff(a: dict, b: dict) -> float:
+    worst = 0.0
+    for table, cols in a.items():
+        for name, x in cols.items():
+            x, y = np.asarray(x), np.asarray(b[table][name])
+            if x.dtype.kind == "f" and x.size:
+                same = x == y
+                worst = max(worst, float(np.max(np.where(same, 0.0, np.abs(x - y) / np.maximum(np.abs(x), 1e-300)))))
+            elif not np.array_equal(x, y):
+                return float("inf")
+    return worst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--against", default=AGAINST, help="the commit whose kernel is timed beside this checkout's")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    kernels = {"this checkout": current, args.against: kernel_at(args.against)}
+    lines = []
+    for name, (n_seq, n_lag, kw) in inputs().items():
+        def run(k, n_seq=n_seq, n_lag=n_lag, kw=kw):
+            return k.Accumulators.zeros(n_seq, n_lag).add(**kw)
+        rows = {label: k.tables(run(k), np.arange(n_seq), 0, n_lag) for label, k in kernels.items()}  # warm
+        diff = max_rel_diff(*rows.values())
+        times = {label: [] for label in kernels}
+        for _ in range(args.rounds):
+            for label, k in kernels.items():  # alternate: a busy moment hits both alike
+                t0 = time.perf_counter()
+                run(k)
+                times[label].append(time.perf_counter() - t0)
+        n = tokens(kw)
+        best = {label: min(v) for label, v in times.items()}
+        for label, v in times.items():
+            lines.append(f"- {name}, {label}: min {best[label] * 1e3:.1f} ms, median {np.median(v) * 1e3:.1f} ms "
+                         f"for {n:,} tokens ({n / best[label] / 1e6:.2f}M tokens/s)")
+        lines.append(f"- {name}: {best[args.against] / best['this checkout']:.2f}x the speed of {args.against} "
+                     f"(ratio of the mins); rows differ by at most {diff:.1e} (relative)")
+    header = (f"## {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S')}Z\n\n"
+              f"Command: `python benchmarks/bench_kernel.py --against {args.against} --rounds {args.rounds}`  \n"
+              f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+              f"one thread, load average at the end {os.getloadavg()[0]:.1f}\n\n")
+    text = header + "\n".join(lines) + "\n"
+    print(text)
+    if not args.no_write:
+        if not RESULTS.exists():
+            RESULTS.write_text(RESULTS_INTRO)
+        with RESULTS.open("a") as fp:
+            fp.write("\n" + text)
+
+
+RESULTS_INTRO = """# The summary kernel alone (benchmarks/bench_kernel.py)
+
+Each entry is one run of the command shown: `Accumulators.add` of analysis/summaries/kernel.py on one thread,
+this checkout's kernel and another commit's in the same process, alternating, on DriftLogger's grid form and
+ingest's long form. Min and median of the rounds; the ratio of the mins compares the two.
+"""
+
+if __name__ == "__main__":
+    main()
