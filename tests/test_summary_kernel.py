@@ -208,6 +208,28 @@ def test_long_format_equals_ingest_with_entropy(tmp_path):
         assert len(rows) == len(want), name
 
 
+def test_masked_long_format_equals_the_kept_tokens_alone():
+    """Long form with a `valid` mask (masked tokens anywhere, holding NaN and other sequences' ids) gives the rows
+    of the same call on the unmasked tokens only, with the tokens in order (long runs with masked tokens inside)."""
+    tok = long_tokens()
+    order = np.lexsort((tok["pos"], tok["sample"]))
+    tok = {k: v[order] for k, v in tok.items()}
+    n = len(tok["s"])
+    rng = np.random.default_rng(3)
+    samples, seq = np.unique(tok["sample"], return_inverse=True)
+    valid = rng.random(n) < 0.8
+    s, t = tok["s"].copy(), tok["t"].copy()
+    s[~valid], t[~valid] = np.nan, np.nan
+    # masked tokens: their own sequence's id (a last one masked must not count in max_pos) or any other
+    odd_seq = np.where(valid | (rng.random(n) < 0.5), seq, rng.integers(0, len(samples), n))
+    lag = np.where(tok["sv_null"], -1, 5 - tok["sv"] + 1)  # lags 0 .. 3, −1: none
+    got = K.Accumulators.zeros(len(samples), 4).add(s, t, pos=tok["pos"], seq=odd_seq, valid=valid, tok_lag=lag,
+                                                     entropy=tok["entropy"])
+    want = K.Accumulators.zeros(len(samples), 4).add(s[valid], t[valid], pos=tok["pos"][valid], seq=seq[valid],
+                                                      tok_lag=lag[valid], entropy=tok["entropy"][valid])
+    assert_same_tables(K.tables(got, samples, 0, 4), K.tables(want, samples, 0, 4))
+
+
 def test_bins_on_edges_and_next_to_them():
     """Fine Δ bins of edges, of their neighbouring doubles and of 0, ±inf-far values: 2·#{E < d} + 𝟙[d = E]."""
     e = K.D_EDGES
