@@ -31,7 +31,7 @@ read as sum + error), so a sum over millions of tokens stays within a few ulps o
 fsum does, whatever the order; the kernel's sums and the SQL's then differ by the few ulps of each per-token
 term (see `accumulate`). Counts are float64 (exact below 2^53) in column 0, as in the torch writer.
 
-How a call is laid out, per chunk of CHUNK tokens (measured on 750k tokens, benchmarks/RESULTS-logger.md):
+How a call is laid out, per chunk of CHUNK tokens (measured on 750k tokens: benchmarks/RESULTS-kernel.md):
   - numpy's vectorised exp and expm1 of the chunk (SIMD: ~10x faster than libm's per token in the loop);
   - a loop for each token's Δ bin and probability bucket;
   - per block of SUB tokens, a loop that writes each token's terms into a column of W (sums) and XK (the
