@@ -8,7 +8,9 @@ Two inputs, each summed into fresh accumulators per call (`Accumulators.add`, nu
 - grid: DriftLogger's form, a [1000, 1000] step with lengths uniform in [500, 1000] (~25% padding) and one lag
   per sequence; s ~ −Exp(1.5), Δ ~ N(0, 0.05) with a 0.5% heavy tail, as bench_logger.py's step;
 - long: ingest's form (an Arrow batch: sequence and position columns), 400 sequences of 250–750 tokens in
-  order, a per-token lag that is constant within each sequence (as ingest passes it).
+  order, a per-token lag that is constant within each sequence (as ingest passes it);
+- long, flat probabilities: the same tokens with bench_scale.py's values (s uniform in [−5, 0], so no
+  probability bucket holds more than ~1/4 of them; Δ uniform in ±0.01) and no lag.
 
 The other commit's kernel.py is loaded from `git show` under another module name (its own numba cache, in a
 temporary folder), so both run in the same process on the same arrays; each is called once before timing
@@ -72,7 +74,10 @@ def inputs(seed: int = 0) -> dict[str, tuple[int, int, dict]]:
     s = -rng.exponential(1 / 1.5, len(seq))
     t = np.minimum(s + rng.normal(0, 0.05, len(seq)), 0.0)
     long = dict(s=s, t=t, pos=pos, seq=seq, tok_lag=rng.integers(0, 2, n_seq)[seq])
-    return {"grid": (B, 2, grid), "long": (n_seq, 2, long)}
+    s = -rng.random(len(seq)) * 5  # bench_scale.py's tokens: probabilities spread evenly over e^−5 .. 1 in log
+    t = np.minimum(s + (rng.random(len(seq)) - 0.5) * 0.02, 0.0)
+    flat = dict(s=s, t=t, pos=pos, seq=seq)
+    return {"grid": (B, 2, grid), "long": (n_seq, 2, long), "long, flat probabilities": (n_seq, 0, flat)}
 
 
 def tokens(args: dict) -> int:
