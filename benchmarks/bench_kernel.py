@@ -12,8 +12,8 @@ Two inputs, each summed into fresh accumulators per call (`Accumulators.add`, nu
 - long, flat probabilities: the same tokens with bench_scale.py's values (s uniform in [−5, 0], so no
   probability bucket holds more than ~1/4 of them; Δ uniform in ±0.01) and no lag.
 
-The other commit's kernel.py is loaded from `git show` under another module name (its own numba cache, in a
-temporary folder), so both run in the same process on the same arrays; each is called once before timing
+The other commit's kernel.py is loaded from `git show` under another module name (bench_logger.module_at; its
+own numba cache, in a temporary folder), so both run in the same process on the same arrays; each is called once before timing
 (a first call compiles or loads it). The rows of both are compared (max relative difference), and per input the
 min and median of `--rounds` calls are reported, with the ratio of the mins. Results are appended to
 benchmarks/RESULTS-kernel.md.
@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.util
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,21 +35,11 @@ sys.path.insert(0, str(ROOT))
 
 from analysis.summaries import kernel as current  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_logger import module_at  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "RESULTS-kernel.md"
 AGAINST = "60a0fdc"  # main before the vectorised terms and run reductions
-
-
-def kernel_at(commit: str):
-    """analysis/summaries/kernel.py as it was at `commit`, imported under another name."""
-    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:analysis/summaries/kernel.py"],
-                         check=True, capture_output=True, text=True).stdout
-    file = Path(tempfile.mkdtemp()) / f"kernel_{commit}.py"
-    file.write_text(src)
-    spec = importlib.util.spec_from_file_location(file.stem, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[file.stem] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def inputs(seed: int = 0) -> dict[str, tuple[int, int, dict]]:
@@ -103,7 +90,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
-    kernels = {"this checkout": current, args.against: kernel_at(args.against)}
+    kernels = {"this checkout": current,
+               args.against: module_at(args.against, "analysis/summaries/kernel.py", f"kernel_{args.against}")}
     lines = []
     for name, (n_seq, n_lag, kw) in inputs().items():
         def run(k, n_seq=n_seq, n_lag=n_lag, kw=kw):

@@ -507,8 +507,6 @@ def accumulate(s, t, E, bin_a, prob_a, W, XK, pos, seq, valid, T, lo, hi, seq_la
     _settle_rows(hist, 0, hist.shape[1])
 
 
-
-
 SEQUENCE_FIELDS = ("seq", "seq_top", "seq_max_pos", "seq_flip", "seq_band")  # one row (or NB rows) per sequence
 
 
