@@ -25,7 +25,7 @@ from typing import Callable
 
 from analysis import (buckets, compare, context, corrections, dashboard, decomposition, distributions, drilldown,
                       findings, routing, sampled)
-from ui import access, nav
+from ui import access, nav, sequence_view
 from ui import state as S
 
 Call = tuple[Callable, tuple, dict]
@@ -51,7 +51,27 @@ def waterfall_default(run: str, steps: tuple[int, int] | None) -> None:
         S.cached(decomposition.decompose, run, a, b, thin.steps)
 
 
-DERIVED = {waterfall_default}  # called as they are (they make their own cached calls); the rest through the cache
+def sequences_default(run: str, steps: tuple[int, int] | None) -> None:
+    """Sequences as it first shows (pages/sequences.py, no widget touched): the run's first step in the
+    selection, its worst sequences by |ΣΔ| with any reward, and the worst one opened (context, tokens, routing
+    flips). Its arguments follow from the run's steps and the ranking, so they are worked out here."""
+    run_steps = [s for s in S.cached(drilldown.run_steps, run) if not steps or steps[0] <= s <= steps[1]]
+    if not run_steps:
+        return
+    step = sequence_view.nearest(run_steps, 0)  # the step box's default, 0, moved to a logged step
+    worst = S.cached(drilldown.worst_sequences, run, step, order="seq_log_ratio_abs", n=20,
+                     **sequence_view.reward_bounds("any", 1.0))
+    if worst is None or worst.is_empty():
+        return
+    sample = int(worst["sample"][0])
+    if S.cached(drilldown.sequence_context, run, step, sample) is None:
+        return
+    S.cached(drilldown.sequence_tokens, run, step, sample)
+    if S.cached(dashboard.routing_kinds, [run]).get(run) == "both":
+        S.cached(drilldown.sequence_flip_grid, run, step, sample)
+
+
+DERIVED = {waterfall_default, sequences_default}  # called as they are (they make their own cached calls); the rest through the cache
 READS_TOKENS.add(waterfall_default)
 _started: set[tuple] = set()
 _lock = threading.Lock()
@@ -88,7 +108,8 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
             (routing.layer_profile, (both,), dict(steps=steps)),
             (routing.flip_views, (both,), dict(steps=steps)),  # the page derives its three flip charts
         ] if both else [],
-        nav.SEQUENCES.url: [(drilldown.run_steps, (first,), {}), (sampled.sample_label, ([first],), {})],
+        nav.SEQUENCES.url: [(drilldown.run_steps, (first,), {}), (sampled.sample_label, ([first],), {}),
+                            (sequences_default, (first, steps), {})],
         nav.COMPARE.url: [
             (compare.config_diff, (runs,), {}),
             (dashboard.run_and_step_tables, (runs,), dict(cap=cap, clip=clip, steps=steps)),
