@@ -39,7 +39,7 @@ DEMO = WORK / "pages_demo.duckdb"
 LARGE_VERSION = "3"  # 3: run codes in the stored rows
 SCALE = WORK / "pages_scale.duckdb"
 SCALE_VERSION = "2"  # 2: run codes in the stored rows
-TARGET_S = 2.0
+TARGET_S = {"demo": 2.0, "large": 2.0, "scale": 1.0}  # scale: issue 12, every first visit <= 1 s
 
 
 def build_large() -> None:
@@ -237,7 +237,8 @@ def render(results: dict, args) -> str:
     lines += ["", "Seconds from clicking the page's link (or a tab, `page › tab`) to idle (script done, all charts "
               "drawn). A page opens on its first tab; the other tabs run their queries when clicked. Cold = first "
               "visit (Overview: its first revisit, it was computed by the first load); warm = median of later visits. "
-              f"Target < {TARGET_S:.0f} s.", ""]
+              "Target: " + ", ".join(f"{n} ≤ {TARGET_S[n]:g} s" for n in results) + "; a cold visit over it is in bold.",
+              ""]
     names = list(results)
     head = "| page | " + " | ".join(f"{n} cold | {n} warm" for n in names) + " |"
     lines += [head, "|---|" + "---:|---:|" * len(names)]
@@ -247,8 +248,12 @@ def render(results: dict, args) -> str:
             t = results[n]["pages"][label]
             cold = t[0] if t else float("nan")
             warm = statistics.median(t[1:]) if len(t) > 1 else float("nan")
-            cells += [f"{cold:.2f}", f"{warm:.2f}"]
+            cells += [f"**{cold:.2f}**" if cold > TARGET_S[n] else f"{cold:.2f}", f"{warm:.2f}"]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for n in names:
+        over = [label for label in bu.view_names() if (results[n]["pages"][label] or [0])[0] > TARGET_S[n]]
+        lines.append(f"\n{n}: {len(bu.view_names()) - len(over)} of {len(bu.view_names())} first visits within "
+                     f"{TARGET_S[n]:g} s" + (f"; over it: {', '.join(over)}" if over else ""))
     for name, r in results.items():
         if r.get("profile"):
             lines += ["", f"Analysis calls behind the default views on **{name}** (direct, uncached, in order):", "",
