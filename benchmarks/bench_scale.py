@@ -14,6 +14,13 @@ repeat, in alternating order so background load hits both alike:
   routing) into a fresh database: DuckDB alone, no checks, no derived columns.
 - **ingest**: `python -m analysis ingest FILES --db fresh.duckdb`, the command a user runs.
 
+`--floor` times, per file and each in a process of its own, what an ingest cannot do without: **insert**, the
+file's batches read by pyarrow and streamed into a table of the stored layout (run codes, file_id; for routing
+the two expert lists as they are) with no check; **stages**, the Python work of a load done serially in one
+thread with no database (read, normalise and checks, keys, the token summaries or the expert-load counts), each
+stage's CPU seconds, and the import and first-call (numba) cost; **hash**, the file's sha256. On two cores an
+ingest's wall time cannot fall below about (insert CPU + the stages' CPU beyond reading + hash) / 2.
+
 Each side is one child process; wall time, CPU (user + system) and peak RSS come from `os.wait4` for that
 child. The database size per routing row is the growth of the ingest database when the routing file is
 loaded after the tokens (`--routing-bytes`, a separate pass).
@@ -81,6 +88,84 @@ for f in sys.argv[2:]:
     con.execute(f"CREATE TABLE {table} AS SELECT * FROM read_parquet(?)", [f])
 con.close()
 """
+
+
+INSERT = """
+import sys, time, duckdb, pyarrow as pa, pyarrow.parquet as pq
+f, db = sys.argv[1], sys.argv[2]
+con = duckdb.connect(db)
+con.execute("SET memory_limit = '512MB'")  # as python -m analysis ingest
+pf = pq.ParquetFile(f, pre_buffer=False, read_dictionary=["run"])
+cols = [c for c in pf.schema_arrow.names if c != "run"]
+routing = "layer" in cols
+types = {"step": "BIGINT", "sample": "BIGINT", "pos": "INTEGER", "layer": "INTEGER", "token_id": "INTEGER",
+         "sampler_experts": "INTEGER[]", "trainer_experts": "INTEGER[]"}
+defs = ", ".join(c + " " + types.get(c, "DOUBLE") for c in cols)
+con.execute("CREATE TABLE t (run_id INTEGER, " + defs + ", file_id INTEGER)")
+schema = pa.schema([pf.schema_arrow.field(c) for c in cols])
+reader = pa.RecordBatchReader.from_batches(schema, pf.iter_batches(batch_size=491520, columns=cols))
+con.register("s", reader)
+con.execute("BEGIN")
+con.execute(f"INSERT INTO t SELECT 1, {', '.join(cols)}, 1 FROM s")
+con.execute("COMMIT")
+con.close()
+"""
+
+STAGES = """
+import sys, time
+t_start = time.process_time()
+sys.path.insert(0, sys.argv[2])
+from analysis.ingest import long
+from analysis.ingest.keys import TableKeys, expert_load, routing_tokens
+from analysis.ingest.limits import Limits
+from analysis.ingest.load import content_hash
+from analysis.ingest.validate import normalise
+from analysis.summaries import stream
+from pathlib import Path
+cpu = {"imports": time.process_time() - t_start}
+def timed(name, fn, *args):
+    t0 = time.process_time()
+    out = fn(*args)
+    cpu[name] = cpu.get(name, 0.0) + time.process_time() - t0
+    return out
+f = sys.argv[1]
+summaries, keys = stream.StepSummaries(), None
+with open(f, "rb") as fp:
+    batches = long.read_parquet(fp, f, Limits.from_env())
+    first = True
+    while (batch := timed("read", next, batches, None)) is not None:
+        data, experts, runs = timed("normalise" + (" (first)" if first else ""), normalise, f, batch, None, 1)
+        keys = keys or TableKeys(batch.table)
+        timed("keys", keys.add, data, runs)
+        if batch.table == "tokens":
+            timed("summaries" + (" (first)" if first else ""), summaries.feed, data, runs)
+        else:
+            timed("expert load" + (" (first)" if first else ""), expert_load, data, experts.S, experts.T,
+                  experts.t_rows, runs)
+            timed("routing tokens", routing_tokens, data)
+        first = False
+timed("summaries", summaries.finish)
+timed("hash", content_hash, [Path(f)])
+print(repr(cpu))
+"""
+
+
+def floor(files: list[Path]) -> None:
+    """--floor: per file, CTAS, the plain streamed insert and the serial Python stages (see the docstring)."""
+    for f in files:
+        db = fresh_db("floor")
+        ctas = timed([sys.executable, "-c", CTAS, str(db), str(f)])
+        db = fresh_db("floor")
+        ins = timed([sys.executable, "-c", INSERT, str(f), str(db)])
+        fresh_db("floor")
+        stages = timed([sys.executable, "-c", STAGES, str(f), str(ROOT)])
+        cpu = eval(stages["stdout"].strip().splitlines()[-1], {})  # a dict of floats printed by our own child
+        extra = sum(v for k, v in cpu.items() if k != "read")
+        print(f"{f.name}: ctas {ctas['seconds']:.2f} s wall, {ctas['cpu_seconds']:.2f} s cpu | plain insert "
+              f"{ins['seconds']:.2f} s wall, {ins['cpu_seconds']:.2f} s cpu | stages (one thread, no database) "
+              + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()) + f" s cpu | floor on 2 cores "
+              f"({ins['cpu_seconds']:.2f} + {extra:.2f}) / 2 = {(ins['cpu_seconds'] + extra) / 2:.2f} s = "
+              f"{(ins['cpu_seconds'] + extra) / 2 / ctas['seconds']:.2f}x ctas wall", flush=True)
 
 
 def timed(cmd: list[str], cwd: Path | None = None) -> dict:
@@ -168,6 +253,8 @@ def main() -> None:
     ap.add_argument("--only", choices=("ctas", "ingest", "none"), help="time one side only, or none")
     ap.add_argument("--per-file", action="store_true", help="also time each file alone (tokens, then routing into "
                                                                 "the same database), per side")
+    ap.add_argument("--floor", action="store_true", help="also time, per file, a plain insert and the load's Python "
+                                                              "stages alone (what ingest cannot do without)")
     ap.add_argument("--keep", action="store_true", help="keep the input files (default: delete them at the end)")
     a = ap.parse_args()
     t0 = time.perf_counter()
@@ -211,6 +298,8 @@ def main() -> None:
     for key in sorted(k for k in best if " " in k):
         print(f"best of {a.repeat}: {key} alone {min(best[key]['seconds']):.2f} s wall, "
               f"{min(best[key]['cpu_seconds']):.2f} s cpu")
+    if a.floor:
+        floor(files)
     if a.routing_bytes and a.routing_tokens:
         for c in ([code] if code else []) + [None]:
             routing_bytes(files, c)
