@@ -219,3 +219,31 @@ def test_mask_with_holes_and_empty_rows(tmp_path, monkeypatch):
     for table in COMPARED:
         assert_same_rows(merged(got, table), merged(ref, table), table)
     assert 2 * 3 + 100 not in {r["sample"] for r in merged(got, "summary_seq")}
+
+
+@pytest.mark.parametrize("run", ["bf16", "bf16-async"])  # routing flips of both sides; one version of staleness
+def test_bundled_demo_summaries_equal_ingest_of_its_tokens(tmp_path, run):
+    """data/demo carries DriftLogger's summary files, which the app's first start loads instead of summarising
+    the tokens (no kernel to compile): they must still be what ingest computes from the demo's own token and
+    routing files (a demo regenerated without them, or from other tokens, fails here)."""
+    from analysis.demo import DEMO_DIR
+
+    folder = DEMO_DIR / run
+    summaries = sorted(folder.glob("summary-step*.parquet"))
+    assert len(summaries) == 8, "the demo's summary files are missing: python -m analysis lab --preset all --out data/demo"
+    plain = tmp_path / "plain" / run
+    plain.mkdir(parents=True)
+    for f in sorted(folder.glob("tokens-step*.parquet")) + sorted(folder.glob("routing-step*.parquet")):
+        pq.write_table(pq.read_table(f).replace_schema_metadata({}), plain / f.name)
+    (plain / "run.json").write_bytes((folder / "run.json").read_bytes())
+    ref = Store(tmp_path / "ref.duckdb")
+    got = Store(tmp_path / "demo.duckdb")
+    for store, path in ((ref, plain), (got, folder)):
+        outcomes = ingest_paths(store, [path])
+        assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
+    assert ref.scalar("SELECT count(*) FROM summary_skip") == 0  # every token summarised by ingest
+    assert got.scalar("SELECT count(*) FROM summary_skip") == 16  # none: the summary files bring them
+    for table in COMPARED:
+        want = merged(ref, table)
+        assert want, f"{table}: the reference has rows"
+        assert_same_rows(merged(got, table), want, table)
