@@ -186,3 +186,18 @@ def test_a_refused_large_file_stops_its_summary_thread(tmp_path, monkeypatch):
     assert out[0].status == "refused" and "must be <= 0" in out[0].message
     assert len(threads) == 1 and not threads[0].is_alive()
     assert store.scalar("SELECT count(*) FROM summary_step") == 0
+
+
+def test_rows_of_many_steps_and_runs_made_arrow_together_equal_sql(tmp_path, monkeypatch, caplog):
+    """Finished steps' rows wait as numpy columns and become Arrow tables several steps at once (PENDING_ROWS):
+    flushed mid-file, at the end, and with two runs in one flush, they are still the SQL's rows."""
+    caplog.set_level(logging.INFO, logger="analysis.ingest.load")
+    monkeypatch.setattr(stream_summaries, "PENDING_ROWS", 60)  # a flush every few steps, and one at the end
+    a, b = tokens(steps=(1, 2, 3, 4, 5), seed=7), tokens(steps=(1, 2, 3), seed=8)
+    b = {k: v.set_column(0, "run", pa.array(["s"] * v.num_rows)) for k, v in b.items()}
+    f = write(tmp_path / "a.parquet", [a[k] for k in sorted(a)] + [b[k] for k in sorted(b)])
+    got = ingest(tmp_path / "k.duckdb", [f], monkeypatch)
+    assert "token summaries of 8 steps computed while streaming" in messages(caplog)
+    want = ingest(tmp_path / "s.duckdb", [f], monkeypatch, streamed=False)
+    assert_same(got, want)
+    assert {r["run"] for r in got["summary_seq"]} == {"r", "s"}
