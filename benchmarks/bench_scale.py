@@ -19,7 +19,8 @@ file's batches read by pyarrow and streamed into a table of the stored layout (r
 the two expert lists as they are) with no check; **stages**, the Python work of a load done serially in one
 thread with no database (read, normalise and checks, keys, the token summaries or the expert-load counts), each
 stage's CPU seconds, and the import and first-call (numba) cost; **hash**, the file's sha256. On two cores an
-ingest's wall time cannot fall below about (insert CPU + the stages' CPU beyond reading + hash) / 2.
+ingest's wall time cannot fall below about (insert CPU + the stages' CPU beyond reading + hash) / 2. With
+`--code`, the stages also run three times each with this checkout and with the other one, alternating (medians).
 
 Each side is one child process; wall time, CPU (user + system) and peak RSS come from `os.wait4` for that
 child. The database size per routing row is the growth of the ingest database when the routing file is
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -150,16 +152,32 @@ print(repr(cpu))
 """
 
 
-def floor(files: list[Path]) -> None:
-    """--floor: per file, CTAS, the plain streamed insert and the serial Python stages (see the docstring)."""
+def stage_cpu(f: Path, code: Path) -> dict[str, float]:
+    """CPU seconds of each Python stage of loading `f` with the checkout `code`, serially in a child (STAGES)."""
+    out = timed([sys.executable, "-c", STAGES, str(f), str(code)])
+    return eval(out["stdout"].strip().splitlines()[-1], {})  # a dict of floats printed by our own child
+
+
+def floor(files: list[Path], code: Path | None = None, pairs: int = 3) -> None:
+    """--floor: per file, CTAS, the plain streamed insert and the serial Python stages (see the docstring);
+    with --code, also `pairs` alternating runs of the stages with this checkout and with the other one."""
     for f in files:
+        if code:
+            runs = {"this": [], "other": []}
+            for _ in range(pairs):
+                for side, root in (("this", ROOT), ("other", code)):
+                    runs[side].append(stage_cpu(f, root))
+            for side in runs:
+                keys = list(runs[side][0])
+                print(f"{f.name} stages, {side} ({ROOT if side == 'this' else code}), median of {pairs}: "
+                      + ", ".join(f"{k} {statistics.median(r[k] for r in runs[side]):.2f}" for k in keys)
+                      + " s cpu", flush=True)
         db = fresh_db("floor")
         ctas = timed([sys.executable, "-c", CTAS, str(db), str(f)])
         db = fresh_db("floor")
         ins = timed([sys.executable, "-c", INSERT, str(f), str(db)])
         fresh_db("floor")
-        stages = timed([sys.executable, "-c", STAGES, str(f), str(ROOT)])
-        cpu = eval(stages["stdout"].strip().splitlines()[-1], {})  # a dict of floats printed by our own child
+        cpu = stage_cpu(f, ROOT)
         extra = sum(v for k, v in cpu.items() if k != "read")
         print(f"{f.name}: ctas {ctas['seconds']:.2f} s wall, {ctas['cpu_seconds']:.2f} s cpu | plain insert "
               f"{ins['seconds']:.2f} s wall, {ins['cpu_seconds']:.2f} s cpu | stages (one thread, no database) "
@@ -299,7 +317,7 @@ def main() -> None:
         print(f"best of {a.repeat}: {key} alone {min(best[key]['seconds']):.2f} s wall, "
               f"{min(best[key]['cpu_seconds']):.2f} s cpu")
     if a.floor:
-        floor(files)
+        floor(files, code)
     if a.routing_bytes and a.routing_tokens:
         for c in ([code] if code else []) + [None]:
             routing_bytes(files, c)
