@@ -51,6 +51,14 @@ class _Step:
     def seq_index(self, sample: np.ndarray) -> np.ndarray:
         """The dense index of each token's sample, new samples numbered in order of first appearance."""
         uniq, inv = _unique_inverse(sample)
+        if len(uniq) and (not len(self.samples) or uniq[0] > self.samples[-1]):
+            # the usual case (a log in key order): all new and above every sample seen, so numbered on from n_seq
+            # in sorted order, with no lookup, gather or re-sort
+            first = self.n_seq
+            self.n_seq += len(uniq)
+            self.samples = np.concatenate([self.samples, uniq])
+            self.index = np.concatenate([self.index, np.arange(first, self.n_seq)])
+            return inv + first if first else inv
         at = np.searchsorted(self.samples, uniq)
         known = (at < len(self.samples)) & (self.samples[np.minimum(at, len(self.samples) - 1)] == uniq) \
             if len(self.samples) else np.zeros(len(uniq), bool)
@@ -189,7 +197,10 @@ class StepSummaries:
         runs, codes = runs
         names = runs.to_pylist()
         step = np.asarray(data.column("step").to_numpy(), np.int64)
-        cut = np.flatnonzero((step[1:] != step[:-1]) | (codes[1:] != codes[:-1])) + 1
+        changed = step[1:] != step[:-1]
+        if len(names) > 1:
+            changed |= codes[1:] != codes[:-1]
+        cut = np.flatnonzero(changed) + 1
         bounds = np.concatenate([[0], cut, [len(step)]])
         s = np.asarray(data.column("sampler_logprob").to_numpy(), np.float64)
         t = np.asarray(data.column("trainer_logprob").to_numpy(), np.float64)
