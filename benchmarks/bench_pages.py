@@ -237,7 +237,8 @@ def render(results: dict, args) -> str:
     lines += ["", "Seconds from clicking the page's link (or a tab, `page › tab`) to idle (script done, all charts "
               "drawn). A page opens on its first tab; the other tabs run their queries when clicked. Cold = first "
               "visit (Overview: its first revisit, it was computed by the first load); warm = median of later visits. "
-              "Target: " + ", ".join(f"{n} ≤ {TARGET_S[n]:g} s" for n in results) + "; a cold visit over it is in bold.",
+              "Target: " + ", ".join(f"{n} ≤ {TARGET_S[n]:g} s" for n in results)
+              + "; a cold visit over it is in bold.",
               ""]
     names = list(results)
     head = "| page | " + " | ".join(f"{n} cold | {n} warm" for n in names) + " |"

@@ -230,7 +230,7 @@ def test_bundled_demo_summaries_equal_ingest_of_its_tokens(tmp_path, run):
 
     folder = DEMO_DIR / run
     summaries = sorted(folder.glob("summary-step*.parquet"))
-    assert len(summaries) == 8, "the demo's summary files are missing: python -m analysis lab --preset all --out data/demo"
+    assert len(summaries) == 8, "no summary files: python -m analysis lab --preset all --out data/demo"
     plain = tmp_path / "plain" / run
     plain.mkdir(parents=True)
     for f in sorted(folder.glob("tokens-step*.parquet")) + sorted(folder.glob("routing-step*.parquet")):

@@ -71,7 +71,8 @@ def sequences_default(run: str, steps: tuple[int, int] | None) -> None:
         S.cached(drilldown.sequence_flip_grid, run, step, sample)
 
 
-DERIVED = {waterfall_default, sequences_default}  # called as they are (they make their own cached calls); the rest through the cache
+# called as they are (they make their own cached calls); the rest through the cache
+DERIVED = {waterfall_default, sequences_default}
 READS_TOKENS.add(waterfall_default)
 _started: set[tuple] = set()
 _lock = threading.Lock()
