@@ -37,7 +37,7 @@ typed = c2.number_input("Step", min_value=0, step=sequence_view.step_increment(s
 step = sequence_view.nearest(steps, int(typed))
 if step != typed and typed != 0:  # 0 is the box's default, not something the user asked for
     c2.caption(f"No tokens at step {typed}: showing step {step}.")
-orders = {"seq_log_ratio_abs": "|ΣΔ| (whole sequence)", "max_log_ratio_abs": "max |Δ| (worst token)"}
+orders = sequence_view.ORDERS
 S.keep_choice("seq_order", list(orders))
 order = c3.radio("Rank by", list(orders), key="seq_order", format_func=orders.get, horizontal=True)
 
@@ -54,7 +54,7 @@ bounds = sequence_view.reward_bounds(reward_filter, threshold)
 
 worst = None
 with S.guard("rank the sequences"):
-    worst = S.cached(drilldown.worst_sequences, run, step, order=order, n=20, **bounds)
+    worst = S.cached(drilldown.worst_sequences, run, step, order=order, n=sequence_view.WORST_N, **bounds)
 st.subheader(f"Worst sequences at step {step}")
 sample_note = S.cached(sampled.sample_label, [run])  # the tokens below are token rows
 if sample_note:

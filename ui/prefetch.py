@@ -38,13 +38,17 @@ READS_TOKENS = {distributions.prob_density_2d, findings.findings_table,
                 corrections.log_ratio_quantiles}
 
 
+def _steps_in(run: str, steps: tuple[int, int] | None) -> list[int]:
+    """The run's logged steps within the sidebar's step range (all of them without one), as the pages list them."""
+    return [s for s in S.cached(drilldown.run_steps, run) if not steps or steps[0] <= s <= steps[1]]
+
+
 def waterfall_default(run: str, steps: tuple[int, int] | None) -> None:
     """Findings › Waterfall as it first shows (pages/findings.py, waterfall_tab, its sliders untouched): the first
     and the last third of the run's steps in the selection. Its decomposition reads token rows (~1 s at 40M
     tokens) with arguments that follow from the run's steps, so it is worked out here, through the page's cache
     keys, rather than listed up front."""
-    run_steps = [s for s in S.cached(drilldown.run_steps, run) if not steps or steps[0] <= s <= steps[1]]
-    halves = decomposition.thirds(run_steps)
+    halves = decomposition.thirds(_steps_in(run, steps))
     if halves is not None:
         a, b = halves
         thin = S.cached(sampled.thin_steps, [run], (a, b))
@@ -55,12 +59,12 @@ def sequences_default(run: str, steps: tuple[int, int] | None) -> None:
     """Sequences as it first shows (pages/sequences.py, no widget touched): the run's first step in the
     selection, its worst sequences by |ΣΔ| with any reward, and the worst one opened (context, tokens, routing
     flips). Its arguments follow from the run's steps and the ranking, so they are worked out here."""
-    run_steps = [s for s in S.cached(drilldown.run_steps, run) if not steps or steps[0] <= s <= steps[1]]
+    run_steps = _steps_in(run, steps)
     if not run_steps:
         return
     step = sequence_view.nearest(run_steps, 0)  # the step box's default, 0, moved to a logged step
-    worst = S.cached(drilldown.worst_sequences, run, step, order="seq_log_ratio_abs", n=20,
-                     **sequence_view.reward_bounds("any", 1.0))
+    worst = S.cached(drilldown.worst_sequences, run, step, order=next(iter(sequence_view.ORDERS)),
+                     n=sequence_view.WORST_N, **sequence_view.reward_bounds("any", 1.0))
     if worst is None or worst.is_empty():
         return
     sample = int(worst["sample"][0])

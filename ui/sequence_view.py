@@ -13,6 +13,10 @@ import math
 import polars as pl
 
 _VISIBLE = {"\n": "↵", "\t": "⇥", "\r": "␍"}
+# The Sequences page's ranking of a step's sequences (the first is its default) and how many it lists; the
+# prefetch computes the default view with the same values (ui/prefetch.py)
+ORDERS = {"seq_log_ratio_abs": "|ΣΔ| (whole sequence)", "max_log_ratio_abs": "max |Δ| (worst token)"}
+WORST_N = 20
 
 
 def _shade(delta: float, scale: float) -> str:

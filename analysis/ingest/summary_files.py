@@ -47,19 +47,22 @@ def build(run: str, step: int, tables: dict[str, dict[str, list]]) -> pa.Table:
     return from_tables({name: step_rows(run, step, name, cols) for name, cols in tables.items()})
 
 
+def n_rows(cols: dict) -> int:
+    """Rows of a table given as columns (0 without any column)."""
+    return len(next(iter(cols.values()), []))
+
+
 def step_rows(run: str, step: int, table: str, cols: dict) -> pa.Table:
     """One step's rows of summary table `table`, typed as stored: its columns (without run and step) plus both."""
-    n = len(next(iter(cols.values()), []))
-    return rows_of(table, run, pa.repeat(pa.scalar(step, pa.int64()), n), cols)
+    return rows_of(table, run, np.full(n_rows(cols), step, np.int64), cols)
 
 
-def rows_of(table: str, run, step, cols: dict) -> pa.Table:
+def rows_of(table: str, run: str | np.ndarray, step: np.ndarray, cols: dict) -> pa.Table:
     """Rows of summary table `table`, typed as stored: `run` one name for every row or one per row, `step` one
     per row, and the other columns (numpy columns: no copy)."""
-    n = len(step)
     types = {c.name: ARROW[c.sql_type] for c in TABLES[table]}
-    run = pa.repeat(pa.scalar(run), n) if isinstance(run, str) else pa.array(run, pa.string())
-    data = {"run": run, "step": step if isinstance(step, pa.Array) else pa.array(step, pa.int64())}
+    run = pa.repeat(pa.scalar(run), len(step)) if isinstance(run, str) else pa.array(run, pa.string())
+    data = {"run": run, "step": pa.array(step, pa.int64())}
     return pa.table(data | {k: pa.array(v, types[k]) for k, v in cols.items()})
 
 

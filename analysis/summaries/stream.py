@@ -97,7 +97,7 @@ class _Step:
         samples = np.zeros(len(self.acc.seq_max_pos), np.int64)
         samples[self.index] = self.samples
         tables = K.tables(self.acc, samples, self.lag_lo, self.n_lag)
-        return {name: tables[name] for name in TOKEN_TABLES if len(next(iter(tables[name].values()), []))}
+        return {name: tables[name] for name in TOKEN_TABLES if summary_files.n_rows(tables[name])}
 
 
 # Summary rows of finished steps held as numpy columns until this many, then made Arrow tables at once: one Arrow
@@ -107,10 +107,9 @@ PENDING_ROWS = 50_000
 
 
 def _arrow_rows(name: str, parts: list[tuple[str, int, dict]]) -> pa.Table:
-    """The rows of summary table `name` from several steps' columns, typed as stored, with run and step."""
-    if any(cols.keys() != parts[0][2].keys() for _, _, cols in parts):  # not expected: one step at a time
-        return pa.concat_tables([summary_files.step_rows(run, step, name, cols) for run, step, cols in parts])
-    counts = [len(next(iter(cols.values()))) for _, _, cols in parts]
+    """The rows of summary table `name` from several steps' columns (each step's table has the same columns:
+    kernel.tables), typed as stored, with run and step."""
+    counts = [summary_files.n_rows(cols) for _, _, cols in parts]
     runs = [run for run, _, _ in parts]
     one_run = all(r == runs[0] for r in runs)
     step = np.repeat(np.array([st for _, st, _ in parts], np.int64), counts)
@@ -240,7 +239,7 @@ class StepSummaries:
         tables = step.tables()
         self.steps += 1
         self._pending.append((step.run, step.step, tables))
-        self._pending_rows += sum(len(next(iter(cols.values()))) for cols in tables.values())
+        self._pending_rows += sum(summary_files.n_rows(cols) for cols in tables.values())
         return self._flush() if self._pending_rows >= PENDING_ROWS else []
 
     def _flush(self) -> list[tuple[str, pa.Table]]:
