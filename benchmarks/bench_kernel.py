@@ -13,8 +13,8 @@ Two inputs, each summed into fresh accumulators per call (`Accumulators.add`, nu
   probability bucket holds more than ~1/4 of them; Δ uniform in ±0.01) and no lag.
 
 The other commit's kernel.py is loaded from `git show` under another module name (bench_logger.module_at; its
-own numba cache, in a temporary folder), so both run in the same process on the same arrays; each is called once before timing
-(a first call compiles or loads it). The rows of both are compared (max relative difference), and per input the
+own numba cache, in a temporary folder), so both run in the same process on the same arrays; each is called once
+before timing (a first call compiles or loads it). The rows of both are compared (max relative difference), and per input the
 min and median of `--rounds` calls are reported, with the ratio of the mins. Results are appended to
 benchmarks/RESULTS-kernel.md.
 """

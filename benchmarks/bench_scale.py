@@ -29,6 +29,7 @@ loaded after the tokens (`--routing-bytes`, a separate pass).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -93,13 +94,12 @@ con.close()
 
 
 INSERT = """
-import sys, time, duckdb, pyarrow as pa, pyarrow.parquet as pq
+import sys, duckdb, pyarrow as pa, pyarrow.parquet as pq
 f, db = sys.argv[1], sys.argv[2]
 con = duckdb.connect(db)
 con.execute("SET memory_limit = '512MB'")  # as python -m analysis ingest
 pf = pq.ParquetFile(f, pre_buffer=False, read_dictionary=["run"])
 cols = [c for c in pf.schema_arrow.names if c != "run"]
-routing = "layer" in cols
 types = {"step": "BIGINT", "sample": "BIGINT", "pos": "INTEGER", "layer": "INTEGER", "token_id": "INTEGER",
          "sampler_experts": "INTEGER[]", "trainer_experts": "INTEGER[]"}
 defs = ", ".join(c + " " + types.get(c, "DOUBLE") for c in cols)
@@ -114,7 +114,7 @@ con.close()
 """
 
 STAGES = """
-import sys, time
+import json, sys, time
 t_start = time.process_time()
 sys.path.insert(0, sys.argv[2])
 from analysis.ingest import long
@@ -148,14 +148,14 @@ with open(f, "rb") as fp:
         first = False
 timed("summaries", summaries.finish)
 timed("hash", content_hash, [Path(f)])
-print(repr(cpu))
+print(json.dumps(cpu))
 """
 
 
 def stage_cpu(f: Path, code: Path) -> dict[str, float]:
     """CPU seconds of each Python stage of loading `f` with the checkout `code`, serially in a child (STAGES)."""
     out = timed([sys.executable, "-c", STAGES, str(f), str(code)])
-    return eval(out["stdout"].strip().splitlines()[-1], {})  # a dict of floats printed by our own child
+    return json.loads(out["stdout"].strip().splitlines()[-1])
 
 
 def floor(files: list[Path], code: Path | None = None, pairs: int = 3) -> None:
