@@ -1,4 +1,5 @@
-"""Command line: `python -m analysis {ingest,watch,runs,metrics,corrections,findings,lab} ...` (see README, 'Command line')."""
+"""Command line: `python -m analysis {ingest,watch,runs,metrics,corrections,findings,summarize,warm,lab} ...`
+(see README, 'Command line')."""
 from __future__ import annotations
 
 import logging
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("text", "json"), default="text")
     from analysis.lake.cli import add_parser as add_summarize
     add_summarize(sub)
+    sub.add_parser("warm", help="compile the ingest kernels now (once per install, ~7 s), not in the first ingest")
     sub.add_parser("lab", help="run the torch drift lab (options: python -m analysis lab --help)", add_help=False)
     return parser
 
@@ -67,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
         from analysis.lab.cli import main as lab_main
         return lab_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command == "warm":  # no database either
+        from analysis.warm import warm
+        if os.environ.get("DRIFT_WARM_NICE"):  # the app's background child gives way to its pages
+            os.nice(int(os.environ["DRIFT_WARM_NICE"]))
+        warm()
+        return 0
     if args.command == "summarize":  # reads a lake and writes files: no database
         from analysis.lake.cli import main as summarize_main
         return summarize_main(args)

@@ -130,12 +130,18 @@ BIN_START = _bin_start()
 
 
 # -- the kernel ----------------------------------------------------------------------------------------
+# Helpers are compiled into their callers by LLVM (`forceinline`: the always-inline attribute) rather than by
+# numba's own IR inlining (`inline="always"`): the same machine code speed (bench_kernel.py: 1.01-1.03x), and a
+# first call that compiles the kernel took 6.1 s instead of 9.8 s (benchmarks/RESULTS-kernel.md). error_model as
+# the kernel's: a division by zero gives inf.
+_inlined = njit(forceinline=True, error_model="numpy")
+
 # Accumulator arrays are [planes, rows, columns]: plane 0 a compensated sum, plane 1 its rounding error
 # (the value is their sum), and, for groupings a token joins on its own (probability bucket, band cells, ...),
 # plane 2 a plain partial sum of at most RUN tokens, added into planes 0–1 when its count (column 0) reaches
 # RUN and at the end of every call.
 
-@njit(inline="always")
+@_inlined
 def _add(acc, row, col, x):
     """Neumaier's compensated add of x into acc[0, row, col], its rounding error into acc[1, row, col]."""
     s = acc[0, row, col]
@@ -147,7 +153,7 @@ def _add(acc, row, col, x):
     acc[0, row, col] = u
 
 
-@njit(inline="always")
+@_inlined
 def _settle(acc, row):
     """Add the plain partial sums of `row` (plane 2) into its compensated sums and clear them."""
     for j in range(acc.shape[2]):
@@ -155,14 +161,14 @@ def _settle(acc, row):
         acc[2, row, j] = 0.0
 
 
-@njit(inline="always")
+@_inlined
 def _settle_rows(acc, lo, hi):
     for row in range(lo, hi):
         if acc[2, row, 0] > 0:
             _settle(acc, row)
 
 
-@njit(inline="always")
+@_inlined
 def _pend_band(acc, row, rm1, rm1_sq):
     """A token's (1, r − 1, (r − 1)²) into the plain partial sums of a band cell."""
     acc[2, row, 0] += 1.0
@@ -172,7 +178,7 @@ def _pend_band(acc, row, rm1, rm1_sq):
         _settle(acc, row)
 
 
-@njit(inline="always")
+@_inlined
 def _series_k3(x):
     """e^x − 1 − x by compute.series_k3_sql's Horner form, the same operations in the same order."""
     inner = 1.0 / 40320
@@ -185,7 +191,7 @@ def _series_k3(x):
     return x * x * inner
 
 
-@njit(inline="always")
+@_inlined
 def _d_bin(d, d_bits, bin_start, d_padded):
     """The fine Δ bin of d (its float64 bits d_bits): the edges below the smallest value sharing d's top 16
     bits, from a table, then the at most 3 edges within that range, without branches (so that the loop over
@@ -197,7 +203,7 @@ def _d_bin(d, d_bits, bin_start, d_padded):
     return 2 * c + (d_padded[c] == d)
 
 
-@njit(inline="always")
+@_inlined
 def _bit_length(p):
     k = 0
     while p > 0:
@@ -248,20 +254,20 @@ def _run_maxima(XK, off, key, key_off, n, want, out):
         out[1, j] = mp
 
 
-@njit(inline="always")
+@_inlined
 def _key(x):
     """An int64 that orders as the float64 x does (no NaN): its bits, the lower 63 flipped if negative."""
     b = np.float64(x).view(np.int64)
     return b ^ ((b >> 63) & KEY_MASK)
 
 
-@njit(inline="always")
+@_inlined
 def _unkey(k):
     """The float64 of an order key (`_key` is its own inverse on the bits)."""
     return np.int64(k ^ ((k >> 63) & KEY_MASK)).view(np.float64)
 
 
-@njit(inline="always")
+@_inlined
 def _terms(s, t, E, valid, masked, n, W, XK):
     """The terms of n tokens: token c's sums into W[j·SUB_STRIDE + c] (j a column of WIDE), its extremes' order
     keys into XK[j·SUB_STRIDE + c] (j of EXTREMES); 0 and −inf where `valid` is False. s, t, valid start at the
@@ -319,7 +325,7 @@ def _terms(s, t, E, valid, masked, n, W, XK):
         XK[X_MIN_T * SUB_STRIDE + c] = _key(-ti) if ok else KEY_NEG_INF
 
 
-@njit(inline="always")
+@_inlined
 def _pend_token(acc, topk, row, W, XK, c):
     """Token c's terms into the plain partial sums of a wide `row`, its extremes' keys into topk[row]."""
     for j in range(NW):
@@ -536,8 +542,10 @@ class Accumulators:
     def add(self, s, t, pos=None, seq=None, valid=None, T: int = 0, lo: int = 0, hi: int | None = None,
             seq_lag=None, tok_lag=None, entropy=None, flipped=None) -> "Accumulators":
         """Add tokens lo .. hi − 1 (see the module docstring; None: absent; pos and seq None: grid form)."""
-        def arr(a, dtype):
-            return np.empty(0, dtype) if a is None else np.ascontiguousarray(a, dtype)
+        def arr(a, dtype):  # read-only views: one compiled signature for ingest's Arrow views and torch's arrays
+            v = (np.empty(0, dtype) if a is None else np.ascontiguousarray(a, dtype)).view()
+            v.flags.writeable = False
+            return v
         s, t = arr(s, np.float64), arr(t, np.float64)
         rest = (arr(pos, np.int64), arr(seq, np.int64), arr(valid, np.bool_), T)
         tail = (arr(seq_lag, np.int64), arr(tok_lag, np.int64), arr(entropy, np.float64), arr(flipped, np.int64),
