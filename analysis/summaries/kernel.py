@@ -8,8 +8,9 @@ Input, long format (one entry per token, any order): the layout of a `tokens` Ar
 could call `Accumulators.add` on its batches' columns as they come (`to_numpy()` of float64 s, t; int pos; a
 dense sequence index per token from the batch's sample column; lag with −1 for a null version; entropy with
 NaN for a null), and merge batches by adding into the same accumulators. Ingest does so
-(analysis/summaries/stream.py); compute.py's SQL stays for the files it hands back. The sequence × band cells take 3 KB per sequence, so such a caller bounds
-the sequences per set of accumulators (one step's sequences, as here).
+(analysis/summaries/stream.py); compute.py's SQL stays for the files it hands back. The sequence × band cells
+take 3 KB per sequence, so such a caller bounds the sequences per set of accumulators (one step's sequences, as
+here).
 
   s, t      float64 [n] sampler / trainer log-probs (finite, ≤ 0: checked by the caller)
   pos       int64 [n] position in the sequence
