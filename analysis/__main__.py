@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "warm":  # no database either
         from analysis.warm import warm
-        if os.environ.get("DRIFT_WARM_NICE"):  # the app's background child gives way to its pages
+        if os.environ.get("DRIFT_WARM_NICE") and hasattr(os, "nice"):  # the app's child gives way to its pages
             os.nice(int(os.environ["DRIFT_WARM_NICE"]))
         warm()
         return 0
