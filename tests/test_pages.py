@@ -430,6 +430,20 @@ def test_viewer_mode_hides_every_write(monkeypatch, own_db):
     assert not [b for b in at.button if b.key == "lab_start"]
 
 
+def test_kernels_warmed_only_where_the_app_can_ingest(monkeypatch, own_db, tmp_path):
+    from analysis import warm
+    started = []
+    monkeypatch.setattr(warm, "start_in_background", lambda: started.append(True))
+    monkeypatch.setenv("DRIFT_READ_ONLY", "1")
+    open_app(monkeypatch, own_db)
+    assert started == []  # a viewer never ingests
+    monkeypatch.delenv("DRIFT_READ_ONLY")
+    writable = tmp_path / "writable.duckdb"
+    shutil.copy(own_db, writable)
+    open_app(monkeypatch, writable)
+    assert started == [True]
+
+
 @pytest.mark.parametrize("page", list(PAGES))
 def test_empty_database_says_what_to_do(monkeypatch, tmp_path, page):
     at = open_app(monkeypatch, tmp_path / "empty.duckdb", page)

@@ -74,7 +74,7 @@ def _open(path: str, read_only: bool, load_demo: bool) -> AppDB:
         store.close()
         app.store = Store(path, read_only=True)
     app.watcher = live.start(app)
-    if not ro:  # uploads (and followed folders) ingest here: compile the kernels now, in a child, not then
+    if not app.store.read_only:  # uploads and followed folders ingest here: compile the kernels now, in a child
         from analysis.warm import start_in_background
         start_in_background()
     # On SIGTERM / Ctrl-C streamlit stops and the interpreter exits: queries still running in daemon threads
