@@ -114,6 +114,11 @@ def _ingest(db, args) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     store = Store(db, memory_limit=os.environ.get("DRIFT_MEMORY_LIMIT") or INGEST_MEMORY_LIMIT)
     bar = TerminalProgress()
+    if bar.enabled:
+        from analysis.warm import compiled
+        if compiled() is False:
+            print("compiling the ingest kernels for this install, once (~7 s; `python -m analysis warm` does it "
+                  "ahead)", file=sys.stderr)
     try:
         outcomes = (ingest_mapped(store, args.paths, mapping, run=args.run) if mapping
                     else ingest_paths(store, args.paths, run=args.run, progress=bar.file, on_rows=bar.rows))

@@ -7,8 +7,10 @@ NUMBA_CACHE_DIR), so doing it once ahead is enough: `warm()` calls every kernel 
 argument types that ingest and DriftLogger pass (tests/test_warm.py checks that a real ingest and a logger step
 then compile nothing more). Where the cache already holds them it only loads them (~1 s).
 
-The app starts `start_in_background()` when it opens a writable database: a low-priority child process, so that a
-visitor's first upload does not hold the server for those seconds while pages wait.
+`compiled()` tells whether the cache holds them for this machine (the command line's ingest says, on a terminal,
+when it is about to compile them). The app starts `start_in_background()` when it opens a writable database: a
+low-priority child process, so that a visitor's first upload does not hold the server for those seconds while
+pages wait.
 """
 from __future__ import annotations
 
@@ -46,6 +48,25 @@ def warm() -> None:
     flags = [np.zeros(2, np.bool_) for _ in range(3)]
     R.compare(experts, experts, rows, masks, masks, flags[0], flags[1], np.zeros(2, np.int16), flags[2])
     R.count_experts(np.zeros(2, np.int64), experts, np.zeros(64, np.int64))
+
+
+def _kernels() -> list:
+    from analysis.ingest import routing_kernel as R
+    from analysis.summaries import kernel as K
+    return [K.accumulate, R.set_masks, R.compare, R.count_experts]
+
+
+def compiled() -> bool | None:
+    """Whether numba's cache holds every ingest kernel compiled for this machine and this source (None: cannot
+    tell; this reads numba's cache index, which is not a public API)."""
+    try:
+        for kernel in _kernels():
+            machine = kernel.targetctx.codegen().magic_tuple()
+            if not any(key[1] == machine for key in kernel._cache._cache_file._load_index()):
+                return False
+        return True
+    except Exception:
+        return None
 
 
 def start_in_background() -> subprocess.Popen | None:

@@ -87,3 +87,20 @@ def test_background_warm_starts_once_per_process_and_honours_the_switch(monkeypa
     child = warm.start_in_background()
     assert child is not None and child.wait(timeout=600) == 0
     assert warm.start_in_background() is None  # once per process
+
+
+@pytest.mark.slow
+def test_compiled_reads_the_cache_before_and_after_warm(tmp_path):
+    """With an empty cache of its own (NUMBA_CACHE_DIR), compiled() is False; after `warm`, a new process finds
+    every kernel there."""
+    import os
+    env = os.environ | {"NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    ask = [sys.executable, "-c", "from analysis.warm import compiled; print(compiled())"]
+
+    def run(cmd):
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip()
+    assert run(ask) == "False"
+    run([sys.executable, "-m", "analysis", "warm"])
+    assert run(ask) == "True"
