@@ -75,6 +75,8 @@ def start_in_background() -> subprocess.Popen | None:
     if _started.is_set() or os.environ.get("DRIFT_NO_WARM") == "1":
         return None
     _started.set()
-    return subprocess.Popen([sys.executable, "-m", "analysis", "warm"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
-                            env=os.environ | {"DRIFT_WARM_NICE": "10"}, cwd=os.path.dirname(os.path.dirname(__file__)))
+    child = subprocess.Popen([sys.executable, "-m", "analysis", "warm"], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+                             env=os.environ | {"DRIFT_WARM_NICE": "10"}, cwd=os.path.dirname(os.path.dirname(__file__)))
+    threading.Thread(target=child.wait, name="warm-reaper", daemon=True).start()  # no zombie left behind
+    return child
