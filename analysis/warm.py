@@ -24,12 +24,6 @@ import numpy as np
 _started = threading.Event()
 
 
-def _read_only(a: np.ndarray) -> np.ndarray:
-    v = a.view()
-    v.flags.writeable = False
-    return v
-
-
 def warm() -> None:
     """Compile (or load from the cache) the summary kernel and the routing kernels, as ingest calls them."""
     from analysis.ingest import routing_kernel as R
@@ -42,7 +36,7 @@ def warm() -> None:
     K.Accumulators.zeros(n // per_seq, 1).add(s, t, pos=pos, seq=seq, tok_lag=np.zeros(n, np.int64),
                                               entropy=np.ones(n), flipped=np.zeros(n, np.int64))
     # expert ids as ingest hands them over: a read-only [rows, k] int32 view of the Arrow list values
-    experts = _read_only(np.arange(16, dtype=np.int32).reshape(2, 8))
+    experts = K.read_only(np.arange(16, dtype=np.int32).reshape(2, 8))
     masks, *_ = R.set_masks(experts)
     rows = np.arange(2)
     flags = [np.zeros(2, np.bool_) for _ in range(3)]

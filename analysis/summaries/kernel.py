@@ -514,6 +514,14 @@ def accumulate(s, t, E, bin_a, prob_a, W, XK, pos, seq, valid, T, lo, hi, seq_la
     _settle_rows(hist, 0, hist.shape[1])
 
 
+def read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of a: the kernels' inputs are all passed so, ingest's zero-copy Arrow views (read-only) and
+    DriftLogger's torch arrays (writable) alike, so that numba compiles one signature for both, not one each."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
 SEQUENCE_FIELDS = ("seq", "seq_top", "seq_max_pos", "seq_flip", "seq_band")  # one row (or NB rows) per sequence
 
 
@@ -543,10 +551,8 @@ class Accumulators:
     def add(self, s, t, pos=None, seq=None, valid=None, T: int = 0, lo: int = 0, hi: int | None = None,
             seq_lag=None, tok_lag=None, entropy=None, flipped=None) -> "Accumulators":
         """Add tokens lo .. hi − 1 (see the module docstring; None: absent; pos and seq None: grid form)."""
-        def arr(a, dtype):  # read-only views: one compiled signature for ingest's Arrow views and torch's arrays
-            v = (np.empty(0, dtype) if a is None else np.ascontiguousarray(a, dtype)).view()
-            v.flags.writeable = False
-            return v
+        def arr(a, dtype):
+            return read_only(np.empty(0, dtype) if a is None else np.ascontiguousarray(a, dtype))
         s, t = arr(s, np.float64), arr(t, np.float64)
         rest = (arr(pos, np.int64), arr(seq, np.int64), arr(valid, np.bool_), T)
         tail = (arr(seq_lag, np.int64), arr(tok_lag, np.int64), arr(entropy, np.float64), arr(flipped, np.int64),
