@@ -88,19 +88,33 @@ def _run_id() -> Column:
 
 
 # Routing is stored in `routing_rows`, where trainer_experts is NULL wherever it equals sampler_experts rank for
-# rank (most rows: only flipped or reordered top-k lists are kept twice); the view `routing` puts the lists back,
-# so every reader sees SCHEMA.md's table. NULL trainer_experts *and* NULL flip: the trainer side was not recorded.
+# rank (most rows: only flipped or reordered top-k lists are kept twice), and the sampler's list is one integer
+# where it fits (ROUTING_PACKED); the view `routing` puts the lists back, so every reader sees SCHEMA.md's table.
+# NULL trainer_experts *and* NULL flip: the trainer side was not recorded.
 ROUTING_STORE = "routing_rows"
+
+# The sampler's top-k as one integer: id c of the list (rank order) in bits c·id_bits .. (c + 1)·id_bits − 1, with
+# id_bits the bit length of the largest id of the row's ingest batch; sampler_experts is then NULL. Batches whose
+# k ids need more than 64 bits (e.g. top-8 of 384 experts) keep the list, and so do rows stored before the packing.
+ROUTING_PACKED = (
+    Column("sampler_packed", "UBIGINT", False, "sampler top-k ids, id_bits bits each in rank order"),
+    Column("id_bits", "UTINYINT", False, "bits per id in sampler_packed"),
+)
+SAMPLER_EXPERTS_SQL = ("CASE WHEN x.sampler_packed IS NULL THEN x.sampler_experts ELSE list_transform(range(x.k), "
+                       "lambda c: ((x.sampler_packed >> (c * x.id_bits)::UTINYINT) "
+                       "& ((1::UBIGINT << x.id_bits) - 1))::INTEGER) END")
 
 
 def routing_view(coded: bool = True) -> str:
     """The view `routing` over ROUTING_STORE, which holds run codes (`coded`) or, made before them, names."""
-    trainer = ("REPLACE (CASE WHEN x.trainer_experts IS NOT NULL THEN x.trainer_experts "
-               "WHEN x.flip IS NOT NULL THEN x.sampler_experts END AS trainer_experts)")
+    lists = (f"EXCLUDE ({'run_id, ' if coded else ''}sampler_packed, id_bits) "
+             f"REPLACE ({SAMPLER_EXPERTS_SQL} AS sampler_experts, "
+             "CASE WHEN x.trainer_experts IS NOT NULL THEN x.trainer_experts "
+             f"WHEN x.flip IS NOT NULL THEN {SAMPLER_EXPERTS_SQL} END AS trainer_experts)")
     if coded:
-        return f"""CREATE OR REPLACE VIEW routing AS SELECT r.run, x.* EXCLUDE (run_id) {trainer}
+        return f"""CREATE OR REPLACE VIEW routing AS SELECT r.run, x.* {lists}
             FROM {ROUTING_STORE} x JOIN {RUN_IDS} r ON x.run_id = r.run_id"""
-    return f"CREATE OR REPLACE VIEW routing AS SELECT x.* {trainer} FROM {ROUTING_STORE} x"
+    return f"CREATE OR REPLACE VIEW routing AS SELECT x.* {lists} FROM {ROUTING_STORE} x"
 
 
 # Tokens are stored in two tables behind the view `tokens`. DuckDB writes a column that is NULL in every row
@@ -161,7 +175,7 @@ def stored_columns(table: str, narrow: bool = False) -> tuple[Column, ...]:
     if table == "tokens" and narrow:
         cols = tuple(c for c in TOKENS if c.name in TOKEN_NARROW)
     else:
-        cols = TABLES[table] + (ROUTING_DERIVED if table == "routing" else ())
+        cols = TABLES[table] + (ROUTING_DERIVED + ROUTING_PACKED if table == "routing" else ())
     if table in ("tokens", "routing"):  # see RUN_IDS
         cols = tuple(_run_id() if c.name == "run" else c for c in cols)
     return cols + (_file_id(),)

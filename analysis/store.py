@@ -54,8 +54,10 @@ def _ddl() -> list[str]:
     for table in schema.TABLES:
         for name in schema.stored_tables(table):
             stmts.append(f"CREATE TABLE IF NOT EXISTS {name} ({_columns_ddl(table, name)})")
-    # databases made before sequences had the response text
+    # databases made before sequences had the response text, or routing rows their packed sampler ids
     stmts.append("ALTER TABLE sequences ADD COLUMN IF NOT EXISTS response VARCHAR")
+    stmts += [f"ALTER TABLE {schema.ROUTING_STORE} ADD COLUMN IF NOT EXISTS {c.name} {c.sql_type}"
+              for c in schema.ROUTING_PACKED]
     return stmts + summary_schema.ddl()
 
 

@@ -42,12 +42,13 @@ def warm() -> None:
     flags = [np.zeros(2, np.bool_) for _ in range(3)]
     R.compare(experts, experts, rows, masks, masks, flags[0], flags[1], np.zeros(2, np.int16), flags[2])
     R.count_experts(np.zeros(2, np.int64), experts, np.zeros(64, np.int64))
+    R.pack(experts, 4, np.empty(2, np.uint64))
 
 
 def _kernels() -> list:
     from analysis.ingest import routing_kernel as R
     from analysis.summaries import kernel as K
-    return [K.accumulate, R.set_masks, R.compare, R.count_experts]
+    return [K.accumulate, R.set_masks, R.compare, R.count_experts, R.pack]
 
 
 def compiled() -> bool | None:

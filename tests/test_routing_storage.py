@@ -1,8 +1,10 @@
 """Compact routing storage: the trainer's top-k list is stored only where it differs from the sampler's (rank for
-rank); the `routing` view gives every reader SCHEMA.md's lists back; databases of the earlier layout migrate."""
+rank), the sampler's as one packed integer where its ids fit 64 bits; the `routing` view gives every reader
+SCHEMA.md's lists back; databases of the earlier layouts migrate."""
 from __future__ import annotations
 
 import duckdb
+import pytest
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -80,3 +82,55 @@ def test_a_trainer_column_of_nulls_only_loads_as_the_sampler_side(tmp_path):
     assert store.scalar("SELECT count(*) FROM routing") == len(rows)
     assert store.scalar("SELECT count(flip) + count(trainer_experts) FROM routing") == 0
     assert store.routing_sides() == {tokens["run"][0]: False}
+
+
+@pytest.mark.parametrize("k, experts", [(1, 2), (2, 8), (8, 256), (8, 300), (4, 1 << 16), (5, 1 << 13)])
+def test_sampler_lists_are_packed_where_k_ids_fit_64_bits(tmp_path, k, experts):
+    """The stored form follows the batch's largest id (bits = its bit length, packed iff k · bits <= 64: top-8 of
+    256 experts just fits, top-8 of 300 does not; so do top-4 of 65,536 and top-5 of 8,192), and the view gives back every list as written, both sides."""
+    tokens, rows = make_logs(seed=k * 7 + experts % 97, steps=2, samples=2, length=5, layers=3, k=k, experts=experts)
+    store = _load(tmp_path, rows, tokens)
+    bits = max(1, max(max(r["sampler_experts"]) for r in rows).bit_length())
+    packed = k * bits <= 64
+    n = len(rows)
+    assert store.rows(f"SELECT count(sampler_packed), count(sampler_experts), min(id_bits), max(id_bits) "
+                      f"FROM {schema.ROUTING_STORE}") == [(n, 0, bits, bits) if packed else (0, n, None, None)]
+    got = store.rows("SELECT step, sample, pos, layer, sampler_experts, trainer_experts FROM routing ORDER BY ALL")
+    assert got == sorted((r["step"], r["sample"], r["pos"], r["layer"], r["sampler_experts"], r["trainer_experts"])
+                         for r in rows)
+    check_derived(store, rows)
+
+
+def test_a_database_of_routing_rows_without_packed_ids_is_migrated(tmp_path):
+    """routing_rows of the layout before the packed ids (lists only) gain the two columns when the database is
+    opened for writing; its rows read as before, and a file loaded afterwards, packed, reads beside them."""
+    tokens, rows = make_logs(seed=8, steps=1, samples=2, length=4, layers=3, k=2)
+    db = tmp_path / "d.duckdb"
+    store = _load(tmp_path, rows, tokens)
+    want = store.rows("SELECT * FROM routing ORDER BY ALL")
+    store.close()
+    con = duckdb.connect(str(db))  # the earlier layout: the same rows with the sampler's list, no packed columns
+    con.execute(f"""CREATE TABLE old_rows AS SELECT x.* EXCLUDE (sampler_packed, id_bits)
+                    REPLACE ({schema.SAMPLER_EXPERTS_SQL} AS sampler_experts) FROM {schema.ROUTING_STORE} x""")
+    con.execute("DROP VIEW routing")
+    con.execute(f"DROP TABLE {schema.ROUTING_STORE}")
+    con.execute(f"ALTER TABLE old_rows RENAME TO {schema.ROUTING_STORE}")
+    con.execute("""CREATE VIEW routing AS SELECT r.run, x.* EXCLUDE (run_id) REPLACE (CASE WHEN x.trainer_experts
+                   IS NOT NULL THEN x.trainer_experts WHEN x.flip IS NOT NULL THEN x.sampler_experts END
+                   AS trainer_experts) FROM routing_rows x JOIN run_ids r ON x.run_id = r.run_id""")
+    assert con.execute("SELECT * FROM routing ORDER BY ALL").fetchall() == want
+    con.close()
+    store = Store(db)
+    assert store.rows("SELECT * FROM routing ORDER BY ALL") == want
+    tokens2, rows2 = make_logs(seed=9, run="r2", steps=1, samples=2, length=4, layers=3, k=2)
+    pq.write_table(pa.table(tokens2), tmp_path / "tokens2.parquet")
+    pq.write_table(pa.Table.from_pylist(rows2), tmp_path / "routing2.parquet")
+    out = ingest_paths(store, [tmp_path / "tokens2.parquet", tmp_path / "routing2.parquet"])
+    assert [o.status for o in out] == ["loaded", "loaded"]
+    assert store.rows(f"SELECT count(sampler_packed), count(sampler_experts) FROM {schema.ROUTING_STORE}") \
+        == [(len(rows2), len(rows))]
+    assert store.rows("SELECT * FROM routing WHERE run = 'r' ORDER BY ALL") == want
+    got = store.rows("SELECT step, sample, pos, layer, sampler_experts, trainer_experts FROM routing "
+                     "WHERE run = 'r2' ORDER BY ALL")
+    assert got == sorted((r["step"], r["sample"], r["pos"], r["layer"], r["sampler_experts"], r["trainer_experts"])
+                         for r in rows2)

@@ -1,5 +1,5 @@
 """The per-row work of a routing batch in compiled loops (numba): set masks and the id checks, the set
-comparisons of the two sides, and the expert-load counts.
+comparisons of the two sides, the expert-load counts, and the sampler's ids packed into one integer per row.
 
 The numpy versions of these (still the fallback for expert ids of 64 and above, which do not fit a 64-bit
 mask) made a dozen passes and temporaries of [rows, k] per batch; with these loops a routing batch of 491,520
@@ -80,3 +80,14 @@ def count_experts(base, M, out):
         b = base[i]
         for c in range(M.shape[1]):
             out[b + M[i, c]] += 1
+
+
+@njit(cache=True, nogil=True)
+def pack(M, bits, out):
+    """out[i] = Σ_c M[i, c] << (c · bits): row i's ids in rank order, `bits` bits each (the caller checked that
+    every id is below 2^bits and that k · bits <= 64)."""
+    for i in range(M.shape[0]):
+        p = np.uint64(0)
+        for c in range(M.shape[1]):
+            p |= np.uint64(M[i, c]) << np.uint64(c * bits)
+        out[i] = p
