@@ -43,7 +43,9 @@ COMPUTED_FILES = 4  # files summarised by the ingest hook (timed); their summary
 # shifted steps to cover all STEPS (a 2-core shared machine summarises ~0.2M tokens/s: 40M would take minutes)
 SUMMARY_TABLES = ("summary_step", "summary_seq", "summary_seq_band", "summary_hist", "summary_bucket",
                   "summary_bucket_band", "summary_layer")
-BUILD_VERSION = "4"  # 2: routing into routing_rows; 3: summary layout 2 (band tables); 4: run codes
+BUILD_VERSION = "5"  # 2: routing into routing_rows; 3: summary layout 2 (band tables); 4: run codes;
+# 5: the sampler's list packed (schema.ROUTING_PACKED)
+ID_BITS = (EXPERTS - 1).bit_length()  # as ingest packs these ids (K · ID_BITS <= 64)
 
 
 def build(path: Path) -> dict:
@@ -68,12 +70,14 @@ def build(path: Path) -> dict:
               FROM range({STEPS * SEQS * LEN}) r(i))""")
     t1 = time.perf_counter()
     # routing of the first ROUTED_LEN tokens of each step (samples 0..2, positions in order), file_id 1000 + ...;
-    # stored compact as ingest stores it (the trainer's list only where it differs; the `routing` view fills it in)
+    # stored compact as ingest stores it (the trainer's list only where it differs, the sampler's packed in one
+    # integer; the `routing` view gives both lists back)
     con.execute(f"""
-        INSERT INTO {schema.ROUTING_STORE} (run_id, step, sample, pos, layer, sampler_experts, trainer_experts, k,
-                                            flip, top1_flip, n_common, file_id)
-        SELECT {store.run_id(RUN)}, step, sample, pos, layer, se, CASE WHEN flip THEN te END, {K}, flip, top1, nc,
-               (1000 + step // {FILE_STEPS})::INTEGER
+        INSERT INTO {schema.ROUTING_STORE} (run_id, step, sample, pos, layer, sampler_packed, id_bits, trainer_experts,
+                                            k, flip, top1_flip, n_common, file_id)
+        SELECT {store.run_id(RUN)}, step, sample, pos, layer,
+               list_sum(list_transform(se, lambda x, j: x::UBIGINT << ((j - 1) * {ID_BITS})::UTINYINT))::UBIGINT,
+               {ID_BITS}, CASE WHEN flip THEN te END, {K}, flip, top1, nc, (1000 + step // {FILE_STEPS})::INTEGER
         FROM (SELECT step, sample, pos, layer, se,
                      CASE WHEN sw THEN list_transform(se, lambda x, j: CASE WHEN j = 1 THEN (x + 1) % {EXPERTS} ELSE x END)
                           ELSE se END AS te, sw AS flip, sw AS top1, CASE WHEN sw THEN {K - 1} ELSE {K} END AS nc
