@@ -224,11 +224,15 @@ def follow(db: str | Path, folders: Sequence[str | Path], run: str | None = None
 def last_files(store: Store, runs: Sequence[str]) -> "pl.DataFrame":
     """[run, last_step, last_file_at]: each run's highest step and when its most recent file was loaded, in
     UNIX seconds. `files.loaded_at` is a local time without zone; its distance to the database's local now,
-    taken from the database's UTC now, gives a time that compares with `time.time()` in any time zone."""
+    taken from the database's UTC now, gives a time that compares with `time.time()` in any time zone.
+
+    Read from summary_step, which every token, routing and DriftLogger summary file adds rows to: a step whose
+    summary file landed before its token rows (or a logger at token_sample=0, which writes no token rows) counts,
+    as it does in the charts, and the query reads a row per (step, file) rather than every token."""
     return store.sql("""
         SELECT t.run, max(t.step) AS last_step,
                epoch_ms(now()) / 1000.0
                  - date_diff('millisecond', max(f.loaded_at), current_localtimestamp()) / 1000.0 AS last_file_at
-        FROM tokens t JOIN files f USING (file_id)
+        FROM summary_step t JOIN files f USING (file_id)
         WHERE t.run IN (SELECT unnest(?::VARCHAR[]))
         GROUP BY t.run ORDER BY t.run""", [list(runs)])

@@ -214,3 +214,24 @@ def test_the_command_takes_folders_only(tmp_path, capsys):
     f.write_bytes(b"PAR1")
     assert main(["watch", str(f), "--db", str(tmp_path / "db.duckdb")]) == 2
     assert "watch follows folders; load single files with `ingest`" in capsys.readouterr().err
+
+
+def test_the_live_status_counts_a_step_once_any_of_its_files_landed(tmp_path):
+    """watch.last_files (the sidebar's "step N · last file ... ago"): a logger at token_sample=0 writes no token
+    rows, and a step's summary file may land before its token file; both show the step, as the charts do."""
+    import time
+
+    from analysis.ingest import ingest_paths
+    from analysis.watch import last_files
+
+    full, sums = DriftLogger(tmp_path / "a", run="full"), DriftLogger(tmp_path / "b", run="sums", token_sample=0.0)
+    paths = [p for step in range(3) for p in full.log_step(step, *step_arrays(step)).values()]
+    paths += [p for step in range(5) for p in sums.log_step(step, *step_arrays(10 + step)).values()]
+    paths.append(full.log_step(3, *step_arrays(3))["summary"])  # step 3's token file has not landed yet
+    store = Store(tmp_path / "db.duckdb")
+    assert all(o.status == "loaded" for o in ingest_paths(store, paths))
+    before = time.time()
+    got = last_files(store, ["full", "sums", "absent"])
+    assert got["run"].to_list() == ["full", "sums"] and got["last_step"].to_list() == [3, 4]
+    assert all(before - 60 < t <= before + 1 for t in got["last_file_at"].to_list())
+    store.close()
