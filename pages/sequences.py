@@ -62,11 +62,12 @@ if sample_note:
 if worst is None or worst.is_empty():
     st.info(f"No sequences at step {step} of {run}" + (" with this reward." if reward_filter != "any" else "."))
 else:
-    picked = st.dataframe(worst, hide_index=True, key="seq_table", column_config=S.number_columns(worst),
+    # columns the run's logs leave empty in every row (no trainer routing, no sequences file) are not shown
+    empty = [c for c in sequence_view.OPTIONAL_WORST if c in worst.columns and worst[c].null_count() == worst.height]
+    shown = worst.drop(empty)
+    picked = st.dataframe(shown, hide_index=True, key="seq_table", column_config=S.number_columns(shown),
                           on_select="rerun", selection_mode="single-row")
-    st.caption("Click a row to open it. seq_log_ratio = ΣΔ over the response (the sequence-level log importance "
-               "ratio); max_log_ratio_abs = the largest single-token |Δ|; n_flips = token-layer pairs whose "
-               "experts flipped; reward, advantage and response_length as the trainer logged them.")
+    st.caption(sequence_view.worst_caption(empty))
     rows = picked.selection.rows if picked else []
     choice = (run, step, int(worst["sample"][rows[0]])) if rows and rows[0] < worst.height else None
     if choice and choice != ss.get("_seq_picked"):  # a new click: open that row (the box below follows)

@@ -290,9 +290,15 @@ def test_sequences_ranking_text_and_escaping(monkeypatch, shared_db):
         seen_markup |= "&lt;script&gt;" in body or "&lt;img" in body or "&lt;b&gt;" in body
     assert seen_markup
 
+    assert "n_flips" in table.columns  # this run has the trainer's routing
+
     at.selectbox(key="seq_run").set_value(bu.RUN_DENSE).run()
     assert not at.exception and not errors(at)
     assert "Routing flips in this sequence" not in [h.value for h in at.subheader]
+    # no routing and no sequences file: the columns they would fill are left out, and the caption says so
+    dense = at.dataframe[0].value
+    assert not {"n_flips", "reward", "advantage"} & set(dense.columns) and "response_length" in dense.columns
+    assert "Not in this run's logs, so not shown: n_flips, reward, advantage." in texts(at.caption)
 
 
 # -- compare ------------------------------------------------------------------------------------------
@@ -472,6 +478,11 @@ def test_empty_database_loads_the_demo(monkeypatch, tmp_path):
     assert "loaded the demo runs" in texts(at.toast)
     at.run()
     assert not at.toast  # said once per session
+    assert "loaded the demo runs" in texts(open_app(monkeypatch, tmp_path / "fresh.duckdb").toast)  # a new session
+    import ui.sidebar
+    monkeypatch.setattr(ui.sidebar, "DEMO_NOTICE_S", 0.0)  # a session long after the load is not told
+    later = open_app(monkeypatch, tmp_path / "fresh.duckdb")
+    assert not later.toast and len(later.multiselect(key="sidebar_runs").options) == 3
 
 
 def test_prefetch_warms_the_other_pages(monkeypatch, own_db):

@@ -17,6 +17,24 @@ _VISIBLE = {"\n": "↵", "\t": "⇥", "\r": "␍"}
 # prefetch computes the default view with the same values (ui/prefetch.py)
 ORDERS = {"seq_log_ratio_abs": "|ΣΔ| (whole sequence)", "max_log_ratio_abs": "max |Δ| (worst token)"}
 WORST_N = 20
+# Columns of the worst-sequences table that a run's logs may leave empty: n_flips without the trainer's routing,
+# reward and advantage without a sequences file.
+OPTIONAL_WORST = ("n_flips", "reward", "advantage")
+
+
+def worst_caption(hidden=()) -> str:
+    """The caption under the worst-sequences table, naming only the columns shown (`hidden`: those left out)."""
+    parts = ["Click a row to open it. seq_log_ratio = ΣΔ over the response (the sequence-level log importance "
+             "ratio); max_log_ratio_abs = the largest single-token |Δ|"]
+    if "n_flips" not in hidden:
+        parts.append("n_flips = token-layer pairs whose experts flipped")
+    logged = [c for c in ("reward", "advantage") if c not in hidden] + ["response_length"]
+    parts.append(f"{', '.join(logged[:-1])}{' and ' if len(logged) > 1 else ''}{logged[-1]} as the trainer logged "
+                 f"{'them' if len(logged) > 1 else 'it'}")
+    text = "; ".join(parts) + "."
+    if hidden:
+        text += f" Not in this run's logs, so not shown: {', '.join(hidden)}."
+    return text
 
 
 def _shade(delta: float, scale: float) -> str:

@@ -1,6 +1,8 @@
 """The sidebar every page shares: database status, run picker, step range, C and ε."""
 from __future__ import annotations
 
+import time
+
 import streamlit as st
 
 from analysis.sampled import count_text
@@ -10,6 +12,9 @@ from ui import access, live, nav
 from ui import state as S
 
 _BOUNDS = S.BOUNDS_KEY
+# Sessions that start this long after the demo runs were loaded are not told the database "was empty": on a
+# hosted app that loaded them at its first start, a visitor a day later would read it as news about now.
+DEMO_NOTICE_S = 300.0
 
 
 def _status(app: S.AppDB, runs) -> None:
@@ -58,7 +63,8 @@ def render() -> None:
     runs_df = S.runs_table()
     names = runs_df["run"].to_list()
     pending, notice = S.take_pending()
-    if app.demo_outcomes and not ss.get("_demo_told"):
+    fresh_demo = app.demo_outcomes and time.monotonic() - app.demo_loaded_at < DEMO_NOTICE_S
+    if fresh_demo and not ss.get("_demo_told"):
         ss["_demo_told"] = True
         loaded = sorted({r for o in app.demo_outcomes for r in o.runs})
         st.toast(f"The database was empty: loaded the demo runs ({', '.join(loaded) or 'none'}).",

@@ -11,6 +11,7 @@ import atexit
 import importlib
 import logging
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -42,6 +43,7 @@ PALETTE = plotly.colors.qualitative.Plotly + plotly.colors.qualitative.D3
 class AppDB:
     store: Store
     demo_outcomes: list = field(default_factory=list)
+    demo_loaded_at: float = 0.0  # time.monotonic() when the demo runs were loaded into an empty database
     demo_error: str | None = None
     version: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -67,6 +69,7 @@ def _open(path: str, read_only: bool, load_demo: bool) -> AppDB:
         try:
             from analysis.demo import ensure_demo
             app.demo_outcomes = ensure_demo(store)
+            app.demo_loaded_at = time.monotonic()
         except Exception as e:  # the app must open even if the demo data is broken
             log.exception("demo load failed")
             app.demo_error = str(e)
