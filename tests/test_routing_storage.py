@@ -134,3 +134,25 @@ def test_a_database_of_routing_rows_without_packed_ids_is_migrated(tmp_path):
                      "WHERE run = 'r2' ORDER BY ALL")
     assert got == sorted((r["step"], r["sample"], r["pos"], r["layer"], r["sampler_experts"], r["trainer_experts"])
                          for r in rows2)
+
+
+@pytest.mark.parametrize("layer_base, id_base, dense", [(0, 2**31 - 100, True), (2**31 - 10, 0, True), (0, 0, False)])
+def test_large_expert_and_layer_ids_load_exactly(tmp_path, monkeypatch, layer_base, id_base, dense):
+    """Expert ids near 2^31 and layer numbers near 2^31 are valid ids: such a file loads (dense expert-load counts
+    once refused it as "too large to load"), and its lists, flips and expert load equal the brute-force
+    reference. dense=False: an ordinary file counted by the sparse path, which then must agree too."""
+    import analysis.ingest.keys as keys
+    if not dense:
+        monkeypatch.setattr(keys, "DENSE_COUNTS", 0)
+    tokens, rows = make_logs(seed=9, steps=2, samples=3, length=5, layers=3, k=3, experts=12)
+    for r in rows:
+        r["layer"] += layer_base
+        r["sampler_experts"] = [e + id_base for e in r["sampler_experts"]]
+        r["trainer_experts"] = [e + id_base for e in r["trainer_experts"]]
+    store = _load(tmp_path, rows, tokens)
+    got = store.rows("SELECT step, sample, pos, layer, sampler_experts, trainer_experts FROM routing ORDER BY ALL")
+    assert got == sorted((r["step"], r["sample"], r["pos"], r["layer"], r["sampler_experts"], r["trainer_experts"])
+                         for r in rows)
+    check_derived(store, rows)
+    layers = [row[0] for row in store.rows("SELECT DISTINCT layer FROM summary_layer ORDER BY 1")]
+    assert layers == [layer_base + i for i in range(3)]

@@ -96,6 +96,41 @@ def routing_tokens(data: pa.Table) -> pa.Table:
     return data.select(["run", "step", "sample", "pos"]).take(pa.array(np.flatnonzero(new)))
 
 
+# Expert-load counts are a dense array over (run, step, layer) x expert id where that stays this small (32 MB a
+# side); files with larger layer or expert ids (ids numbered across layers, or hashed) count the pairs they hold.
+DENSE_COUNTS = 1 << 22
+
+
+def _dense_counts(row_code, n_expert, S, T, t_rows):
+    """(row code, expert, [sampler counts, trainer counts]) of every pair routed on either side: one array cell
+    per possible pair."""
+    size = (int(row_code.max()) + 1) * n_expert
+    counts = []
+    for M, rows in ((S, None), (T, t_rows)):
+        n = np.zeros(size, dtype=np.int64)
+        if M is not None and M.size:
+            base = (row_code if rows is None else row_code[rows]) * n_expert
+            routing_kernel.count_experts(base, M, n)
+        counts.append(n)
+    code = np.flatnonzero(counts[0] | counts[1])
+    rest, expert = np.divmod(code, n_expert)
+    return rest, expert, [n[code] for n in counts]
+
+
+def _sparse_counts(row_code, n_expert, S, T, t_rows):
+    """The same as _dense_counts, from the pairs that occur (sorted once): for ids too large for a dense array.
+    Row codes are first renumbered densely, so that row x expert stays within int64."""
+    rows_seen, dense_row = np.unique(row_code, return_inverse=True)
+    keys = [(dense_row if rows is None else dense_row[rows])[:, None] * n_expert + M
+            if M is not None and M.size else np.zeros((0, 1), np.int64)
+            for M, rows in ((S, None), (T, t_rows))]
+    keys = [k.astype(np.int64).ravel() for k in keys]
+    pairs = np.unique(np.concatenate(keys))
+    counts = [np.bincount(np.searchsorted(pairs, k), minlength=len(pairs)).astype(np.int64) for k in keys]
+    row, expert = np.divmod(pairs, n_expert)
+    return rows_seen[row], expert, counts
+
+
 def expert_load(data: pa.Table, S: np.ndarray, T: np.ndarray | None, t_rows: np.ndarray,
                 runs: Runs | None = None) -> pa.Table:
     """Tokens routed to each expert per (run, step, layer), for each side, in one routing batch.
@@ -118,16 +153,10 @@ def expert_load(data: pa.Table, S: np.ndarray, T: np.ndarray | None, t_rows: np.
     n_layer = int(layers.max()) + 1
     row_code = (run_i * n_step + step_i) * n_layer + layers  # one code per (run, step, layer)
     n_expert = max(int(M.max()) + 1 for M in (S, T) if M is not None and M.size)
-    size = (int(row_code.max()) + 1) * n_expert
-    counts = []
-    for M, rows in ((S, None), (T, t_rows)):
-        n = np.zeros(size, dtype=np.int64)
-        if M is not None and M.size:
-            base = (row_code if rows is None else row_code[rows]) * n_expert
-            routing_kernel.count_experts(base, M, n)
-        counts.append(n)
-    code = np.flatnonzero(counts[0] | counts[1])
-    rest, expert = np.divmod(code, n_expert)
+    if (int(row_code.max()) + 1) * n_expert <= DENSE_COUNTS:
+        rest, expert, counts = _dense_counts(row_code, n_expert, S, T, t_rows)
+    else:  # large ids (of layers or experts): count the (row, expert) pairs that occur
+        rest, expert, counts = _sparse_counts(row_code, n_expert, S, T, t_rows)
     rest, layer = np.divmod(rest, n_layer)
     ri, si = np.divmod(rest, n_step)
     return pa.table({
@@ -135,6 +164,6 @@ def expert_load(data: pa.Table, S: np.ndarray, T: np.ndarray | None, t_rows: np.
         "step": step_values.take(pa.array(si)).cast(pa.int64()),
         "layer": pa.array(layer.astype(np.int32)),
         "expert": pa.array(expert.astype(np.int32)),
-        "n_sampler": pa.array(counts[0][code]),
-        "n_trainer": pa.array(counts[1][code]),
+        "n_sampler": pa.array(counts[0]),
+        "n_trainer": pa.array(counts[1]),
     })
