@@ -113,6 +113,24 @@ def test_too_many_sequences_falls_back_to_sql(tmp_path, monkeypatch, caplog):
     assert_same(got, ingest(tmp_path / "s.duckdb", [f], monkeypatch, streamed=False))
 
 
+def test_many_small_steps_fall_back_to_sql(tmp_path, monkeypatch, caplog):
+    """Past SMALL_STEPS steps of fewer than SMALL_STEP_TOKENS tokens on average the stream gives way to the SQL
+    (faster there), with the same rows; steps above the average keep streaming."""
+    caplog.set_level(logging.INFO, logger="analysis.ingest.load")
+    monkeypatch.setattr(stream_summaries, "SMALL_STEPS", 5)
+    steps = tokens(steps=range(1, 9))
+    n = sum(t.num_rows for t in steps.values())
+    f = write(tmp_path / "a.parquet", [steps[k] for k in sorted(steps)])
+    got = ingest(tmp_path / "k.duckdb", [f], monkeypatch)
+    assert "5 steps of" in messages(caplog) and "the SQL summarises many small steps faster" in messages(caplog)
+    assert "computed while streaming" not in messages(caplog)
+    assert_same(got, ingest(tmp_path / "s.duckdb", [f], monkeypatch, streamed=False))
+    caplog.clear()
+    monkeypatch.setattr(stream_summaries, "SMALL_STEP_TOKENS", n // 8 - 60)  # the average is above it
+    assert_same(ingest(tmp_path / "k2.duckdb", [f], monkeypatch), got)
+    assert "token summaries of 8 steps computed while streaming" in messages(caplog)
+
+
 def test_versions_and_entropy_absent(tmp_path, monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="analysis.ingest.load")
     steps = tokens()

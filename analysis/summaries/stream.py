@@ -10,7 +10,8 @@ tables with the file's id once the file is checked.
 A file this does not handle gives up (`ok` False) and ingest falls back to compute.py's SQL over the stored rows:
 a (run, step) that comes back after another one started (a file not ordered by step), a step with more than
 `max_sequences` sequences (its accumulators take ~3 KB per sequence) or with lags over more than MAX_LAGS
-versions. The rows are the SQL's to a few ulps (tests/test_summary_kernel.py, tests/test_summary_stream.py).
+versions. The rows are the SQL's to a few ulps (tests/test_summary_kernel.py, tests/test_summary_stream.py). It also gives way to the SQL
+for a file of many small steps (SMALL_STEPS), which the SQL summarises faster.
 """
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ log = logging.getLogger(__name__)
 
 MAX_SEQUENCES = 100_000  # sequences of one step held at once (~300 MB of accumulators)
 MAX_LAGS = 4096  # lag buckets of one step (~0.5 MB each): versions that are not small counters go to the SQL
+# Each step costs the stream ~0.7 ms of Python whatever its tokens (its accumulators, its rows made tables), where
+# the SQL costs per token: past SMALL_STEPS steps of fewer than SMALL_STEP_TOKENS tokens on average, the SQL is the
+# faster (4M tokens as 4,000 steps: 3.2 s against 5.1 s; 2M as 20,000 steps: 3.3 s against 15.2 s; 40 steps of
+# 100k tokens: the same; benchmarks/RESULTS-scale.md), so the stream gives way to it.
+SMALL_STEPS, SMALL_STEP_TOKENS = 500, 2_000
 TOKEN_TABLES = ("summary_seq", "summary_seq_band", "summary_step", "summary_hist", "summary_bucket",
                 "summary_bucket_band")
 # the temporary table of each summary table's rows of a load (one per table: a union of their columns, mostly
@@ -46,6 +52,7 @@ class _Step:
         self.samples = np.empty(0, np.int64)  # sorted sample ids seen so far
         self.index = np.empty(0, np.int64)  # their dense sequence index
         self.n_seq, self.lag_lo, self.n_lag = 0, 0, 0
+        self.n_tokens = 0
         self.acc = K.Accumulators.zeros(0, 0)
 
     def seq_index(self, sample: np.ndarray) -> np.ndarray:
@@ -169,6 +176,7 @@ class StepSummaries:
         self.ok = True
         self.why = ""
         self.steps = 0  # (run, step) groups summarised
+        self.tokens = 0  # tokens of those groups
         self._cur: _Step | None = None
         self._done: set[tuple[str, int]] = set()
         self.staged: dict[str, list[str]] = {}  # staged tables that received rows: their columns
@@ -218,6 +226,8 @@ class StepSummaries:
                     return out
                 if cur is not None:
                     out += self._step_done(cur)
+                    if not self.ok:  # many small steps: the SQL summarises the file
+                        return []
                 self._done.add(key)
                 cur = self._cur = _Step(*key)
             seq = cur.seq_index(sample[a:b])
@@ -232,12 +242,18 @@ class StepSummaries:
             tok_lag = np.where(none, -1, lag - cur.lag_lo) if len(lag) else None
             cur.acc.add(s[a:b], t[a:b], pos=pos[a:b], seq=seq, tok_lag=tok_lag,
                         entropy=None if entropy is None else entropy[a:b])
+            cur.n_tokens += int(b - a)
         return out
 
     def _step_done(self, step: _Step) -> list[tuple[str, pa.Table]]:
         """Hold a finished step's rows; (staged table, rows) of the steps held so far once they are enough."""
-        tables = step.tables()
         self.steps += 1
+        self.tokens += step.n_tokens
+        if self.steps >= SMALL_STEPS and self.tokens < SMALL_STEP_TOKENS * self.steps:
+            self._give_up(f"{self.steps} steps of {self.tokens / self.steps:.0f} tokens on average: the SQL "
+                          "summarises many small steps faster")
+            return []
+        tables = step.tables()
         self._pending.append((step.run, step.step, tables))
         self._pending_rows += sum(summary_files.n_rows(cols) for cols in tables.values())
         return self._flush() if self._pending_rows >= PENDING_ROWS else []
