@@ -10,8 +10,8 @@ tables with the file's id once the file is checked.
 A file this does not handle gives up (`ok` False) and ingest falls back to compute.py's SQL over the stored rows:
 a (run, step) that comes back after another one started (a file not ordered by step), a step with more than
 `max_sequences` sequences (its accumulators take ~3 KB per sequence) or with lags over more than MAX_LAGS
-versions. The rows are the SQL's to a few ulps (tests/test_summary_kernel.py, tests/test_summary_stream.py). It also gives way to the SQL
-for a file of many small steps (SMALL_STEPS), which the SQL summarises faster.
+versions; and a file of many small steps (SMALL_STEPS), which the SQL summarises faster. The rows are the SQL's
+to a few ulps (tests/test_summary_kernel.py, tests/test_summary_stream.py).
 """
 from __future__ import annotations
 
