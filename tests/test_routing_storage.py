@@ -87,7 +87,8 @@ def test_a_trainer_column_of_nulls_only_loads_as_the_sampler_side(tmp_path):
 @pytest.mark.parametrize("k, experts", [(1, 2), (2, 8), (8, 256), (8, 300), (4, 1 << 16), (5, 1 << 13)])
 def test_sampler_lists_are_packed_where_k_ids_fit_64_bits(tmp_path, k, experts):
     """The stored form follows the batch's largest id (bits = its bit length, packed iff k · bits <= 64: top-8 of
-    256 experts just fits, top-8 of 300 does not; so do top-4 of 65,536 and top-5 of 8,192), and the view gives back every list as written, both sides."""
+    256 experts just fits, top-8 of 300 does not; so do top-4 of 65,536 and top-5 of 8,192), and the view gives
+    back every list as written, both sides."""
     tokens, rows = make_logs(seed=k * 7 + experts % 97, steps=2, samples=2, length=5, layers=3, k=k, experts=experts)
     store = _load(tmp_path, rows, tokens)
     bits = max(1, max(max(r["sampler_experts"]) for r in rows).bit_length())
