@@ -101,10 +101,9 @@ def routing_tokens(data: pa.Table) -> pa.Table:
 DENSE_COUNTS = 1 << 22
 
 
-def _dense_counts(row_code, n_expert, S, T, t_rows):
+def _dense_counts(row_code, n_expert, size, S, T, t_rows):
     """(row code, expert, [sampler counts, trainer counts]) of every pair routed on either side: one array cell
-    per possible pair."""
-    size = (int(row_code.max()) + 1) * n_expert
+    per possible pair (`size` of them)."""
     counts = []
     for M, rows in ((S, None), (T, t_rows)):
         n = np.zeros(size, dtype=np.int64)
@@ -153,8 +152,9 @@ def expert_load(data: pa.Table, S: np.ndarray, T: np.ndarray | None, t_rows: np.
     n_layer = int(layers.max()) + 1
     row_code = (run_i * n_step + step_i) * n_layer + layers  # one code per (run, step, layer)
     n_expert = max(int(M.max()) + 1 for M in (S, T) if M is not None and M.size)
-    if (int(row_code.max()) + 1) * n_expert <= DENSE_COUNTS:
-        rest, expert, counts = _dense_counts(row_code, n_expert, S, T, t_rows)
+    size = (int(row_code.max()) + 1) * n_expert
+    if size <= DENSE_COUNTS:
+        rest, expert, counts = _dense_counts(row_code, n_expert, size, S, T, t_rows)
     else:  # large ids (of layers or experts): count the (row, expert) pairs that occur
         rest, expert, counts = _sparse_counts(row_code, n_expert, S, T, t_rows)
     rest, layer = np.divmod(rest, n_layer)
