@@ -63,8 +63,7 @@ if worst is None or worst.is_empty():
     st.info(f"No sequences at step {step} of {run}" + (" with this reward." if reward_filter != "any" else "."))
 else:
     # columns the run's logs leave empty in every row (no trainer routing, no sequences file) are not shown
-    empty = [c for c in sequence_view.OPTIONAL_WORST if c in worst.columns and worst[c].null_count() == worst.height]
-    shown = worst.drop(empty)
+    shown, empty = sequence_view.without_empty(worst)
     picked = st.dataframe(shown, hide_index=True, key="seq_table", column_config=S.number_columns(shown),
                           on_select="rerun", selection_mode="single-row")
     st.caption(sequence_view.worst_caption(empty))

@@ -22,6 +22,12 @@ WORST_N = 20
 OPTIONAL_WORST = ("n_flips", "reward", "advantage")
 
 
+def without_empty(worst: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+    """The worst-sequences table without the OPTIONAL_WORST columns that are empty in every row, and their names."""
+    hidden = [c for c in OPTIONAL_WORST if c in worst.columns and worst[c].null_count() == worst.height]
+    return worst.drop(hidden), hidden
+
+
 def worst_caption(hidden=()) -> str:
     """The caption under the worst-sequences table, naming only the columns shown (`hidden`: those left out)."""
     parts = ["Click a row to open it. seq_log_ratio = ΣΔ over the response (the sequence-level log importance "
