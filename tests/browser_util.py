@@ -171,41 +171,49 @@ def launch_chromium(playwright):
 
 
 # A page is idle when the script has stopped running, the expected title is shown (not the previous page's),
-# no element is still a loading skeleton, and every plotly chart has drawn its SVG.
-_IDLE_JS = """([title]) => {
+# no element is still a loading skeleton, at least `charts` plotly charts are on screen (a chart component can
+# mount after the script has stopped: without a count, a page whose charts have not mounted yet looks idle),
+# and every one of them has drawn its SVG.
+_IDLE_JS = """([title, charts]) => {
   const app = document.querySelector("[data-testid='stApp']");
   if (!app || app.getAttribute("data-test-script-state") !== "notRunning") return false;
   const h1 = [...document.querySelectorAll("h1")].map(e => e.textContent.trim());
   if (title && !h1.some(t => t.startsWith(title))) return false;
   if (document.querySelector("[data-testid='stSkeleton']")) return false;
-  const charts = document.querySelectorAll("div.drift-chart");  // ui/plot.py: pending while plotly draws
-  for (const c of charts) { if (c.dataset.pending || !c.querySelector(".main-svg")) return false; }
+  const all = [...document.querySelectorAll("div.drift-chart")];  // ui/plot.py: pending while plotly draws
+  if (all.filter(c => c.offsetParent !== null).length < charts) return false;  // a closed tab's are hidden
+  for (const c of all) { if (c.dataset.pending || !c.querySelector(".main-svg")) return false; }
   return true;
 }"""
 
+# The pages that draw at least one chart whenever a run is loaded; every tab past a page's first draws one too.
+CHART_PAGES = {"Overview", "Token drift", "Routing", "Sequences", "Compare"}
 
-def wait_idle(page, title: str | None = None, timeout_ms: float = 60_000) -> None:
-    page.wait_for_function(_IDLE_JS, arg=[title], timeout=timeout_ms, polling=50)
+
+def wait_idle(page, title: str | None = None, timeout_ms: float = 60_000, charts: int = 0) -> None:
+    """Wait until the page is idle (see _IDLE_JS) with at least `charts` charts on screen, all drawn."""
+    page.wait_for_function(_IDLE_JS, arg=[title, charts], timeout=timeout_ms, polling=50)
 
 
-def goto_page(page, label: str, title: str, timeout_ms: float = 60_000) -> float:
-    """Click a sidebar navigation link; returns seconds until the page is idle with its charts drawn."""
+def goto_page(page, label: str, title: str, timeout_ms: float = 60_000, charts: int | None = None) -> float:
+    """Click a sidebar navigation link; returns seconds until the page is idle with its charts drawn: at least
+    `charts` of them (default: one for a page of CHART_PAGES)."""
     link = page.locator("[data-testid='stSidebarNav'] a", has_text=label).first
     t0 = time.perf_counter()
     link.click()
-    wait_idle(page, title, timeout_ms)
+    wait_idle(page, title, timeout_ms, int(label in CHART_PAGES) if charts is None else charts)
     return time.perf_counter() - t0
 
 
-def goto_tab(page, label: str, timeout_ms: float = 60_000) -> float:
+def goto_tab(page, label: str, timeout_ms: float = 60_000, charts: int = 0) -> float:
     """Click a tab of the current page (its content runs only when open, so the click reruns the page); returns
-    seconds until that rerun is idle with the tab's charts drawn."""
+    seconds until that rerun is idle with the tab's charts drawn (at least `charts` of them)."""
     page.evaluate(_MARK_RUN_JS)
     tab = page.get_by_role("tab", name=label, exact=True)
     t0 = time.perf_counter()
     tab.click()
     page.wait_for_function("() => window.__driftRan === true", timeout=timeout_ms, polling=20)
-    wait_idle(page, None, timeout_ms)
+    wait_idle(page, None, timeout_ms, charts)
     return time.perf_counter() - t0
 
 
@@ -244,10 +252,11 @@ TABS = {
 
 def visit_tabs(page, label: str, timeout_ms: float = 60_000) -> Iterator[tuple[str, str, float]]:
     """On page `label` (open on its first tab): click each other tab in order, yielding (tab, screenshot
-    suffix, seconds to idle) after each; then back to the first tab, untimed, so the next visit opens on it."""
+    suffix, seconds to idle with at least one chart drawn) after each; then back to the first tab, untimed, so
+    the next visit opens on it."""
     tabs = TABS.get(label, [])
     for tab, suffix in tabs[1:]:
-        yield tab, suffix, goto_tab(page, tab, timeout_ms)
+        yield tab, suffix, goto_tab(page, tab, timeout_ms, charts=1)
     if len(tabs) > 1:
         goto_tab(page, tabs[0][0], timeout_ms)
 

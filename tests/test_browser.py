@@ -13,7 +13,6 @@ import pytest
 
 import browser_util as bu
 
-CHART_PAGES = {"Overview", "Token drift", "Routing", "Sequences", "Compare"}
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHROMIUM} is not installed")]
@@ -66,14 +65,14 @@ def test_pages_render_and_upload_works(server):
                 and urlsplit(r.url).hostname not in ("127.0.0.1", "localhost") else None)
         try:
             page.goto(url)
-            bu.wait_idle(page, "Overview", timeout_ms=90_000)
+            bu.wait_idle(page, "Overview", timeout_ms=90_000, charts=1)
             for label, title, name in bu.PAGES:
                 if label != "Overview":
                     bu.goto_page(page, label, title)
                 assert page.locator("[data-testid='stException']").count() == 0, f"exception on {label}"
                 errors = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
                 assert not errors, f"{label}: {errors}"
-                if label in CHART_PAGES:
+                if label in bu.CHART_PAGES:
                     assert page.locator("div.drift-chart .main-svg").count() > 0, label
                 bu.full_screenshot(page, SHOTS / f"{name}.png")
                 for tab, suffix, _ in bu.visit_tabs(page, label):  # tabs run their content only when opened

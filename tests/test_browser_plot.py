@@ -106,3 +106,33 @@ def test_each_figure_is_drawn_once_and_redrawn_in_place(tmp_path):
             status, body = get(f"{url}/{folder}/{outside}")
             assert status in (400, 403, 404), (outside, status)
         browser.close()
+
+
+# A finished page whose chart component mounts a moment after the script stopped, as a cold server's did once
+# (tests/browser_util._IDLE_JS); a chart in a closed tab (hidden) does not count as on screen.
+LATE_CHART = """<div data-testid="stApp" data-test-script-state="notRunning"><h1>Late</h1>
+<div role="tabpanel" hidden><div class="drift-chart"><div class="main-svg"></div></div></div></div>
+<script>setTimeout(() => {
+  const c = document.createElement("div"); c.className = "drift-chart"; c.dataset.pending = "1";
+  document.querySelector("[data-testid='stApp']").appendChild(c);
+  setTimeout(() => { c.innerHTML = '<div class="main-svg"></div>'; delete c.dataset.pending; }, 300);
+}, 500);</script>"""
+
+
+def test_idle_check_waits_for_the_charts_a_page_is_expected_to_draw():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = bu.launch_chromium(p)
+        try:
+            page = browser.new_page()
+            page.set_content(LATE_CHART)
+            bu.wait_idle(page, "Late")  # no count asked: idle at once, the late chart not there yet
+            assert page.locator("div.drift-chart").count() == 1
+            bu.wait_idle(page, "Late", timeout_ms=10_000, charts=1)
+            assert page.locator("div.drift-chart").count() == 2
+            assert page.locator("div.drift-chart[data-pending]").count() == 0  # drawn, not only mounted
+            with pytest.raises(Exception, match="Timeout"):
+                bu.wait_idle(page, "Late", timeout_ms=1_000, charts=2)  # the hidden one is not on screen
+        finally:
+            browser.close()
