@@ -105,16 +105,41 @@ SAMPLER_EXPERTS_SQL = ("CASE WHEN x.sampler_packed IS NULL THEN x.sampler_expert
                        "& ((1::UBIGINT << x.id_bits) - 1))::INTEGER) END")
 
 
-def routing_view(coded: bool = True) -> str:
-    """The view `routing` over ROUTING_STORE, which holds run codes (`coded`) or, made before them, names."""
-    lists = (f"EXCLUDE ({'run_id, ' if coded else ''}sampler_packed, id_bits) "
+# Rows whose sampler list is packed and that carry no weights (the common case) go to the narrower
+# ROUTING_PACKED_STORE: DuckDB writes a column that is NULL in every row at about the cost of one with data, and the
+# three NULL list columns (sampler_experts, both weights) were ~25 % of the CPU of inserting 16M routing rows
+# (benchmarks/RESULTS-scale.md). The view `routing` reads both tables.
+ROUTING_PACKED_STORE = "routing_rows_packed"
+ROUTING_WIDE_ONLY = ("sampler_experts", "sampler_weights", "trainer_weights")
+
+
+def routing_packed(columns) -> bool:
+    """Whether routing rows of these columns fit ROUTING_PACKED_STORE (sampler ids packed, no list of them, no
+    weights)."""
+    return "sampler_packed" in columns and not set(columns) & set(ROUTING_WIDE_ONLY)
+
+
+def routing_view(coded=(ROUTING_STORE, ROUTING_PACKED_STORE)) -> str:
+    """The view `routing` over both stored routing tables; `coded`: those that hold run codes rather than names
+    (tables made before the codes hold names)."""
+    stored = ("run", "step", "sample", "pos", "layer", "sampler_experts", "trainer_experts", "sampler_weights",
+              "trainer_weights", "k", "flip", "top1_flip", "n_common", "sampler_packed", "id_bits", "file_id")
+    types = {c.name: c.sql_type for c in ROUTING + ROUTING_DERIVED + ROUTING_PACKED}
+
+    def select(store: str, have) -> str:
+        run = "r.run" if store in coded else "x.run"
+        cols = ", ".join(run if c == "run" else f"x.{c}" if c in have else f"NULL::{types[c]} AS {c}"
+                         for c in stored)
+        join = f" JOIN {RUN_IDS} r ON x.run_id = r.run_id" if store in coded else ""
+        return f"SELECT {cols} FROM {store} x{join}"
+    lists = (f"EXCLUDE (sampler_packed, id_bits) "
              f"REPLACE ({SAMPLER_EXPERTS_SQL} AS sampler_experts, "
              "CASE WHEN x.trainer_experts IS NOT NULL THEN x.trainer_experts "
              f"WHEN x.flip IS NOT NULL THEN {SAMPLER_EXPERTS_SQL} END AS trainer_experts)")
-    if coded:
-        return f"""CREATE OR REPLACE VIEW routing AS SELECT r.run, x.* {lists}
-            FROM {ROUTING_STORE} x JOIN {RUN_IDS} r ON x.run_id = r.run_id"""
-    return f"CREATE OR REPLACE VIEW routing AS SELECT x.* {lists} FROM {ROUTING_STORE} x"
+    packed = [c for c in stored if c not in ROUTING_WIDE_ONLY]
+    return f"""CREATE OR REPLACE VIEW routing AS SELECT x.* {lists} FROM (
+    {select(ROUTING_STORE, stored)}
+    UNION ALL {select(ROUTING_PACKED_STORE, packed)}) x"""
 
 
 # Tokens are stored in two tables behind the view `tokens`. DuckDB writes a column that is NULL in every row
@@ -149,14 +174,15 @@ def tokens_view(coded=(TOKEN_STORE, TOKEN_STORE_FULL)) -> str:
     UNION ALL {select(TOKEN_STORE_FULL, names("tokens"))}"""
 
 
-RUN_CODED = (TOKEN_STORE, TOKEN_STORE_FULL, ROUTING_STORE)  # the stored tables made to hold run codes
+RUN_CODED = (TOKEN_STORE, TOKEN_STORE_FULL, ROUTING_STORE, ROUTING_PACKED_STORE)  # the stored tables made to hold run codes
 
 
 def stored_table(table: str, columns=None) -> str:
     """The DuckDB table that rows of `table` with these columns are inserted into (routing: the compact one
-    behind the view; tokens: the narrow one where the columns allow, see TOKEN_STORE)."""
+    behind the view, the packed one where the columns allow; tokens: the narrow one where the columns allow, see
+    TOKEN_STORE)."""
     if table == "routing":
-        return ROUTING_STORE
+        return ROUTING_PACKED_STORE if columns is not None and routing_packed(columns) else ROUTING_STORE
     if table == "tokens":
         return TOKEN_STORE if columns is not None and token_narrow(columns) else TOKEN_STORE_FULL
     return table
@@ -166,16 +192,21 @@ def stored_tables(table: str) -> tuple[str, ...]:
     """Every DuckDB table that holds rows of `table` (to delete them)."""
     if table == "tokens":
         return TOKEN_STORE, TOKEN_STORE_FULL
+    if table == "routing":
+        return ROUTING_STORE, ROUTING_PACKED_STORE
     return (stored_table(table),)
 
 
 def stored_columns(table: str, narrow: bool = False) -> tuple[Column, ...]:
-    """Columns as stored in DuckDB: the schema's (tokens, `narrow`: only TOKEN_NARROW; run_id in place of run
-    for tokens and routing), derived ones, and the id of the file that brought the row."""
+    """Columns as stored in DuckDB: the schema's (`narrow`: tokens only TOKEN_NARROW, routing none of
+    ROUTING_WIDE_ONLY; run_id in place of run for tokens and routing), derived ones, and the id of the file that
+    brought the row."""
     if table == "tokens" and narrow:
         cols = tuple(c for c in TOKENS if c.name in TOKEN_NARROW)
     else:
         cols = TABLES[table] + (ROUTING_DERIVED + ROUTING_PACKED if table == "routing" else ())
+        if table == "routing" and narrow:
+            cols = tuple(c for c in cols if c.name not in ROUTING_WIDE_ONLY)
     if table in ("tokens", "routing"):  # see RUN_IDS
         cols = tuple(_run_id() if c.name == "run" else c for c in cols)
     return cols + (_file_id(),)

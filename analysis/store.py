@@ -62,7 +62,8 @@ def _ddl() -> list[str]:
 
 
 def _columns_ddl(table: str, stored: str) -> str:
-    return ", ".join(f"{c.name} {c.sql_type}" for c in schema.stored_columns(table, stored == schema.TOKEN_STORE))
+    narrow = stored in (schema.TOKEN_STORE, schema.ROUTING_PACKED_STORE)
+    return ", ".join(f"{c.name} {c.sql_type}" for c in schema.stored_columns(table, narrow))
 
 
 def _register_runs(con: duckdb.DuckDBPyConnection, table: str) -> None:
@@ -85,7 +86,7 @@ def coded_tables(con: duckdb.DuckDBPyConnection) -> set[str]:
 def _views(con: duckdb.DuckDBPyConnection) -> None:
     coded = coded_tables(con)
     con.execute(schema.tokens_view(coded))
-    con.execute(schema.routing_view(schema.ROUTING_STORE in coded))
+    con.execute(schema.routing_view(coded))
 
 
 def _split_tokens(con: duckdb.DuckDBPyConnection) -> None:
@@ -359,7 +360,7 @@ class Store:
                 "UNION SELECT DISTINCT file_id FROM summary_step WHERE run = ?",
                 [run, run, run, run]).fetchall()]
             coded = coded_tables(w.cur)
-            for table in (*schema.stored_tables("tokens"), schema.ROUTING_STORE):
+            for table in (*schema.stored_tables("tokens"), *schema.stored_tables("routing")):
                 where = f"run_id = (SELECT run_id FROM {schema.RUN_IDS} WHERE run = ?)" if table in coded else "run = ?"
                 w.execute(f"DELETE FROM {table} WHERE {where}", [run])
             for table in ("sequences", "expert_load", "runs", schema.RUN_IDS,

@@ -13,6 +13,10 @@ from analysis.ingest import ingest_paths
 from analysis.store import Store
 from test_ingest_roundtrip import check_derived, make_logs
 
+# Both stored routing tables as one (the packed one lacks the wide table's list and weight columns)
+STORED = (f"(SELECT * FROM {schema.ROUTING_STORE} UNION ALL BY NAME "
+          f"SELECT * FROM {schema.ROUTING_PACKED_STORE})")
+
 
 def _load(tmp_path, rows, tokens):
     pq.write_table(pa.table(tokens), tmp_path / "tokens.parquet")
@@ -28,7 +32,7 @@ def test_trainer_lists_are_stored_only_where_they_differ(tmp_path):
     store = _load(tmp_path, rows, tokens)
     differ = sum(r["trainer_experts"] != r["sampler_experts"] for r in rows)
     assert 0 < differ < len(rows)
-    assert store.scalar(f"SELECT count(trainer_experts) FROM {schema.ROUTING_STORE}") == differ
+    assert store.scalar(f"SELECT count(trainer_experts) FROM {STORED}") == differ
     got = store.rows("SELECT step, sample, pos, layer, sampler_experts, trainer_experts FROM routing ORDER BY ALL")
     assert got == sorted((r["step"], r["sample"], r["pos"], r["layer"], r["sampler_experts"], r["trainer_experts"])
                          for r in rows)
@@ -55,13 +59,14 @@ def test_a_database_with_the_earlier_routing_table_is_migrated(tmp_path):
     con.execute("CREATE TABLE routing_old AS SELECT * FROM routing")
     con.execute("DROP VIEW routing")
     con.execute(f"DROP TABLE {schema.ROUTING_STORE}")
+    con.execute(f"DROP TABLE {schema.ROUTING_PACKED_STORE}")
     con.execute("ALTER TABLE routing_old RENAME TO routing")
     assert con.execute("SELECT count(trainer_experts) FROM routing").fetchall() == [(len(rows),)]
     con.close()
     store = Store(db)
     assert store.rows("SELECT * FROM routing ORDER BY ALL") == want
     differ = sum(r["trainer_experts"] != r["sampler_experts"] for r in rows)
-    assert store.scalar(f"SELECT count(trainer_experts) FROM {schema.ROUTING_STORE}") == differ
+    assert store.scalar(f"SELECT count(trainer_experts) FROM {STORED}") == differ
 
 
 def test_a_trainer_column_of_nulls_only_loads_as_the_sampler_side(tmp_path):
@@ -95,7 +100,10 @@ def test_sampler_lists_are_packed_where_k_ids_fit_64_bits(tmp_path, k, experts):
     packed = k * bits <= 64
     n = len(rows)
     assert store.rows(f"SELECT count(sampler_packed), count(sampler_experts), min(id_bits), max(id_bits) "
-                      f"FROM {schema.ROUTING_STORE}") == [(n, 0, bits, bits) if packed else (0, n, None, None)]
+                      f"FROM {STORED}") == [(n, 0, bits, bits) if packed else (0, n, None, None)]
+    # packed rows without weights go to the packed table, the others keep their lists in the wide one
+    counts = [store.scalar(f"SELECT count(*) FROM {t}") for t in (schema.ROUTING_STORE, schema.ROUTING_PACKED_STORE)]
+    assert counts == ([0, n] if packed else [n, 0])
     got = store.rows("SELECT step, sample, pos, layer, sampler_experts, trainer_experts FROM routing ORDER BY ALL")
     assert got == sorted((r["step"], r["sample"], r["pos"], r["layer"], r["sampler_experts"], r["trainer_experts"])
                          for r in rows)
@@ -112,9 +120,10 @@ def test_a_database_of_routing_rows_without_packed_ids_is_migrated(tmp_path):
     store.close()
     con = duckdb.connect(str(db))  # the earlier layout: the same rows with the sampler's list, no packed columns
     con.execute(f"""CREATE TABLE old_rows AS SELECT x.* EXCLUDE (sampler_packed, id_bits)
-                    REPLACE ({schema.SAMPLER_EXPERTS_SQL} AS sampler_experts) FROM {schema.ROUTING_STORE} x""")
+                    REPLACE ({schema.SAMPLER_EXPERTS_SQL} AS sampler_experts) FROM {STORED} x""")
     con.execute("DROP VIEW routing")
     con.execute(f"DROP TABLE {schema.ROUTING_STORE}")
+    con.execute(f"DROP TABLE {schema.ROUTING_PACKED_STORE}")
     con.execute(f"ALTER TABLE old_rows RENAME TO {schema.ROUTING_STORE}")
     con.execute("""CREATE VIEW routing AS SELECT r.run, x.* EXCLUDE (run_id) REPLACE (CASE WHEN x.trainer_experts
                    IS NOT NULL THEN x.trainer_experts WHEN x.flip IS NOT NULL THEN x.sampler_experts END
@@ -128,7 +137,7 @@ def test_a_database_of_routing_rows_without_packed_ids_is_migrated(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows2), tmp_path / "routing2.parquet")
     out = ingest_paths(store, [tmp_path / "tokens2.parquet", tmp_path / "routing2.parquet"])
     assert [o.status for o in out] == ["loaded", "loaded"]
-    assert store.rows(f"SELECT count(sampler_packed), count(sampler_experts) FROM {schema.ROUTING_STORE}") \
+    assert store.rows(f"SELECT count(sampler_packed), count(sampler_experts) FROM {STORED}") \
         == [(len(rows2), len(rows))]
     assert store.rows("SELECT * FROM routing WHERE run = 'r' ORDER BY ALL") == want
     got = store.rows("SELECT step, sample, pos, layer, sampler_experts, trainer_experts FROM routing "
@@ -157,3 +166,34 @@ def test_large_expert_and_layer_ids_load_exactly(tmp_path, monkeypatch, layer_ba
     check_derived(store, rows)
     layers = [row[0] for row in store.rows("SELECT DISTINCT layer FROM summary_layer ORDER BY 1")]
     assert layers == [layer_base + i for i in range(3)]
+
+
+def test_rows_with_weights_keep_the_wide_table_and_both_tables_read_as_one(tmp_path):
+    """A routing file with expert weights goes to the wide table (with its weight lists; the sampler's ids still
+    packed), one without them to the packed table; the view reads both as written, and deleting a run empties both."""
+    tokens, rows = make_logs(seed=10, run="w", steps=2, samples=2, length=3, layers=2, k=3)
+    for i, r in enumerate(rows):
+        r["sampler_weights"] = [round(1.0 / (c + 2 + i % 5), 6) for c in range(3)]
+        r["trainer_weights"] = None if i % 4 == 0 else [0.5, 0.25, 0.25]
+    tokens2, rows2 = make_logs(seed=11, run="p", steps=1, samples=2, length=3, layers=2, k=3)
+    pq.write_table(pa.table(tokens), tmp_path / "tokens.parquet")
+    pq.write_table(pa.table(tokens2), tmp_path / "tokens2.parquet")
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "routing.parquet")
+    pq.write_table(pa.Table.from_pylist(rows2), tmp_path / "routing2.parquet")
+    store = Store(tmp_path / "d.duckdb")
+    out = ingest_paths(store, [tmp_path / n for n in ("tokens.parquet", "tokens2.parquet", "routing.parquet",
+                                                      "routing2.parquet")])
+    assert [o.status for o in out] == ["loaded"] * 4, [o.line() for o in out]
+    assert store.rows(f"SELECT count(*), count(sampler_weights), count(sampler_packed) FROM {schema.ROUTING_STORE}") \
+        == [(len(rows), len(rows), len(rows))]
+    assert store.scalar(f"SELECT count(*) FROM {schema.ROUTING_PACKED_STORE}") == len(rows2)
+    cols = ("run", "step", "sample", "pos", "layer", "sampler_experts", "trainer_experts", "sampler_weights",
+            "trainer_weights")
+    want = sorted(tuple(r.get(c) for c in cols) for r in rows + rows2)
+    assert store.rows(f"SELECT {', '.join(cols)} FROM routing ORDER BY ALL") == want
+    check_derived(store, rows + rows2)
+    store.delete_run("w")
+    assert store.scalar(f"SELECT count(*) FROM {schema.ROUTING_STORE}") == 0
+    assert store.scalar(f"SELECT count(*) FROM {schema.ROUTING_PACKED_STORE}") == len(rows2)
+    store.delete_run("p")
+    assert store.scalar(f"SELECT count(*) FROM {STORED}") == 0

@@ -59,7 +59,7 @@ def test_a_file_of_several_runs_stores_codes_and_reads_back_names(tmp_path):
     codes = dict(store.rows(f"SELECT run, run_id FROM {schema.RUN_IDS}"))
     assert sorted(codes) == ["alpha", "beta"] and len(set(codes.values())) == 2
     # each stored row carries its own run's code, in both stored tables
-    for stored, n in ((schema.TOKEN_STORE, len(ta["run"])), (schema.ROUTING_STORE, len(ra))):
+    for stored, n in ((schema.TOKEN_STORE, len(ta["run"])), (schema.ROUTING_PACKED_STORE, len(ra))):
         assert store.scalar(f"SELECT count(*) FROM {stored} WHERE run_id = ?", [codes["alpha"]]) == n
     # a run given with --run gets a code of its own; names are never compared by code across databases
     (tc, _) = _logs("ignored", 3)
@@ -78,7 +78,7 @@ def test_deleting_a_run_frees_its_name_and_loading_it_again_reads_back_the_same(
     metrics = report.metrics_table(store, ["a"], by="step")
     store.delete_run("a")
     assert store.rows(f"SELECT run FROM {schema.RUN_IDS}") == [("b",)]
-    for stored in (*schema.stored_tables("tokens"), schema.ROUTING_STORE):
+    for stored in (*schema.stored_tables("tokens"), *schema.stored_tables("routing")):
         assert store.scalar(f"SELECT count(*) FROM {stored} WHERE run_id NOT IN "
                             f"(SELECT run_id FROM {schema.RUN_IDS})") == 0
     assert _token_view(store) == _want_tokens(tb)
@@ -100,7 +100,8 @@ def test_a_refused_file_leaves_no_code_behind(tmp_path):
 def test_a_database_with_run_names_in_the_stored_rows_is_read_and_written_as_it_is(tmp_path):
     """The layout before run codes (token_rows, token_rows_full and routing_rows with a `run` name column) is not
     rewritten, which would double the database file: the views read it as it is, loads add names to it, and
-    delete_run removes them."""
+    delete_run removes them. The packed routing table, newer than run codes, is made with codes when such a
+    database is opened, and a later load's packed routing rows go there."""
     (ta, ra), (tb, rb) = _logs("a", 7), _logs("b", 8)
     narrow = {k: v for k, v in ta.items() if k in schema.TOKEN_NARROW}
     db = tmp_path / "d.duckdb"
@@ -115,11 +116,15 @@ def test_a_database_with_run_names_in_the_stored_rows_is_read_and_written_as_it_
     con = duckdb.connect(str(db))  # rebuild the earlier layout: names in the stored rows, no run_ids
     con.execute("DROP VIEW tokens")
     con.execute("DROP VIEW routing")
+    both_routing = (f"(SELECT * FROM {schema.ROUTING_STORE} UNION ALL BY NAME "
+                    f"SELECT * FROM {schema.ROUTING_PACKED_STORE})")
     for stored in (*schema.stored_tables("tokens"), schema.ROUTING_STORE):
-        con.execute(f"CREATE TABLE _old AS SELECT r.run, x.* EXCLUDE (run_id) FROM {stored} x "
+        source = both_routing if stored == schema.ROUTING_STORE else stored
+        con.execute(f"CREATE TABLE _old AS SELECT r.run, x.* EXCLUDE (run_id) FROM {source} x "
                     f"JOIN {schema.RUN_IDS} r USING (run_id)")
         con.execute(f"DROP TABLE {stored}")
         con.execute(f"ALTER TABLE _old RENAME TO {stored}")
+    con.execute(f"DROP TABLE {schema.ROUTING_PACKED_STORE}")
     con.execute(f"DROP TABLE {schema.RUN_IDS}")
     con.close()
     store = Store(db)
@@ -135,7 +140,8 @@ def test_a_database_with_run_names_in_the_stored_rows_is_read_and_written_as_it_
     assert {o.status for o in out} == {"loaded"}
     assert _token_view(store) == _want_tokens(ta, tb, tc)
     assert store.rows(ROUTING) == _want_routing(ra, rb, rc)
-    assert store.scalar(f"SELECT count(*) FROM {schema.RUN_IDS}") == 0
+    assert store.rows(f"SELECT run FROM {schema.RUN_IDS}") == [("c",)]  # its routing rows, in the packed table
+    assert store.scalar(f"SELECT count(*) FROM {schema.ROUTING_PACKED_STORE}") == len(rc)
     store.delete_run("a")
     assert _token_view(store) == _want_tokens(tb, tc)
     assert store.rows(ROUTING) == _want_routing(rb, rc)
