@@ -83,7 +83,8 @@ with S.guard("compute the context per step"):
     else:
         plot.show(context_charts.context_over_steps(per_step, ctx, drift, colors), key="overview_context")
         if not ctx["n_rewarded"].sum():
-            st.caption("The chosen runs logged no reward (sequence JSON Lines `reward`, or a mapped field).")
+            st.caption("The chosen runs logged no reward (sequence JSON Lines `reward`, or a mapped field): the "
+                       "reward panel is left out.")
         with st.expander("Context per step, as numbers"):
             st.dataframe(ctx, hide_index=True, key="overview_context_table", column_config=S.number_columns(ctx))
 

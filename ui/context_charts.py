@@ -15,9 +15,12 @@ def context_over_steps(per_step: pl.DataFrame, context: pl.DataFrame, metric: st
                        colors: dict[str, str]) -> go.Figure:
     """per_step: [run, step, <metric>, ...] (dashboard.step_metrics); context: analysis.context.step_context.
     Four rows sharing x: the drift metric, reward_mean, response_length_mean with its min–max band, n_sequences.
-    A run without rewards draws no reward line (nothing to show rather than a line at zero)."""
-    titles = (metric,) + PANELS[1:]
-    fig = make_subplots(rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.06, subplot_titles=titles)
+    A run without rewards draws no reward line (nothing to show rather than a line at zero), and where no run has
+    one the reward row is left out (three rows) rather than drawn empty."""
+    rewards = bool(context.height) and bool(context["n_rewarded"].sum())
+    panels = [metric] + [p for p in PANELS[1:] if rewards or p != "mean reward"]
+    row_of = {name: i + 1 for i, name in enumerate(["drift"] + panels[1:])}
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.06, subplot_titles=panels)
     runs = ordered_runs(pl.concat([per_step.select("run"), context.select("run")]), colors)
     for run in runs:
         color = colors.get(run)
@@ -38,20 +41,20 @@ def context_over_steps(per_step: pl.DataFrame, context: pl.DataFrame, metric: st
                                      showlegend=False, customdata=rewarded["n_rewarded"].to_list(), **common,
                                      hovertemplate=f"{run}<br>step %{{x}}<br>mean reward %{{y:.4g}}"
                                                    "<br>over %{customdata} sequences<extra></extra>"),
-                          row=2, col=1)
+                          row=row_of["mean reward"], col=1)
         lo, hi = c["response_length_min"].to_list(), c["response_length_max"].to_list()
         fig.add_trace(go.Scatter(x=x + x[::-1], y=hi + lo[::-1], fill="toself", fillcolor=_rgba(color, 0.15),
                                  line=dict(width=0), hoverinfo="skip", showlegend=False, legendgroup=run),
-                      row=3, col=1)
+                      row=row_of[PANELS[2]], col=1)
         fig.add_trace(go.Scatter(
             x=x, y=c["response_length_mean"].to_list(), showlegend=False, **common,
             customdata=list(zip(c["response_length_std"].to_list(), lo, hi)),
             hovertemplate=f"{run}<br>step %{{x}}<br>mean length %{{y:.4g}} tokens<br>std %{{customdata[0]:.3g}}"
-                          "<br>min %{customdata[1]}, max %{customdata[2]}<extra></extra>"), row=3, col=1)
+                          "<br>min %{customdata[1]}, max %{customdata[2]}<extra></extra>"), row=row_of[PANELS[2]], col=1)
         fig.add_trace(go.Scatter(x=x, y=c["n_sequences"].to_list(), showlegend=False, **common,
                                  hovertemplate=f"{run}<br>step %{{x}}<br>%{{y}} sequences<extra></extra>"),
-                      row=4, col=1)
-    fig.update_xaxes(title_text="step", row=4, col=1)
-    for row in (3, 4):  # lengths and counts from zero: a change reads at its true size
-        fig.update_yaxes(rangemode="tozero", row=row, col=1)
-    return layout(fig, height=720)
+                      row=row_of[PANELS[3]], col=1)
+    fig.update_xaxes(title_text="step", row=len(panels), col=1)
+    for name in PANELS[2:]:  # lengths and counts from zero: a change reads at its true size
+        fig.update_yaxes(rangemode="tozero", row=row_of[name], col=1)
+    return layout(fig, height=180 * len(panels))
