@@ -43,8 +43,8 @@ COMPUTED_FILES = 4  # files summarised by the ingest hook (timed); their summary
 # shifted steps to cover all STEPS (a 2-core shared machine summarises ~0.2M tokens/s: 40M would take minutes)
 SUMMARY_TABLES = ("summary_step", "summary_seq", "summary_seq_band", "summary_hist", "summary_bucket",
                   "summary_bucket_band", "summary_layer")
-BUILD_VERSION = "5"  # 2: routing into routing_rows; 3: summary layout 2 (band tables); 4: run codes;
-# 5: the sampler's list packed (schema.ROUTING_PACKED)
+BUILD_VERSION = "6"  # 2: routing into routing_rows; 3: summary layout 2 (band tables); 4: run codes;
+# 5: the sampler's list packed (schema.ROUTING_PACKED); 6: into routing_rows_packed, as ingest stores such rows
 ID_BITS = (EXPERTS - 1).bit_length()  # as ingest packs these ids (K · ID_BITS <= 64)
 
 
@@ -73,7 +73,7 @@ def build(path: Path) -> dict:
     # stored compact as ingest stores it (the trainer's list only where it differs, the sampler's packed in one
     # integer; the `routing` view gives both lists back)
     con.execute(f"""
-        INSERT INTO {schema.ROUTING_STORE} (run_id, step, sample, pos, layer, sampler_packed, id_bits, trainer_experts,
+        INSERT INTO {schema.ROUTING_PACKED_STORE} (run_id, step, sample, pos, layer, sampler_packed, id_bits, trainer_experts,
                                             k, flip, top1_flip, n_common, file_id)
         SELECT {store.run_id(RUN)}, step, sample, pos, layer,
                list_sum(list_transform(se, lambda x, j: x::UBIGINT << ((j - 1) * {ID_BITS})::UTINYINT))::UBIGINT,
