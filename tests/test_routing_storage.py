@@ -4,6 +4,7 @@ SCHEMA.md's lists back; databases of the earlier layouts migrate."""
 from __future__ import annotations
 
 import duckdb
+import numpy as np
 import pytest
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -197,3 +198,50 @@ def test_rows_with_weights_keep_the_wide_table_and_both_tables_read_as_one(tmp_p
     assert store.scalar(f"SELECT count(*) FROM {schema.ROUTING_PACKED_STORE}") == len(rows2)
     store.delete_run("p")
     assert store.scalar(f"SELECT count(*) FROM {STORED}") == 0
+
+
+def _packed_then_wide(seed: int) -> tuple[dict, list[dict]]:
+    """Top-8 routing whose first step names experts below 64 (8 ids of 6 bits pack into one integer) and whose
+    second names experts up to 299 (9 bits: 72 > 64, the lists stay lists); a few trainer lists differ."""
+    tokens, rows = make_logs(seed=seed, steps=2, samples=2, length=5, layers=3, k=8, experts=300)
+    rng = np.random.default_rng(seed)
+    for r in rows:
+        if r["step"] == 0:
+            r["sampler_experts"] = rng.choice(64, 8, replace=False).tolist()
+            r["trainer_experts"] = list(r["sampler_experts"]) if rng.random() < 0.6 else \
+                r["sampler_experts"][:-1] + [next(e for e in range(64) if e not in r["sampler_experts"])]
+    return tokens, rows
+
+
+def test_a_file_whose_batches_pack_and_then_do_not_loads_into_both_tables(tmp_path):
+    """Packing is decided per read batch, so one file can bring packed rows and list rows: each batch goes to its
+    table (this file once failed as an internal error, its batches joined into one append), the view reads the
+    file back as written, and a key repeated across the two batches is still refused with nothing stored."""
+    tokens, rows = _packed_then_wide(12)
+    half = sum(r["step"] == 0 for r in rows)  # one Parquet row group per step: one read batch each
+    pq.write_table(pa.table(tokens), tmp_path / "tokens.parquet")
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "routing.parquet", row_group_size=half)
+    store = Store(tmp_path / "d.duckdb")
+    out = ingest_paths(store, [tmp_path / "tokens.parquet", tmp_path / "routing.parquet"])
+    assert [o.status for o in out] == ["loaded", "loaded"], [o.line() for o in out]
+    assert store.scalar(f"SELECT count(*) FROM {schema.ROUTING_PACKED_STORE}") == half
+    assert store.rows(f"SELECT count(*), count(sampler_experts) FROM {schema.ROUTING_STORE}") \
+        == [(len(rows) - half, len(rows) - half)]
+    got = store.rows("SELECT step, sample, pos, layer, sampler_experts, trainer_experts FROM routing ORDER BY ALL")
+    assert got == sorted((r["step"], r["sample"], r["pos"], r["layer"], r["sampler_experts"], r["trainer_experts"])
+                         for r in rows)
+    check_derived(store, rows)
+
+    tokens2, rows2 = _packed_then_wide(13)
+    tokens2["run"] = ["dup"] * len(tokens2["run"])
+    for r in rows2:
+        r["run"] = "dup"
+    first = next(r for r in rows2 if r["step"] == 0)
+    last = next(i for i, r in enumerate(rows2) if r["step"] == 1)  # the wide batch repeats a packed row's key
+    rows2[last] = {**rows2[last], **{c: first[c] for c in ("step", "sample", "pos", "layer")}}
+    pq.write_table(pa.table(tokens2), tmp_path / "tokens2.parquet")
+    pq.write_table(pa.Table.from_pylist(rows2), tmp_path / "routing2.parquet", row_group_size=half)
+    out = ingest_paths(store, [tmp_path / "tokens2.parquet", tmp_path / "routing2.parquet"])
+    assert [o.status for o in out] == ["loaded", "refused"], [o.line() for o in out]
+    assert out[1].rule == "duplicate key" and "layer=0" in out[1].message, out[1].message
+    assert store.scalar("SELECT count(*) FROM routing WHERE run = 'dup'") == 0

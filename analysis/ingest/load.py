@@ -368,11 +368,17 @@ STAGED_LOAD, STAGED_TOKENS = "_staged_expert_load", "_staged_routing_tokens"
 
 
 def whole_row_groups(items: Iterator[tuple[str, pa.Table]], size: int = INSERT_ROWS) -> Iterator[tuple[str, pa.Table]]:
-    """Re-cut (table, rows) items into appends of exactly `size` rows per table (the remainder last)."""
+    """Re-cut (table, rows) items into appends of exactly `size` rows per table (the remainder last). Batches of
+    one table whose columns differ (a routing batch whose ids pack into one integer beside one whose ids do not)
+    are never joined: the rows held of the earlier columns are let go first, a shorter append."""
     buffers: dict[str, list[pa.Table]] = {}
     counts: dict[str, int] = {}
     for table, data in items:
         buf = buffers.setdefault(table, [])
+        if buf and data.schema != buf[0].schema:
+            yield table, pa.concat_tables(buf)
+            buf.clear()
+            counts[table] = 0
         buf.append(data)
         counts[table] = counts.get(table, 0) + data.num_rows
         if counts[table] >= size:
