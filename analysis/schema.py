@@ -122,9 +122,9 @@ def routing_packed(columns) -> bool:
 def routing_view(coded=(ROUTING_STORE, ROUTING_PACKED_STORE)) -> str:
     """The view `routing` over both stored routing tables; `coded`: those that hold run codes rather than names
     (tables made before the codes hold names)."""
-    stored = ("run", "step", "sample", "pos", "layer", "sampler_experts", "trainer_experts", "sampler_weights",
-              "trainer_weights", "k", "flip", "top1_flip", "n_common", "sampler_packed", "id_bits", "file_id")
-    types = {c.name: c.sql_type for c in ROUTING + ROUTING_DERIVED + ROUTING_PACKED}
+    columns = ROUTING + ROUTING_DERIVED + ROUTING_PACKED
+    stored = tuple(c.name for c in columns) + ("file_id",)
+    types = {c.name: c.sql_type for c in columns}
 
     def select(store: str, have) -> str:
         run = "r.run" if store in coded else "x.run"
@@ -174,7 +174,8 @@ def tokens_view(coded=(TOKEN_STORE, TOKEN_STORE_FULL)) -> str:
     UNION ALL {select(TOKEN_STORE_FULL, names("tokens"))}"""
 
 
-RUN_CODED = (TOKEN_STORE, TOKEN_STORE_FULL, ROUTING_STORE, ROUTING_PACKED_STORE)  # the stored tables made to hold run codes
+# the stored tables made to hold run codes
+RUN_CODED = (TOKEN_STORE, TOKEN_STORE_FULL, ROUTING_STORE, ROUTING_PACKED_STORE)
 
 
 def stored_table(table: str, columns=None) -> str:

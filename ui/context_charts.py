@@ -50,7 +50,8 @@ def context_over_steps(per_step: pl.DataFrame, context: pl.DataFrame, metric: st
             x=x, y=c["response_length_mean"].to_list(), showlegend=False, **common,
             customdata=list(zip(c["response_length_std"].to_list(), lo, hi)),
             hovertemplate=f"{run}<br>step %{{x}}<br>mean length %{{y:.4g}} tokens<br>std %{{customdata[0]:.3g}}"
-                          "<br>min %{customdata[1]}, max %{customdata[2]}<extra></extra>"), row=row_of[PANELS[2]], col=1)
+                          "<br>min %{customdata[1]}, max %{customdata[2]}<extra></extra>"),
+            row=row_of[PANELS[2]], col=1)
         fig.add_trace(go.Scatter(x=x, y=c["n_sequences"].to_list(), showlegend=False, **common,
                                  hovertemplate=f"{run}<br>step %{{x}}<br>%{{y}} sequences<extra></extra>"),
                       row=row_of[PANELS[3]], col=1)
