@@ -132,6 +132,42 @@ def test_csv_list_cell_not_json(tmp_path):
                               "(write lists as JSON arrays)")
 
 
+def _csv(rows) -> str:
+    return "run,step,sample,pos,sampler_logprob,trainer_logprob\n" + "".join(",".join(map(str, r)) + "\n" for r in rows)
+
+
+def test_csv_float_columns_are_floats_whatever_the_first_block_holds(tmp_path, monkeypatch):
+    """Arrow's CSV reader types a column from the file's first block: log-probs written "0" and "-1" there (a
+    greedy token, an integer-valued writer) made the column integers, and the first "-0.5" after it refused the
+    file. The schema's float columns are read as floats, so the file loads with every value as written."""
+    from analysis.ingest import long
+    monkeypatch.setattr(long, "CSV_BLOCK_BYTES", 4096)  # several blocks in a small file
+    rows = [("r", 0, i // 50, i % 50, 0 if i % 2 else -1, -1) for i in range(400)]  # > 4 KiB of integers first
+    rows += [("r", 1, i // 50, i % 50, -0.5 - i / 1000, -0.25) for i in range(200)]
+    (tmp_path / "t.csv").write_text(_csv(rows))
+    store = Store(tmp_path / "t.duckdb")
+    out = ingest_paths(store, [tmp_path / "t.csv"])
+    assert out[0].status == "loaded", out[0].message
+    got = store.rows("SELECT step, sample, pos, sampler_logprob, trainer_logprob FROM tokens ORDER BY step, sample, pos")
+    assert got == [(st, sa, po, float(s), float(t)) for _, st, sa, po, s, t in rows]
+
+
+def test_csv_value_unlike_the_first_blocks_type_names_its_column(tmp_path, monkeypatch):
+    """An integer column (pos) whose later block holds 7.5 is refused with the column, the value and the fix,
+    not as a CSV that "cannot be parsed"; nothing of it is stored."""
+    from analysis.ingest import long
+    monkeypatch.setattr(long, "CSV_BLOCK_BYTES", 4096)
+    rows = [("r", 0, i // 50, i % 50, -1.5, -1.25) for i in range(600)]
+    rows[550] = ("r", 0, 11, 7.5, -1.5, -1.25)
+    (tmp_path / "t.csv").write_text(_csv(rows))
+    store = Store(tmp_path / "t.duckdb")
+    out = ingest_paths(store, [tmp_path / "t.csv"])
+    assert out[0].status == "refused" and out[0].rule == "wrong type"
+    assert "column 'pos': the value '7.5' is not of the type the column's first rows have (int64)" in out[0].message
+    assert "whole numbers as 3, not 3.0" in out[0].message
+    assert store.scalar("SELECT count(*) FROM tokens") == 0 and store.files().height == 0
+
+
 def test_corrupt_bytes_never_traceback(tmp_path):
     good = io.BytesIO()
     pq.write_table(pa.table({"run": ["r"] * 1000, "step": [0] * 1000, "sample": [0] * 1000,

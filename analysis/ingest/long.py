@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import re
 from typing import BinaryIO, Iterator
 
 import pyarrow as pa
@@ -9,7 +10,8 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from analysis.ingest.errors import CorruptFile, UnknownFormat
+from analysis import schema
+from analysis.ingest.errors import CorruptFile, UnknownFormat, WrongType
 from analysis.ingest.limits import Limits
 from analysis.ingest.textio import iter_lines
 from analysis.ingest.validate import Batch, row_where, valid_names
@@ -56,14 +58,23 @@ def read_parquet(fp: BinaryIO, name: str, limits: Limits) -> Iterator[Batch]:
                           "the file is corrupt or truncated; re-export it") from None
 
 
+CSV_BLOCK_BYTES = 16 * 1024 * 1024  # what Arrow's CSV reader parses at once (one batch)
+# The schema's float columns, read as floats whatever their first rows look like: Arrow's CSV reader takes a
+# column's type from the file's first block (CSV_BLOCK_BYTES), so a log-prob column whose first rows were written
+# "0" or "-1" was read as integers and its first "-0.5" refused the file.
+CSV_FLOATS = sorted({c.name for cols in schema.TABLES.values() for c in cols if c.sql_type == "DOUBLE"})
+_CSV_CONVERSION = re.compile(r"CSV column #(\d+): CSV conversion error to (\w+): invalid value '(.*)'")
+
+
 def read_csv(fp: BinaryIO, name: str, limits: Limits) -> Iterator[Batch]:
     list_cols = ("sampler_experts", "trainer_experts", "sampler_weights", "trainer_weights")
     try:
-        reader = pacsv.open_csv(fp, read_options=pacsv.ReadOptions(block_size=16 * 1024 * 1024),
+        reader = pacsv.open_csv(fp, read_options=pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES),
                                 convert_options=pacsv.ConvertOptions(
                                     # only an empty cell is missing: "nan" must stay a (refused) NaN, not a null
                                     null_values=[""], strings_can_be_null=True,
-                                    column_types={c: pa.string() for c in list_cols + ("run", "token")}))
+                                    column_types={c: pa.string() for c in list_cols + ("run", "token")}
+                                    | {c: pa.float64() for c in CSV_FLOATS}))
     except (pa.ArrowException, OSError) as e:
         raise CorruptFile(name, "header", f"not a readable CSV file ({e})", "check the delimiter and header") from None
     kind = _kind_or_refuse(name, reader.schema.names)
@@ -77,13 +88,19 @@ def read_csv(fp: BinaryIO, name: str, limits: Limits) -> Iterator[Batch]:
             yield Batch(kind, t, row_where(offset))
             offset += rb.num_rows
     except (pa.ArrowException, OSError) as e:
+        bad = _CSV_CONVERSION.search(str(e))
+        if bad and int(bad[1]) < len(reader.schema.names):  # a later block's value unlike the first block's
+            column, wanted, value = reader.schema.names[int(bad[1])], bad[2], bad[3]
+            raise WrongType(name, f"after row {offset}, column '{column}'",
+                            f"the value {value!r} is not of the type the column's first rows have ({wanted})",
+                            "write every value of a column the same way"
+                            + (" (whole numbers as 3, not 3.0)" if wanted.startswith("int") else "")) from None
         raise CorruptFile(name, f"near row {offset + 1}", f"CSV cannot be parsed ({e})",
                           "every row needs the header's number of fields") from None
 
 
 def _parse_json_lists(name: str, col: pa.ChunkedArray, cname: str, offset: int) -> pa.Array:
     import json
-    from analysis.ingest.errors import WrongType
     out = []
     for i, v in enumerate(col.to_pylist()):
         if v is None or v == "":
