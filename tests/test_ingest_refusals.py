@@ -181,3 +181,16 @@ def test_corrupt_bytes_never_traceback(tmp_path):
     assert out[0].status in ("refused", "loaded")
     if out[0].status == "refused":
         assert out[0].message.startswith("flipped.parquet:")
+
+
+def test_files_of_headers_only_load_with_no_rows_and_no_run(tmp_path):
+    """A Parquet file with its columns but no rows, and a CSV of its header alone, break no rule: they load as
+    empty, say so without naming a run, and create none."""
+    cols = {"run": pa.string(), "step": pa.int64(), "sample": pa.int64(), "pos": pa.int32(),
+            "sampler_logprob": pa.float64(), "trainer_logprob": pa.float64()}
+    pq.write_table(pa.table({c: pa.array([], t) for c, t in cols.items()}), tmp_path / "empty.parquet")
+    (tmp_path / "header.csv").write_text(",".join(cols) + "\n")
+    store = Store(tmp_path / "t.duckdb")
+    out = ingest_paths(store, [tmp_path / "empty.parquet", tmp_path / "header.csv"])
+    assert [o.line() for o in out] == ["loaded empty.parquet [parquet]: no rows", "loaded header.csv [csv]: no rows"]
+    assert store.run_names() == [] and store.scalar("SELECT count(*) FROM tokens") == 0

@@ -38,7 +38,9 @@ class Outcome:
     def line(self) -> str:
         if self.status == "loaded":
             parts = ", ".join(f"{v} {k} rows" for k, v in self.rows.items() if v)
-            return f"loaded {self.name} [{self.format}]: {parts or 'no rows'} -> run {', '.join(self.runs)}"
+            if not parts:  # a file of headers only: nothing to name a run by
+                return f"loaded {self.name} [{self.format}]: no rows"
+            return f"loaded {self.name} [{self.format}]: {parts} -> run {', '.join(self.runs)}"
         if self.status == "skipped":
             return f"skipped {self.name}: {self.message}"
         return f"{self.status} {self.message}"
