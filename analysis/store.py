@@ -133,6 +133,9 @@ class Store:
             config["threads"] = int(threads)
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        elif not self.path.exists():
+            raise StoreError(f"no database at {self.path}: one is made by loading logs into it (`python -m analysis "
+                             f"ingest FILES --db {self.path}`, or the app's Data page)")
         try:
             self._con = duckdb.connect(str(self.path), read_only=read_only, config=config)
         except duckdb.Error as e:

@@ -120,3 +120,13 @@ def test_by_step_without_trainer_routing_has_no_flip_columns(tmp_path):
     metrics_load(tmp_path, tokens, metrics_make_routing(tokens, seed=34, layers=2, trainer=False)).close()
     rows = json.loads(_cli("--db", str(tmp_path / "t.duckdb"), "--by", "step", "--format", "json"))
     assert len(rows) == 2 and "token_any_flip_rate" not in rows[0] and "kl_k3" in rows[0]
+
+
+@pytest.mark.parametrize("command", [["metrics", "--by", "step"], ["runs"], ["findings"]])
+def test_a_database_that_does_not_exist_is_named_and_not_created(tmp_path, command):
+    missing = tmp_path / "nowhere.duckdb"
+    out = subprocess.run([sys.executable, "-m", "analysis", *command, "--db", str(missing)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.startswith(f"error: no database at {missing}: one is made by loading logs into it"), out.stderr
+    assert "Traceback" not in out.stderr and not missing.exists()
