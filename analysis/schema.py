@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 @dataclass(frozen=True)
 class Column:
@@ -119,27 +120,29 @@ def routing_packed(columns) -> bool:
     return "sampler_packed" in columns and not set(columns) & set(ROUTING_WIDE_ONLY)
 
 
+def _stored_select(store: str, columns: Sequence[Column], have, coded) -> str:
+    """SELECT of the stored table `store` as a view's `columns`, then file_id: the run's name (from run_ids where
+    `store` is among the `coded` tables, which hold run codes), and a typed NULL for each column not in `have`."""
+    run = "r.run" if store in coded else "x.run"
+    cols = ", ".join(run if c.name == "run" else f"x.{c.name}" if c.name in have
+                     else f"NULL::{c.sql_type} AS {c.name}" for c in columns)
+    join = f" JOIN {RUN_IDS} r ON x.run_id = r.run_id" if store in coded else ""
+    return f"SELECT {cols}, x.file_id FROM {store} x{join}"
+
+
 def routing_view(coded=(ROUTING_STORE, ROUTING_PACKED_STORE)) -> str:
     """The view `routing` over both stored routing tables; `coded`: those that hold run codes rather than names
     (tables made before the codes hold names)."""
     columns = ROUTING + ROUTING_DERIVED + ROUTING_PACKED
-    stored = tuple(c.name for c in columns) + ("file_id",)
-    types = {c.name: c.sql_type for c in columns}
-
-    def select(store: str, have) -> str:
-        run = "r.run" if store in coded else "x.run"
-        cols = ", ".join(run if c == "run" else f"x.{c}" if c in have else f"NULL::{types[c]} AS {c}"
-                         for c in stored)
-        join = f" JOIN {RUN_IDS} r ON x.run_id = r.run_id" if store in coded else ""
-        return f"SELECT {cols} FROM {store} x{join}"
-    lists = (f"EXCLUDE (sampler_packed, id_bits) "
+    every = [c.name for c in columns]
+    packed = [c for c in every if c not in ROUTING_WIDE_ONLY]
+    lists = ("EXCLUDE (sampler_packed, id_bits) "
              f"REPLACE ({SAMPLER_EXPERTS_SQL} AS sampler_experts, "
              "CASE WHEN x.trainer_experts IS NOT NULL THEN x.trainer_experts "
              f"WHEN x.flip IS NOT NULL THEN {SAMPLER_EXPERTS_SQL} END AS trainer_experts)")
-    packed = [c for c in stored if c not in ROUTING_WIDE_ONLY]
     return f"""CREATE OR REPLACE VIEW routing AS SELECT x.* {lists} FROM (
-    {select(ROUTING_STORE, stored)}
-    UNION ALL {select(ROUTING_PACKED_STORE, packed)}) x"""
+    {_stored_select(ROUTING_STORE, columns, every, coded)}
+    UNION ALL {_stored_select(ROUTING_PACKED_STORE, columns, packed, coded)}) x"""
 
 
 # Tokens are stored in two tables behind the view `tokens`. DuckDB writes a column that is NULL in every row
@@ -163,15 +166,9 @@ def token_narrow(columns) -> bool:
 
 def tokens_view(coded=(TOKEN_STORE, TOKEN_STORE_FULL)) -> str:
     """The view `tokens` over both stored tables; `coded`: those that hold run codes rather than names."""
-    def select(store: str, have) -> str:
-        run = "r.run" if store in coded else "t.run"
-        cols = ", ".join(run if c.name == "run" else f"t.{c.name}" if c.name in have
-                         else f"NULL::{c.sql_type} AS {c.name}" for c in TOKENS)
-        join = f" JOIN {RUN_IDS} r ON t.run_id = r.run_id" if store in coded else ""
-        return f"SELECT {cols}, t.file_id FROM {store} t{join}"
     return f"""CREATE OR REPLACE VIEW {TOKENS_VIEW_NAME} AS
-    {select(TOKEN_STORE, TOKEN_NARROW)}
-    UNION ALL {select(TOKEN_STORE_FULL, names("tokens"))}"""
+    {_stored_select(TOKEN_STORE, TOKENS, TOKEN_NARROW, coded)}
+    UNION ALL {_stored_select(TOKEN_STORE_FULL, TOKENS, names("tokens"), coded)}"""
 
 
 # the stored tables made to hold run codes

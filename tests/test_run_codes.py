@@ -11,6 +11,7 @@ from analysis import report, schema
 from analysis.ingest import ingest_paths
 from analysis.store import Store
 from test_ingest_roundtrip import make_logs
+from test_routing_storage import STORED as BOTH_ROUTING
 
 
 def _logs(run, seed, **kw):
@@ -116,10 +117,8 @@ def test_a_database_with_run_names_in_the_stored_rows_is_read_and_written_as_it_
     con = duckdb.connect(str(db))  # rebuild the earlier layout: names in the stored rows, no run_ids
     con.execute("DROP VIEW tokens")
     con.execute("DROP VIEW routing")
-    both_routing = (f"(SELECT * FROM {schema.ROUTING_STORE} UNION ALL BY NAME "
-                    f"SELECT * FROM {schema.ROUTING_PACKED_STORE})")
     for stored in (*schema.stored_tables("tokens"), schema.ROUTING_STORE):
-        source = both_routing if stored == schema.ROUTING_STORE else stored
+        source = BOTH_ROUTING if stored == schema.ROUTING_STORE else stored
         con.execute(f"CREATE TABLE _old AS SELECT r.run, x.* EXCLUDE (run_id) FROM {source} x "
                     f"JOIN {schema.RUN_IDS} r USING (run_id)")
         con.execute(f"DROP TABLE {stored}")

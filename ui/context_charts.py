@@ -18,9 +18,10 @@ def context_over_steps(per_step: pl.DataFrame, context: pl.DataFrame, metric: st
     A run without rewards draws no reward line (nothing to show rather than a line at zero), and where no run has
     one the reward row is left out (three rows) rather than drawn empty."""
     rewards = bool(context.height) and bool(context["n_rewarded"].sum())
-    panels = [metric] + [p for p in PANELS[1:] if rewards or p != "mean reward"]
-    row_of = {name: i + 1 for i, name in enumerate(["drift"] + panels[1:])}
-    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.06, subplot_titles=panels)
+    shown = [p for p in PANELS if rewards or p != "mean reward"]
+    row_of = {name: i + 1 for i, name in enumerate(shown)}
+    fig = make_subplots(rows=len(shown), cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        subplot_titles=[metric] + shown[1:])
     runs = ordered_runs(pl.concat([per_step.select("run"), context.select("run")]), colors)
     for run in runs:
         color = colors.get(run)
@@ -55,7 +56,7 @@ def context_over_steps(per_step: pl.DataFrame, context: pl.DataFrame, metric: st
         fig.add_trace(go.Scatter(x=x, y=c["n_sequences"].to_list(), showlegend=False, **common,
                                  hovertemplate=f"{run}<br>step %{{x}}<br>%{{y}} sequences<extra></extra>"),
                       row=row_of[PANELS[3]], col=1)
-    fig.update_xaxes(title_text="step", row=len(panels), col=1)
+    fig.update_xaxes(title_text="step", row=len(shown), col=1)
     for name in PANELS[2:]:  # lengths and counts from zero: a change reads at its true size
         fig.update_yaxes(rangemode="tozero", row=row_of[name], col=1)
-    return layout(fig, height=180 * len(panels))
+    return layout(fig, height=180 * len(shown))
