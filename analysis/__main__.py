@@ -8,7 +8,6 @@ import argparse
 import os
 import sys
 
-from analysis.store import Store, StoreError, default_db_path
 
 
 def _db_arg(p: argparse.ArgumentParser) -> None:
@@ -69,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         from analysis.lab.cli import main as lab_main
         return lab_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command == "ingest":  # on the free core while the imports below hold the other one
+        from analysis.ingest.hashing import hash_ahead
+        hash_ahead(args.paths)
+    from analysis.store import Store, StoreError, default_db_path
     if args.command == "warm":  # no database either
         from analysis.warm import warm
         if os.environ.get("DRIFT_WARM_NICE") and hasattr(os, "nice"):  # the app's child gives way to its pages
@@ -101,9 +104,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _ingest(db, args) -> int:
     from analysis.ingest import ingest_paths
+    from analysis.ingest.hashing import cancel_ahead
     from analysis.ingest.limits import INGEST_MEMORY_LIMIT
     from analysis.ingest.mapping import ingest_mapped, parse_map_args
     from analysis.ingest.progress import TerminalProgress
+    from analysis.store import Store
     try:
         mapping = parse_map_args(args.map)
     except ValueError as e:
@@ -124,6 +129,7 @@ def _ingest(db, args) -> int:
                     else ingest_paths(store, args.paths, run=args.run, progress=bar.file, on_rows=bar.rows))
     finally:
         bar.close()
+        cancel_ahead()  # hashes of files that never started loading
     failed, errors = 0, 0
     for outcome in outcomes:
         print(outcome.line(), file=sys.stdout if outcome.status in ("loaded", "skipped") else sys.stderr)

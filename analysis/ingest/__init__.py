@@ -3,9 +3,21 @@
     from analysis.store import Store
     from analysis.ingest import ingest_paths
     outcomes = ingest_paths(Store("data/drift.duckdb"), ["logs/"], run="bf16-baseline")
-"""
-from analysis.ingest.errors import IngestError
-from analysis.ingest.limits import Limits
-from analysis.ingest.load import Outcome, expand, ingest_paths, load_unit
 
-__all__ = ["IngestError", "Limits", "Outcome", "expand", "ingest_paths", "load_unit"]
+The names below are imported on first use, so that a light module of this package (hashing.py, which the
+command line starts before the rest) does not pull in the readers, numba and DuckDB.
+"""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {"IngestError": "errors", "Limits": "limits", "Outcome": "load", "expand": "load",
+            "ingest_paths": "load", "load_unit": "load"}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"analysis.ingest.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'analysis.ingest' has no attribute {name!r}")

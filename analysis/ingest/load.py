@@ -5,7 +5,7 @@ routing file finds its tokens. A refused file leaves the database exactly as it 
 """
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import logging
 import queue
@@ -23,6 +23,7 @@ from analysis.ingest.batches import ALONE_BYTES, Transaction, load_groups, unit_
 from analysis.summaries import compute as summaries
 from analysis.summaries import stream as stream_summaries
 from analysis.ingest.detect import detect
+from analysis.ingest.hashing import HashInThread, content_hash, take_ahead
 from analysis.ingest.errors import BadExperts, CorruptFile, DuplicateKey, IngestError, NotALogFile, OrphanRouting, TooLarge
 from analysis.ingest.keys import TableKeys, expert_load, routing_tokens
 from analysis.ingest.limits import Limits
@@ -30,6 +31,7 @@ from analysis.ingest.progress import RowsCallback, expected_rows
 from analysis.ingest.stream import insert_items
 from analysis.ingest.units import Outcome, Unit
 from analysis.ingest.validate import Batch, normalise
+from analysis.ingest.writeback import Writeback
 from analysis.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -161,51 +163,6 @@ def expand(paths: Sequence[Path], limits: Limits) -> tuple[list[Unit], list[Outc
     return units, outcomes
 
 
-def content_hash(paths: Sequence[Path], stop: threading.Event | None = None) -> tuple[str, int]:
-    """(sha256 hex digest, bytes) of the files' contents in order; `stop` set: gives up (returns what it has)."""
-    h = hashlib.sha256()
-    size = 0
-    for p in paths:
-        with open(p, "rb") as fp:
-            while chunk := fp.read(1 << 20):
-                h.update(chunk)  # releases the GIL on chunks this size
-                size += len(chunk)
-                if stop is not None and stop.is_set():
-                    return h.hexdigest(), size
-    return h.hexdigest(), size
-
-
-class HashInThread:
-    """content_hash of a large file in a thread while the file loads: the hash decides only whether the file is
-    skipped, and a file of a byte size that no loaded file has cannot have a loaded file's content, so waiting
-    for it first (0.6 s per 769 MB, with a core idle) buys nothing."""
-
-    def __init__(self, paths: Sequence[Path]):
-        self._stop = threading.Event()
-        self._result: tuple[str, int] | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(list(paths),), name="ingest-hash", daemon=True)
-        self._thread.start()
-
-    def _run(self, paths: list[Path]) -> None:
-        try:
-            self._result = content_hash(paths, self._stop)
-        except BaseException as e:  # re-raised by result()
-            self._error = e
-
-    def result(self) -> tuple[str, int]:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
-
-    def close(self) -> None:
-        """Stop early (the load failed: the hash is not needed)."""
-        self._stop.set()
-        self._thread.join()
-
-
 def load_unit(store: Store, unit: Unit, run: str | None = None, limits: Limits | None = None,
               config: dict | None = None, on_rows: RowsCallback | None = None) -> Outcome:
     """Load one unit in its own transaction."""
@@ -232,8 +189,9 @@ def _load_into(tx: Transaction, unit: Unit, run: str | None, limits: Limits, con
     if unit.skip:
         return Outcome(unit.name, "skipped", fmt, message=unit.skip)
     size = unit_bytes(unit)
+    ahead = take_ahead(unit.paths)  # the command line's hash of this file, started before its imports
     if fmt != "summary" and size > ALONE_BYTES and not tx.may_be_loaded(size):
-        hasher = HashInThread(unit.paths)  # no loaded file has this size: hash while loading
+        hasher = ahead or HashInThread(unit.paths)  # no loaded file has this size: hash while loading
         try:
             outcome, fid = _load_rows(tx, unit, None, size, run, limits, config, on_rows)
             sha, hashed_size = hasher.result()
@@ -244,7 +202,9 @@ def _load_into(tx: Transaction, unit: Unit, run: str | None, limits: Limits, con
                               f"started, {hashed_size:,} read)", "load it again once it is completely written")
         tx.hashed(fid, sha, run)
         return outcome
-    sha, size = content_hash(unit.paths)
+    sha, hashed_size = ahead.result() if ahead is not None else (None, None)
+    if hashed_size != size:  # none ahead, or the file changed since
+        sha, size = content_hash(unit.paths)
     if tx.is_loaded(sha, run):  # by an earlier call, or by an earlier file of this one
         return Outcome(unit.name, "skipped", fmt, message="same content already loaded")
     if fmt == "summary":
@@ -304,8 +264,11 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
                 feeder.close()
 
     items = whole_row_groups(prepared())
-    insert_items(w, prefetch(items) if large else items,
-                 (STAGED_LOAD, STAGED_TOKENS, *stream_summaries.STAGED.values()), rows, fid, _rows_reporter(unit, on_rows))
+    # a large file's pages reach the disk as they are written, not all at its COMMIT (writeback.py)
+    with Writeback(tx.store.path) if large else contextlib.nullcontext():
+        insert_items(w, prefetch(items) if large else items,
+                     (STAGED_LOAD, STAGED_TOKENS, *stream_summaries.STAGED.values()), rows, fid,
+                     _rows_reporter(unit, on_rows))
     others = _check_file(w, unit.name, fid, rows, keys)
     if rows["routing"] and not summarised:
         w.finish_expert_load(STAGED_LOAD, fid)  # the partial counts of every batch, summed
