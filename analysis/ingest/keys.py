@@ -89,11 +89,26 @@ class TableKeys:
 
 def routing_tokens(data: pa.Table) -> pa.Table:
     """The distinct (run, step, sample, pos) that a key-ordered routing batch refers to (one row per token,
-    not per (token, layer)); staged in the database batch by batch so the orphan check holds no key set here."""
+    not per (token, layer)), with the token's flip counts over this batch's layers: n_both (layers with
+    routing of both sides), n_fl (of those, layers whose expert sets differ) and first_flip (the lowest such
+    layer; null: none). Staged in the database batch by batch: the orphan check reads the keys, and the
+    per-token flip summaries add up a token's rows (its layers may span two batches) rather than group every
+    (token, layer) row again (analysis/summaries/compute.py)."""
     step, sample, pos = (data.column(c).to_numpy() for c in ("step", "sample", "pos"))
     new = np.ones(len(step), dtype=bool)
     new[1:] = (step[1:] != step[:-1]) | (sample[1:] != sample[:-1]) | (pos[1:] != pos[:-1])
-    return data.select(["run", "step", "sample", "pos"]).take(pa.array(np.flatnonzero(new)))
+    starts = np.flatnonzero(new)
+    flip_col = data.column("flip")
+    both = pc.is_valid(flip_col).to_numpy(zero_copy_only=False)
+    flip = pc.fill_null(flip_col, False).to_numpy(zero_copy_only=False)
+    layer = np.asarray(data.column("layer").to_numpy(), np.int64)
+    none = np.iinfo(np.int64).max
+    first = np.minimum.reduceat(np.where(flip, layer, none), starts) if len(starts) else np.empty(0, np.int64)
+    return data.select(["run", "step", "sample", "pos"]).take(pa.array(starts)).append_column(
+        "n_both", pa.array(np.add.reduceat(both.astype(np.int64), starts) if len(starts) else both.astype(np.int64))
+    ).append_column(
+        "n_fl", pa.array(np.add.reduceat(flip.astype(np.int64), starts) if len(starts) else flip.astype(np.int64))
+    ).append_column("first_flip", pa.array(first, mask=first == none))
 
 
 # Expert-load counts are a dense array over (run, step, layer) x expert id where that stays this small (32 MB a

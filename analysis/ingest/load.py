@@ -273,10 +273,11 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
     if rows["routing"] and not summarised:
         w.finish_expert_load(STAGED_LOAD, fid)  # the partial counts of every batch, summed
     tokens_done = _streamed_summaries(tx, unit.name, fid, streamed, rows["tokens"], held)
-    w.drop_staged(STAGED_LOAD, STAGED_TOKENS, *stream_summaries.STAGED.values())
     summaries.add_file(w, fid, summarised, unit.name, tokens_done=tokens_done,
                        routing_alone=bool(rows["routing"]) and not others["routing"],
-                       has=(rows["tokens"] > 0, rows["routing"] > 0))
+                       has=(rows["tokens"] > 0, rows["routing"] > 0),
+                       routing_tokens=STAGED_TOKENS if rows["routing"] and keys["routing"].ordered else None)
+    w.drop_staged(STAGED_LOAD, STAGED_TOKENS, *stream_summaries.STAGED.values())
     runs = sorted(set().union(*(k.runs for k in keys.values())))
     tx.ensure_runs(runs, config or unit.config)
     w.finish_file(fid, sum(rows.values()))
