@@ -120,7 +120,7 @@ sys.path.insert(0, sys.argv[2])
 from analysis.ingest import long
 from analysis.ingest.keys import TableKeys, expert_load, routing_tokens
 from analysis.ingest.limits import Limits
-from analysis.ingest.load import content_hash
+from analysis.ingest.hashing import content_hash
 from analysis.ingest.validate import normalise
 from analysis.summaries import stream
 from pathlib import Path

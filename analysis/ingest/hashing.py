@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Sequence
@@ -80,11 +81,12 @@ _ahead_lock = threading.Lock()
 
 
 def _identity(path: Path | str) -> tuple[str, int, int] | None:
+    """(real path, size, mtime_ns) of a regular file; None for anything else."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return (os.path.realpath(path), st.st_size, st.st_mtime_ns) if os.path.isfile(path) else None
+    return (os.path.realpath(path), st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else None
 
 
 def hash_ahead(paths: Sequence[str | Path], min_bytes: int = AHEAD_BYTES) -> None:

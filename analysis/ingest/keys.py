@@ -103,11 +103,13 @@ def routing_tokens(data: pa.Table) -> pa.Table:
     flip = pc.fill_null(flip_col, False).to_numpy(zero_copy_only=False)
     layer = np.asarray(data.column("layer").to_numpy(), np.int64)
     none = np.iinfo(np.int64).max
-    first = np.minimum.reduceat(np.where(flip, layer, none), starts) if len(starts) else np.empty(0, np.int64)
+
+    def per_token(ufunc, values: np.ndarray) -> np.ndarray:  # over each token's rows (reduceat needs a start)
+        return ufunc.reduceat(values, starts) if len(starts) else values[:0]
+    first = per_token(np.minimum, np.where(flip, layer, none))
     return data.select(["run", "step", "sample", "pos"]).take(pa.array(starts)).append_column(
-        "n_both", pa.array(np.add.reduceat(both.astype(np.int64), starts) if len(starts) else both.astype(np.int64))
-    ).append_column(
-        "n_fl", pa.array(np.add.reduceat(flip.astype(np.int64), starts) if len(starts) else flip.astype(np.int64))
+        "n_both", pa.array(per_token(np.add, both.astype(np.int64)))
+    ).append_column("n_fl", pa.array(per_token(np.add, flip.astype(np.int64)))
     ).append_column("first_flip", pa.array(first, mask=first == none))
 
 

@@ -261,9 +261,10 @@ def _add_routing(writer, file_id: int, staged_tokens: str | None = None) -> None
              tok AS (SELECT run, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t FROM tokens
                      WHERE step BETWEEN (SELECT min(step) FROM f) AND (SELECT max(step) FROM f))
         SELECT f.*, tok.s, tok.t FROM f JOIN tok USING (run, step, sample, pos)"""
-    writer.execute(f"""CREATE TEMP TABLE _summary_flip AS
+    sql = f"""CREATE TEMP TABLE _summary_flip AS
         SELECT run, step, sample, pos, n_fl, first_flip, abs(d) AS abs_d, k3
-        FROM ({token_terms_sql(tokflip)}) tt_""", params if staged_tokens is None else None)
+        FROM ({token_terms_sql(tokflip)}) tt_"""
+    writer.execute(sql, {k: v for k, v in params.items() if f"${k}" in sql})
     try:
         writer.execute("""INSERT INTO summary_step (run, step, n_tokens, n_routed, n_any_flip, sum_flipped_layers,
                               sum_abs_d_flip, sum_k3_flip, sum_abs_d_noflip, sum_k3_noflip, file_id)
