@@ -111,6 +111,7 @@ SAMPLER_EXPERTS_SQL = ("CASE WHEN x.sampler_packed IS NULL THEN x.sampler_expert
 # three NULL list columns (sampler_experts, both weights) were ~25 % of the CPU of inserting 16M routing rows
 # (benchmarks/RESULTS-scale.md). The view `routing` reads both tables.
 ROUTING_PACKED_STORE = "routing_rows_packed"
+ROUTING_PACKED_LOOSE = "routing_rows_packed_unordered"  # the same rows of a file not in key order (KEY_RUN)
 ROUTING_WIDE_ONLY = ("sampler_experts", "sampler_weights", "trainer_weights")
 
 
@@ -142,7 +143,8 @@ def routing_view(coded=(ROUTING_STORE, ROUTING_PACKED_STORE)) -> str:
              f"WHEN x.flip IS NOT NULL THEN {SAMPLER_EXPERTS_SQL} END AS trainer_experts)")
     return f"""CREATE OR REPLACE VIEW routing AS SELECT x.* {lists} FROM (
     {_stored_select(ROUTING_STORE, columns, every, coded)}
-    UNION ALL {_stored_select(ROUTING_PACKED_STORE, columns, packed, coded)}) x"""
+    UNION ALL {_stored_select(ROUTING_PACKED_STORE, columns, packed, coded)}
+    UNION ALL {_stored_select(ROUTING_PACKED_LOOSE, columns, packed, coded)}) x"""
 
 
 # Tokens are stored in two tables behind the view `tokens`. DuckDB writes a column that is NULL in every row
@@ -151,6 +153,7 @@ def routing_view(coded=(ROUTING_STORE, ROUTING_PACKED_STORE)) -> str:
 # `token_rows_full` (every column). The view shows SCHEMA.md's table; every reader queries it.
 TOKENS_VIEW_NAME = "tokens"
 TOKEN_STORE = "token_rows"
+TOKEN_STORE_LOOSE = "token_rows_unordered"  # the narrow rows of a file not in key order (KEY_RUN)
 TOKEN_STORE_FULL = "token_rows_full"
 TOKEN_NARROW = ("run", "step", "sample", "pos", "token_id", "sampler_logprob", "trainer_logprob")
 
@@ -164,34 +167,59 @@ def token_narrow(columns) -> bool:
     return set(columns) - {"file_id", "run_id"} <= set(TOKEN_NARROW)
 
 
-def tokens_view(coded=(TOKEN_STORE, TOKEN_STORE_FULL)) -> str:
-    """The view `tokens` over both stored tables; `coded`: those that hold run codes rather than names."""
+def tokens_view(coded=(TOKEN_STORE, TOKEN_STORE_LOOSE, TOKEN_STORE_FULL)) -> str:
+    """The view `tokens` over the stored tables; `coded`: those that hold run codes rather than names."""
     return f"""CREATE OR REPLACE VIEW {TOKENS_VIEW_NAME} AS
     {_stored_select(TOKEN_STORE, TOKENS, TOKEN_NARROW, coded)}
+    UNION ALL {_stored_select(TOKEN_STORE_LOOSE, TOKENS, TOKEN_NARROW, coded)}
     UNION ALL {_stored_select(TOKEN_STORE_FULL, TOKENS, names("tokens"), coded)}"""
 
 
+# The two narrow tables hold the rows of files in key order, and their columns' compression is fixed: DuckDB
+# otherwise tries every method it has (bit-packing, RLE, dictionary, ...) on every column of every row group before
+# it writes, and picks the ones below for such rows anyway. Measured on 40M token rows streamed from Arrow (the
+# database file the same size): the tokens file's load 6.3–7.1 s against 7.3–8.4 s, 1.5 CPU-s less; 16M routing
+# rows 0.6 CPU-s less (benchmarks/RESULTS-scale.md). RLE on a key is only good where the key comes in long runs:
+# over shuffled rows it doubled the table, so rows of a file whose (run, step, sample[, pos]) runs are shorter than
+# KEY_RUN rows on average go to a twin (_LOOSE) with DuckDB's own choice.
+KEY_RUN = 16
+FIXED_COMPRESSION = {
+    TOKEN_STORE: {"run_id": "rle", "step": "rle", "sample": "rle", "pos": "bitpacking", "token_id": "bitpacking",
+                  "file_id": "rle"},
+    ROUTING_PACKED_STORE: {"run_id": "rle", "step": "rle", "sample": "rle", "pos": "rle", "layer": "bitpacking",
+                           "k": "rle", "n_common": "bitpacking", "sampler_packed": "bitpacking", "id_bits": "rle",
+                           "file_id": "rle"},
+}
+# the columns whose runs decide (besides the run): KEY_RUN
+KEY_RUN_COLUMNS = {"tokens": ("step", "sample"), "routing": ("step", "sample", "pos")}
+
 # the stored tables made to hold run codes
-RUN_CODED = (TOKEN_STORE, TOKEN_STORE_FULL, ROUTING_STORE, ROUTING_PACKED_STORE)
+RUN_CODED = (TOKEN_STORE, TOKEN_STORE_LOOSE, TOKEN_STORE_FULL, ROUTING_STORE, ROUTING_PACKED_STORE,
+             ROUTING_PACKED_LOOSE)
+NARROW_STORES = (TOKEN_STORE, TOKEN_STORE_LOOSE, ROUTING_PACKED_STORE, ROUTING_PACKED_LOOSE)
 
 
-def stored_table(table: str, columns=None) -> str:
+def stored_table(table: str, columns=None, ordered: bool = True) -> str:
     """The DuckDB table that rows of `table` with these columns are inserted into (routing: the compact one
     behind the view, the packed one where the columns allow; tokens: the narrow one where the columns allow, see
-    TOKEN_STORE)."""
+    TOKEN_STORE); `ordered` False: a narrow table's twin for files not in key order (KEY_RUN)."""
     if table == "routing":
-        return ROUTING_PACKED_STORE if columns is not None and routing_packed(columns) else ROUTING_STORE
+        if columns is not None and routing_packed(columns):
+            return ROUTING_PACKED_STORE if ordered else ROUTING_PACKED_LOOSE
+        return ROUTING_STORE
     if table == "tokens":
-        return TOKEN_STORE if columns is not None and token_narrow(columns) else TOKEN_STORE_FULL
+        if columns is not None and token_narrow(columns):
+            return TOKEN_STORE if ordered else TOKEN_STORE_LOOSE
+        return TOKEN_STORE_FULL
     return table
 
 
 def stored_tables(table: str) -> tuple[str, ...]:
     """Every DuckDB table that holds rows of `table` (to delete them)."""
     if table == "tokens":
-        return TOKEN_STORE, TOKEN_STORE_FULL
+        return TOKEN_STORE, TOKEN_STORE_LOOSE, TOKEN_STORE_FULL
     if table == "routing":
-        return ROUTING_STORE, ROUTING_PACKED_STORE
+        return ROUTING_STORE, ROUTING_PACKED_STORE, ROUTING_PACKED_LOOSE
     return (stored_table(table),)
 
 

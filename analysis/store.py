@@ -62,8 +62,9 @@ def _ddl() -> list[str]:
 
 
 def _columns_ddl(table: str, stored: str) -> str:
-    narrow = stored in (schema.TOKEN_STORE, schema.ROUTING_PACKED_STORE)
-    return ", ".join(f"{c.name} {c.sql_type}" for c in schema.stored_columns(table, narrow))
+    fixed = schema.FIXED_COMPRESSION.get(stored, {})
+    return ", ".join(f"{c.name} {c.sql_type}" + (f" USING COMPRESSION {fixed[c.name]}" if c.name in fixed else "")
+                     for c in schema.stored_columns(table, stored in schema.NARROW_STORES))
 
 
 def _register_runs(con: duckdb.DuckDBPyConnection, table: str) -> None:
@@ -455,27 +456,39 @@ class Writer:
         data = self.coded(table, data)
         self._flush_run_ids()
         cols = ", ".join(data.column_names)
+        if table in schema.KEY_RUN_COLUMNS:
+            from analysis.ingest.keys import in_key_runs  # here: analysis.ingest imports this module
+            target = self._target(table, data.column_names, in_key_runs(table, data))
+        else:
+            target = schema.stored_table(table, data.column_names)
         self.cur.register("_ingest_batch", data)
         try:
-            self.cur.execute(f"INSERT INTO {schema.stored_table(table, data.column_names)} ({cols}) "
-                             f"SELECT {cols} FROM _ingest_batch")
+            self.cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM _ingest_batch")
         finally:
             self.cur.unregister("_ingest_batch")
 
-    def insert_stream(self, table: str, reader, columns: Sequence[str], file_id: int) -> None:
+    def _target(self, table: str, columns: Sequence[str], ordered: bool) -> str:
+        """The stored table of rows of `table` with these columns; `ordered`: they come in key order
+        (schema.KEY_RUN). Rows with run names, not codes (a database made before the codes), go where names are
+        stored: the twin tables for files not in key order are newer and always hold codes."""
+        return schema.stored_table(table, columns, ordered or "run" in columns)
+
+    def insert_stream(self, table: str, reader, columns: Sequence[str], file_id: int, ordered: bool = True) -> None:
         """Append every batch of a pyarrow RecordBatchReader in one INSERT: inside a transaction, DuckDB keeps
         memory flat for one streamed INSERT but not for many small ones (analysis/ingest/stream.py).
 
         `file_id` is written as a constant rather than read from the batches: scanning a constant Arrow column
-        cost ~20% of the insert's CPU for token rows. Token and routing batches come with run codes (`coded`)."""
+        cost ~20% of the insert's CPU for token rows. Token and routing batches come with run codes (`coded`).
+        `ordered` False: the rows do not come in key order (schema.KEY_RUN)."""
         if table not in schema.TABLES:
             raise ValueError(f"unknown table {table}")
         cols = [c for c in columns if c != "file_id"]
-        if "run" in cols and schema.stored_table(table, cols) in self._coded:
+        target = self._target(table, cols, ordered)
+        if "run" in cols and target in self._coded:
             raise ValueError(f"{table} rows need run codes (Writer.coded) before they are stored")
         self.cur.register("_ingest_stream", reader)
         try:
-            self.cur.execute(f"INSERT INTO {schema.stored_table(table, cols)} ({', '.join(cols)}, file_id) "
+            self.cur.execute(f"INSERT INTO {target} ({', '.join(cols)}, file_id) "
                              f"SELECT {', '.join(cols)}, ? FROM _ingest_stream", [file_id])
         finally:
             self.cur.unregister("_ingest_stream")

@@ -14,9 +14,10 @@ from analysis.ingest import ingest_paths
 from analysis.store import Store
 from test_ingest_roundtrip import check_derived, make_logs
 
-# Both stored routing tables as one (the packed one lacks the wide table's list and weight columns)
-STORED = (f"(SELECT * FROM {schema.ROUTING_STORE} UNION ALL BY NAME "
-          f"SELECT * FROM {schema.ROUTING_PACKED_STORE})")
+# The packed table and its twin for files not in key order (schema.KEY_RUN) as one
+PACKED = f"(SELECT * FROM {schema.ROUTING_PACKED_STORE} UNION ALL SELECT * FROM {schema.ROUTING_PACKED_LOOSE})"
+# Every stored routing table as one (the packed ones lack the wide table's list and weight columns)
+STORED = f"(SELECT * FROM {schema.ROUTING_STORE} UNION ALL BY NAME SELECT * FROM {PACKED})"
 
 
 def _load(tmp_path, rows, tokens):
@@ -61,6 +62,7 @@ def test_a_database_with_the_earlier_routing_table_is_migrated(tmp_path):
     con.execute("DROP VIEW routing")
     con.execute(f"DROP TABLE {schema.ROUTING_STORE}")
     con.execute(f"DROP TABLE {schema.ROUTING_PACKED_STORE}")
+    con.execute(f"DROP TABLE {schema.ROUTING_PACKED_LOOSE}")
     con.execute("ALTER TABLE routing_old RENAME TO routing")
     assert con.execute("SELECT count(trainer_experts) FROM routing").fetchall() == [(len(rows),)]
     con.close()
@@ -103,7 +105,7 @@ def test_sampler_lists_are_packed_where_k_ids_fit_64_bits(tmp_path, k, experts):
     assert store.rows(f"SELECT count(sampler_packed), count(sampler_experts), min(id_bits), max(id_bits) "
                       f"FROM {STORED}") == [(n, 0, bits, bits) if packed else (0, n, None, None)]
     # packed rows without weights go to the packed table, the others keep their lists in the wide one
-    counts = [store.scalar(f"SELECT count(*) FROM {t}") for t in (schema.ROUTING_STORE, schema.ROUTING_PACKED_STORE)]
+    counts = [store.scalar(f"SELECT count(*) FROM {t}") for t in (schema.ROUTING_STORE, PACKED)]
     assert counts == ([0, n] if packed else [n, 0])
     got = store.rows("SELECT step, sample, pos, layer, sampler_experts, trainer_experts FROM routing ORDER BY ALL")
     assert got == sorted((r["step"], r["sample"], r["pos"], r["layer"], r["sampler_experts"], r["trainer_experts"])
@@ -125,6 +127,7 @@ def test_a_database_of_routing_rows_without_packed_ids_is_migrated(tmp_path):
     con.execute("DROP VIEW routing")
     con.execute(f"DROP TABLE {schema.ROUTING_STORE}")
     con.execute(f"DROP TABLE {schema.ROUTING_PACKED_STORE}")
+    con.execute(f"DROP TABLE {schema.ROUTING_PACKED_LOOSE}")
     con.execute(f"ALTER TABLE old_rows RENAME TO {schema.ROUTING_STORE}")
     con.execute("""CREATE VIEW routing AS SELECT r.run, x.* EXCLUDE (run_id) REPLACE (CASE WHEN x.trainer_experts
                    IS NOT NULL THEN x.trainer_experts WHEN x.flip IS NOT NULL THEN x.sampler_experts END
@@ -187,7 +190,7 @@ def test_rows_with_weights_keep_the_wide_table_and_both_tables_read_as_one(tmp_p
     assert [o.status for o in out] == ["loaded"] * 4, [o.line() for o in out]
     assert store.rows(f"SELECT count(*), count(sampler_weights), count(sampler_packed) FROM {schema.ROUTING_STORE}") \
         == [(len(rows), len(rows), len(rows))]
-    assert store.scalar(f"SELECT count(*) FROM {schema.ROUTING_PACKED_STORE}") == len(rows2)
+    assert store.scalar(f"SELECT count(*) FROM {PACKED}") == len(rows2)
     cols = ("run", "step", "sample", "pos", "layer", "sampler_experts", "trainer_experts", "sampler_weights",
             "trainer_weights")
     want = sorted(tuple(r.get(c) for c in cols) for r in rows + rows2)
@@ -195,7 +198,7 @@ def test_rows_with_weights_keep_the_wide_table_and_both_tables_read_as_one(tmp_p
     check_derived(store, rows + rows2)
     store.delete_run("w")
     assert store.scalar(f"SELECT count(*) FROM {schema.ROUTING_STORE}") == 0
-    assert store.scalar(f"SELECT count(*) FROM {schema.ROUTING_PACKED_STORE}") == len(rows2)
+    assert store.scalar(f"SELECT count(*) FROM {PACKED}") == len(rows2)
     store.delete_run("p")
     assert store.scalar(f"SELECT count(*) FROM {STORED}") == 0
 
@@ -224,7 +227,7 @@ def test_a_file_whose_batches_pack_and_then_do_not_loads_into_both_tables(tmp_pa
     store = Store(tmp_path / "d.duckdb")
     out = ingest_paths(store, [tmp_path / "tokens.parquet", tmp_path / "routing.parquet"])
     assert [o.status for o in out] == ["loaded", "loaded"], [o.line() for o in out]
-    assert store.scalar(f"SELECT count(*) FROM {schema.ROUTING_PACKED_STORE}") == half
+    assert store.scalar(f"SELECT count(*) FROM {PACKED}") == half
     assert store.rows(f"SELECT count(*), count(sampler_experts) FROM {schema.ROUTING_STORE}") \
         == [(len(rows) - half, len(rows) - half)]
     got = store.rows("SELECT step, sample, pos, layer, sampler_experts, trainer_experts FROM routing ORDER BY ALL")

@@ -11,7 +11,9 @@ from analysis import report, schema
 from analysis.ingest import ingest_paths
 from analysis.store import Store
 from test_ingest_roundtrip import make_logs
+from test_routing_storage import PACKED
 from test_routing_storage import STORED as BOTH_ROUTING
+from test_token_storage import NARROW
 
 
 def _logs(run, seed, **kw):
@@ -60,7 +62,7 @@ def test_a_file_of_several_runs_stores_codes_and_reads_back_names(tmp_path):
     codes = dict(store.rows(f"SELECT run, run_id FROM {schema.RUN_IDS}"))
     assert sorted(codes) == ["alpha", "beta"] and len(set(codes.values())) == 2
     # each stored row carries its own run's code, in both stored tables
-    for stored, n in ((schema.TOKEN_STORE, len(ta["run"])), (schema.ROUTING_PACKED_STORE, len(ra))):
+    for stored, n in ((NARROW, len(ta["run"])), (PACKED, len(ra))):
         assert store.scalar(f"SELECT count(*) FROM {stored} WHERE run_id = ?", [codes["alpha"]]) == n
     # a run given with --run gets a code of its own; names are never compared by code across databases
     (tc, _) = _logs("ignored", 3)
@@ -124,6 +126,7 @@ def test_a_database_with_run_names_in_the_stored_rows_is_read_and_written_as_it_
         con.execute(f"DROP TABLE {stored}")
         con.execute(f"ALTER TABLE _old RENAME TO {stored}")
     con.execute(f"DROP TABLE {schema.ROUTING_PACKED_STORE}")
+    con.execute(f"DROP TABLE {schema.ROUTING_PACKED_LOOSE}")
     con.execute(f"DROP TABLE {schema.RUN_IDS}")
     con.close()
     store = Store(db)
@@ -140,7 +143,7 @@ def test_a_database_with_run_names_in_the_stored_rows_is_read_and_written_as_it_
     assert _token_view(store) == _want_tokens(ta, tb, tc)
     assert store.rows(ROUTING) == _want_routing(ra, rb, rc)
     assert store.rows(f"SELECT run FROM {schema.RUN_IDS}") == [("c",)]  # its routing rows, in the packed table
-    assert store.scalar(f"SELECT count(*) FROM {schema.ROUTING_PACKED_STORE}") == len(rc)
+    assert store.scalar(f"SELECT count(*) FROM {PACKED}") == len(rc)
     store.delete_run("a")
     assert _token_view(store) == _want_tokens(tb, tc)
     assert store.rows(ROUTING) == _want_routing(rb, rc)

@@ -15,6 +15,7 @@ from analysis.ingest.limits import Limits
 from analysis.store import Store
 from analysis.summaries import stream as stream_summaries
 from tests.test_logger_summaries import assert_same_rows, merged
+from tests.test_token_storage import NARROW
 
 TABLES = stream_summaries.TOKEN_TABLES
 SMALL = Limits(batch_rows=37)  # steps and sequences split over many batches
@@ -247,4 +248,4 @@ def test_a_json_lines_file_whose_later_lines_add_columns_streams_the_same_rows(t
         == sorted(tuple(r.get(c) for c in cols) for r in records)
     # the batches wholly within the first lines went to the narrow table; the third holds lines of both kinds,
     # which the JSON reader gives one table with nulls: it went to the full one, as did the rest
-    assert store.scalar("SELECT count(*) FROM token_rows") == (cut // SMALL.batch_rows) * SMALL.batch_rows > 0
+    assert store.scalar(f"SELECT count(*) FROM {NARROW}") == (cut // SMALL.batch_rows) * SMALL.batch_rows > 0

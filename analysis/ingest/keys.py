@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analysis import schema
 from analysis.ingest import routing_kernel
 
 KEY_INT = {"tokens": ("step", "sample", "pos"), "routing": ("step", "sample", "pos", "layer"),
@@ -49,6 +50,25 @@ def run_codes(col: pa.ChunkedArray) -> Runs:
         return pa.array([one], pa.string()), np.zeros(len(col), np.int64)
     encoded = col.combine_chunks().dictionary_encode()
     return encoded.dictionary, encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def in_key_runs(table: str, data: pa.Table) -> bool:
+    """Whether rows of `table` come in runs of one key (run, then schema.KEY_RUN_COLUMNS) at least KEY_RUN rows
+    long on average: the rows for the stored tables whose keys are RLE-compressed (schema.FIXED_COMPRESSION)."""
+    n = data.num_rows
+    if n < 2:
+        return True
+    change = np.zeros(n - 1, bool)
+    for name in ("run_id" if "run_id" in data.column_names else "run",) + schema.KEY_RUN_COLUMNS[table]:
+        col = data.column(name)
+        if name == "run":
+            if single_value(col) is not None:
+                continue
+            col = run_codes(col)[1]
+        else:
+            col = np.asarray(col.to_numpy())
+        change |= col[1:] != col[:-1]
+    return int(change.sum()) * schema.KEY_RUN <= n
 
 
 class TableKeys:
