@@ -9,16 +9,18 @@ import time
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import duckdb
 import numpy as np
-import polars as pl
 import pyarrow as pa
 
 from analysis import schema
 from analysis.summaries import migrate
 from analysis.summaries import schema as summary_schema
+
+if TYPE_CHECKING:  # DuckDB's .pl() imports polars where a result is read: a load never needs its ~0.2 s import
+    import polars as pl
 
 DEFAULT_DB = Path(__file__).resolve().parent.parent / "data" / "drift.duckdb"
 

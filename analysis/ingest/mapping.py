@@ -14,9 +14,8 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Sequence
 
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -27,6 +26,9 @@ from analysis.ingest.limits import Limits
 from analysis.ingest.load import load_units, refused
 from analysis.ingest.units import Outcome, Unit
 from analysis.ingest.sequences import parsed_lines, read_sequence_records
+
+if TYPE_CHECKING:
+    import polars as pl
 from analysis.ingest.textio import iter_lines, open_text
 from analysis.ingest.validate import Batch, row_where
 from analysis.store import Store
@@ -343,4 +345,5 @@ def preview(fp: BinaryIO, name: str, rows: int = 5) -> tuple[list[str], pl.DataF
     def short(v) -> str:
         text = v if isinstance(v, str) else json.dumps(v)
         return text if len(text) <= 80 else text[:77] + "…"
+    import polars as pl  # here: the command line imports this module for every load, which never shows a preview
     return fields, pl.DataFrame({f: [short(o.get(f)) for o in firsts] for f in fields}) if fields else pl.DataFrame()
