@@ -44,9 +44,9 @@ def _items(w, fail_at: int | None = None):
         yield item[0], w.coded(*item)
 
 
-@pytest.mark.parametrize("cap", [1, 4, 10_000])
+@pytest.mark.parametrize("cap", [1, 50, 10**9])  # bytes: side rows are 8 bytes each, 16 to 40 per item
 def test_streamed_inserts_keep_every_row_whatever_cuts_them(tmp_path, monkeypatch, cap):
-    monkeypatch.setattr(stream, "SIDE_CAP_ROWS", cap)
+    monkeypatch.setattr(stream, "SIDE_CAP_BYTES", cap)
     store = Store(tmp_path / "d.duckdb")
     rows = {"tokens": 0, "sequences": 0}
     seen = []

@@ -16,8 +16,11 @@ import pyarrow as pa
 from analysis import schema
 from analysis.ingest.keys import in_key_runs
 
-# Side rows held in Python before the streamed INSERT is cut to stage them (a few MB).
-SIDE_CAP_ROWS = 500_000
+# Side rows held in Python before the streamed INSERT is cut to stage them. Each cut ends the INSERT, stages the
+# side rows and starts another (~0.1-0.2 s on two cores): the routing file of benchmarks/bench_scale.py (16M routing
+# rows) has 1.58M side rows, 68 MB, and was cut into three INSERTs at the earlier 500,000-row cap; 128 MiB takes
+# them in one, and memory stays bounded for any file.
+SIDE_CAP_BYTES = 128 << 20
 
 
 def insert_items(w, items: Iterator[tuple[str, pa.Table]], staged: tuple[str, ...], rows: dict[str, int],
@@ -48,7 +51,7 @@ def insert_items(w, items: Iterator[tuple[str, pa.Table]], staged: tuple[str, ..
                     table2, data2 = item
                     if table2 in staged:
                         side.append((table2, data2))
-                        if sum(d.num_rows for _, d in side) >= SIDE_CAP_ROWS:
+                        if sum(d.nbytes for _, d in side) >= SIDE_CAP_BYTES:
                             return
                     elif table2 != table or data2.schema != first.schema:
                         pending.append((table2, data2))
