@@ -109,7 +109,8 @@ SAMPLER_EXPERTS_SQL = ("CASE WHEN x.sampler_packed IS NULL THEN x.sampler_expert
 # Rows whose sampler list is packed and that carry no weights (the common case) go to the narrower
 # ROUTING_PACKED_STORE: DuckDB writes a column that is NULL in every row at about the cost of one with data, and the
 # three NULL list columns (sampler_experts, both weights) were ~25 % of the CPU of inserting 16M routing rows
-# (benchmarks/RESULTS-scale.md). The view `routing` reads both tables.
+# (benchmarks/RESULTS-scale.md). The view `routing` reads both tables (and the packed one's twin:
+# FIXED_COMPRESSION).
 ROUTING_PACKED_STORE = "routing_rows_packed"
 ROUTING_PACKED_LOOSE = "routing_rows_packed_unordered"  # the same rows of a file not in key order (KEY_RUN)
 ROUTING_WIDE_ONLY = ("sampler_experts", "sampler_weights", "trainer_weights")
@@ -131,7 +132,7 @@ def _stored_select(store: str, columns: Sequence[Column], have, coded) -> str:
     return f"SELECT {cols}, x.file_id FROM {store} x{join}"
 
 
-def routing_view(coded=(ROUTING_STORE, ROUTING_PACKED_STORE)) -> str:
+def routing_view(coded=(ROUTING_STORE, ROUTING_PACKED_STORE, ROUTING_PACKED_LOOSE)) -> str:
     """The view `routing` over both stored routing tables; `coded`: those that hold run codes rather than names
     (tables made before the codes hold names)."""
     columns = ROUTING + ROUTING_DERIVED + ROUTING_PACKED
@@ -147,10 +148,11 @@ def routing_view(coded=(ROUTING_STORE, ROUTING_PACKED_STORE)) -> str:
     UNION ALL {_stored_select(ROUTING_PACKED_LOOSE, columns, packed, coded)}) x"""
 
 
-# Tokens are stored in two tables behind the view `tokens`. DuckDB writes a column that is NULL in every row
-# about as slowly as one with data (40M rows: ~1.3 CPU-s each; benchmarks/RESULTS-scale.md), and most logs carry
-# none of the optional columns but token_id: their rows go to the narrow `token_rows`, the others to
-# `token_rows_full` (every column). The view shows SCHEMA.md's table; every reader queries it.
+# Tokens are stored in two tables behind the view `tokens` (and the narrow one's twin: FIXED_COMPRESSION). DuckDB
+# writes a column that is NULL in every row about as slowly as one with data (40M rows: ~1.3 CPU-s each;
+# benchmarks/RESULTS-scale.md), and most logs carry none of the optional columns but token_id: their rows go to the
+# narrow `token_rows`, the others to `token_rows_full` (every column). The view shows SCHEMA.md's table; every
+# reader queries it.
 TOKENS_VIEW_NAME = "tokens"
 TOKEN_STORE = "token_rows"
 TOKEN_STORE_LOOSE = "token_rows_unordered"  # the narrow rows of a file not in key order (KEY_RUN)

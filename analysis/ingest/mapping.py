@@ -26,12 +26,12 @@ from analysis.ingest.limits import Limits
 from analysis.ingest.load import load_units, refused
 from analysis.ingest.units import Outcome, Unit
 from analysis.ingest.sequences import parsed_lines, read_sequence_records
-
-if TYPE_CHECKING:
-    import polars as pl
 from analysis.ingest.textio import iter_lines, open_text
 from analysis.ingest.validate import Batch, row_where
 from analysis.store import Store
+
+if TYPE_CHECKING:
+    import polars as pl
 
 # column -> (what it holds, key of sequence JSON Lines for one-sequence-per-record files; None: per-token only)
 NUMBER, INTEGER, TEXT = "number", "integer", "text"
