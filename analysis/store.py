@@ -458,11 +458,8 @@ class Writer:
         data = self.coded(table, data)
         self._flush_run_ids()
         cols = ", ".join(data.column_names)
-        if table in schema.KEY_RUN_COLUMNS:
-            from analysis.ingest.keys import in_key_runs  # here: analysis.ingest imports this module
-            target = self._target(table, data.column_names, in_key_runs(table, data))
-        else:
-            target = schema.stored_table(table, data.column_names)
+        from analysis.ingest.keys import in_key_runs  # here: analysis.ingest imports this module
+        target = self._target(table, data.column_names, in_key_runs(table, data))
         self.cur.register("_ingest_batch", data)
         try:
             self.cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM _ingest_batch")

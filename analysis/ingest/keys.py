@@ -52,23 +52,23 @@ def run_codes(col: pa.ChunkedArray) -> Runs:
     return encoded.dictionary, encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
+def _changes(cols: list[np.ndarray]) -> np.ndarray:
+    """For each row but the first: whether its key (one value from each of `cols`) differs from the row before."""
+    change = np.zeros(max(len(cols[0]) - 1, 0), bool)
+    for c in cols:
+        change |= c[1:] != c[:-1]
+    return change
+
+
 def in_key_runs(table: str, data: pa.Table) -> bool:
     """Whether rows of `table` come in runs of one key (run, then schema.KEY_RUN_COLUMNS) at least KEY_RUN rows
-    long on average: the rows for the stored tables whose keys are RLE-compressed (schema.FIXED_COMPRESSION)."""
-    n = data.num_rows
-    if n < 2:
+    long on average: the rows for the stored tables whose keys are RLE-compressed (schema.FIXED_COMPRESSION).
+    True for a table without such columns (its rows have one stored table whatever their order)."""
+    if table not in schema.KEY_RUN_COLUMNS:
         return True
-    change = np.zeros(n - 1, bool)
-    for name in ("run_id" if "run_id" in data.column_names else "run",) + schema.KEY_RUN_COLUMNS[table]:
-        col = data.column(name)
-        if name == "run":
-            if single_value(col) is not None:
-                continue
-            col = run_codes(col)[1]
-        else:
-            col = np.asarray(col.to_numpy())
-        change |= col[1:] != col[:-1]
-    return int(change.sum()) * schema.KEY_RUN <= n
+    runs = data.column("run_id").to_numpy() if "run_id" in data.column_names else run_codes(data.column("run"))[1]
+    change = _changes([runs] + [data.column(c).to_numpy() for c in schema.KEY_RUN_COLUMNS[table]])
+    return int(change.sum()) * schema.KEY_RUN <= data.num_rows
 
 
 class TableKeys:
@@ -116,7 +116,7 @@ def routing_tokens(data: pa.Table) -> pa.Table:
     (token, layer) row again (analysis/summaries/compute.py)."""
     step, sample, pos = (data.column(c).to_numpy() for c in ("step", "sample", "pos"))
     new = np.ones(len(step), dtype=bool)
-    new[1:] = (step[1:] != step[:-1]) | (sample[1:] != sample[:-1]) | (pos[1:] != pos[:-1])
+    new[1:] = _changes([step, sample, pos])
     starts = np.flatnonzero(new)
     flip_col = data.column("flip")
     both = pc.is_valid(flip_col).to_numpy(zero_copy_only=False)

@@ -13,7 +13,6 @@ from typing import Callable, Iterator
 
 import pyarrow as pa
 
-from analysis import schema
 from analysis.ingest.keys import in_key_runs
 
 # Side rows held in Python before the streamed INSERT is cut to stage them. Each cut ends the INSERT, stages the
@@ -69,7 +68,7 @@ def insert_items(w, items: Iterator[tuple[str, pa.Table]], staged: tuple[str, ..
             except BaseException as e:  # handed to the caller once DuckDB has stopped reading
                 error.append(e)
 
-        ordered = table not in schema.KEY_RUN_COLUMNS or in_key_runs(table, data)  # its first batch decides
+        ordered = in_key_runs(table, data)  # its first batch decides
         w.insert_stream(table, pa.RecordBatchReader.from_batches(data.schema, batches()), data.column_names,
                         file_id, ordered)
         if error:
