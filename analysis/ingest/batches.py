@@ -21,12 +21,10 @@ from typing import Callable, Sequence
 
 import pyarrow as pa
 
+from analysis.ingest.limits import ALONE_BYTES
 from analysis.ingest.units import Outcome, Unit
 from analysis.store import Store, Writer
 
-# A file larger than this gets a transaction of its own, as before batching: its own load is long enough that a
-# commit does not matter, and a refusal of a later file never makes it load twice.
-ALONE_BYTES = 8 << 20
 # Caps of one shared transaction: input bytes (bounds the work a refusal repeats) and files.
 BATCH_BYTES = 64 << 20
 BATCH_FILES = 256

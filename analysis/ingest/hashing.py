@@ -4,7 +4,8 @@ The hash decides only whether a file is skipped as already loaded, so a large fi
 (`HashInThread`). The command line starts that hash even earlier (`hash_ahead`), before it imports the rest
 of the ingest code: those imports and the kernels' first load hold one core for ~1 s, and the hash (0.6 s of CPU
 per 769 MB) runs on the other one meanwhile, where during the load it took a share of the cores the insert
-needs. This module imports only the standard library, so that it can start before them.
+needs. This module imports only the standard library (and limits.py, which does too), so that it can start
+before them.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import stat
 import threading
 from pathlib import Path
 from typing import Sequence
+
+from analysis.ingest.limits import ALONE_BYTES  # standard library only, as this module
 
 # Bytes read per hash update. The hash and the read release the GIL; each return to Python waits for it, up to
 # the interpreter's switch interval (5 ms) while another thread runs Python (the imports): with 1 MiB chunks
@@ -71,9 +74,6 @@ class HashInThread:
         self._thread.join()
 
 
-# Files larger than this are hashed ahead by the command line (the size of a file that loads alone, batches.py).
-AHEAD_BYTES = 8 << 20
-
 # hash_ahead's hashes not taken yet: (real path, size, mtime_ns) -> its hash. Each starts once the one before it
 # is done, so that they do not compete with each other for the one free core.
 _ahead: dict[tuple[str, int, int], HashInThread] = {}
@@ -89,7 +89,7 @@ def _identity(path: Path | str) -> tuple[str, int, int] | None:
     return (os.path.realpath(path), st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else None
 
 
-def hash_ahead(paths: Sequence[str | Path], min_bytes: int = AHEAD_BYTES) -> None:
+def hash_ahead(paths: Sequence[str | Path], min_bytes: int = ALONE_BYTES) -> None:
     """Start hashing the regular files among `paths` larger than `min_bytes` (folders are left to the load),
     one after another in threads; the load takes each hash with `take_ahead` instead of hashing again."""
     last = None

@@ -6,6 +6,11 @@ from dataclasses import dataclass
 
 MiB = 1 << 20
 
+# A file larger than this gets a transaction of its own (batches.py), as before batching: its own load is long enough
+# that a commit does not matter, and a refusal of a later file never makes it load twice. It is also hashed while it
+# loads, and the command line starts that hash ahead (hashing.py).
+ALONE_BYTES = 8 << 20
+
 
 def _env_mib(name: str, default_mib: int) -> int:
     return int(float(os.environ.get(name, default_mib)) * MiB)
