@@ -514,9 +514,13 @@ class Writer:
                 self.cur.execute(f"DROP TABLE {name}")
                 self._staged.discard(name)
 
-    def finish_expert_load(self, staged: str, file_id: int) -> None:
-        """Sum a file's per-batch expert-load counts (staged by `stage`) into `expert_load`."""
-        if staged in self._staged:
+    def finish_expert_load(self, staged: str, file_id: int, summed: bool = False) -> None:
+        """Sum a file's per-batch expert-load counts (staged by `stage`) into `expert_load`; `summed`: the staged
+        rows hold each (run, step, layer, expert) once, in that order (keys.StepCounts), and are moved as they are."""
+        if staged in self._staged and summed:
+            self.cur.execute(f"INSERT INTO expert_load SELECT run, step, layer, expert, n_sampler, n_trainer, ? "
+                             f"FROM {staged}", [file_id])
+        elif staged in self._staged:
             self.cur.execute(f"""INSERT INTO expert_load
                 SELECT run, step, layer, expert, sum(n_sampler), sum(n_trainer), ? FROM {staged}
                 GROUP BY run, step, layer, expert ORDER BY run, step, layer, expert""", [file_id])

@@ -204,3 +204,67 @@ def expert_load(data: pa.Table, S: np.ndarray, T: np.ndarray | None, t_rows: np.
         "n_sampler": pa.array(counts[0]),
         "n_trainer": pa.array(counts[1]),
     })
+
+
+class StepCounts:
+    """A routing file's expert-load rows (`expert_load` of each batch) with each (run, step, layer, expert) once,
+    where the file comes in key order: a batch's rows of its last step are held back and added to those of the
+    next batch that continues that step, so the rows reach the database summed and `Writer.finish_expert_load`
+    moves them without a GROUP BY (0.30 against 0.09 s for the 1.07M partial rows of the 16M-row benchmark
+    file). Once a batch is out of order (or a batch's rows are not in step order), `merged` turns False and the
+    rest pass through as partial counts, which the GROUP BY then sums as before."""
+
+    def __init__(self):
+        self.merged = True
+        self._held: pa.Table | None = None  # rows of the latest step, which the next batch may continue
+
+    def add(self, part: pa.Table, ordered: bool) -> pa.Table | None:
+        """The rows to stage now, given the next batch's partial counts `part` and whether the file's keys are
+        still in order (TableKeys.ordered after that batch); None: nothing yet."""
+        steps = part.column("step").to_numpy()
+        if self.merged and (not ordered or (len(steps) > 1 and (steps[1:] < steps[:-1]).any())):
+            self.merged = False
+        if not self.merged:
+            held, self._held = self._held, None
+            return part if held is None else pa.concat_tables([held, part])
+        if not len(steps):
+            return None
+        first_end = int(np.searchsorted(steps, steps[0], "right"))
+        last_start = int(np.searchsorted(steps, steps[-1], "left"))
+        out = []
+        held = self._held
+        if held is not None and held.column("step")[0].as_py() == int(steps[0]):
+            merged = _sum_counts(pa.concat_tables([held, part.slice(0, first_end)]))
+            if first_end == len(steps):  # the batch continues the held step only
+                self._held = merged
+                return None
+            out.append(merged)
+            rest_from = first_end
+        else:
+            if held is not None:
+                out.append(held)
+            rest_from = 0
+        out.append(part.slice(rest_from, last_start - rest_from))
+        self._held = part.slice(last_start)
+        done = pa.concat_tables(out)
+        return done if done.num_rows else None
+
+    def finish(self) -> pa.Table | None:
+        """The rows still held (the file's last step)."""
+        held, self._held = self._held, None
+        return held
+
+
+def _sum_counts(rows: pa.Table) -> pa.Table:
+    """Rows of one (run, step) with each (layer, expert) once, their counts summed, in (layer, expert) order."""
+    layer = rows.column("layer").to_numpy().astype(np.int64)
+    expert = rows.column("expert").to_numpy().astype(np.int64)
+    code = layer * (int(expert.max()) + 1) + expert
+    uniq, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    sums = {}
+    for c in ("n_sampler", "n_trainer"):
+        total = np.zeros(len(uniq), np.int64)
+        np.add.at(total, inv, rows.column(c).to_numpy())
+        sums[c] = pa.array(total)
+    return rows.select(["run", "step", "layer", "expert"]).take(pa.array(first)) \
+        .append_column("n_sampler", sums["n_sampler"]).append_column("n_trainer", sums["n_trainer"])

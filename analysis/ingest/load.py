@@ -25,7 +25,7 @@ from analysis.summaries import stream as stream_summaries
 from analysis.ingest.detect import detect
 from analysis.ingest.hashing import HashInThread, content_hash, take_ahead
 from analysis.ingest.errors import BadExperts, CorruptFile, DuplicateKey, IngestError, NotALogFile, OrphanRouting, TooLarge
-from analysis.ingest.keys import TableKeys, expert_load, routing_tokens
+from analysis.ingest.keys import StepCounts, TableKeys, expert_load, routing_tokens
 from analysis.ingest.limits import Limits
 from analysis.ingest.progress import RowsCallback, expected_rows
 from analysis.ingest.stream import insert_items
@@ -233,6 +233,7 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
     # a small file's summary rows wait here and join its transaction's other summary rows at its end (one INSERT
     # per table for all its files), where a large file's are staged in the database as they come
     held: list[tuple[str, pa.Table]] | None = [] if streamed is not None and not large else None
+    counts = StepCounts()  # expert-load rows summed across batches where the file is in key order
 
     def summary_rows(out: list[tuple[str, pa.Table]]):
         if held is None:
@@ -253,10 +254,16 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
                 if experts is not None:
                     # per-batch partial results go to the database, which spills: nothing here grows with the file
                     if not summarised:  # a sample's expert load comes in its summary file
-                        yield STAGED_LOAD, expert_load(data, experts.S, experts.T, experts.t_rows, runs)
+                        part = counts.add(expert_load(data, experts.S, experts.T, experts.t_rows, runs),
+                                          keys["routing"].ordered)
+                        if part is not None:
+                            yield STAGED_LOAD, part
                     if keys["routing"].ordered:
                         yield STAGED_TOKENS, routing_tokens(data)
                 yield batch.table, w.coded(batch.table, data, runs)
+            last = counts.finish()
+            if last is not None:
+                yield STAGED_LOAD, last
             if feeder is not None:
                 yield from summary_rows(feeder.finish())
         finally:
@@ -271,7 +278,7 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
                      _rows_reporter(unit, on_rows))
     others = _check_file(w, unit.name, fid, rows, keys)
     if rows["routing"] and not summarised:
-        w.finish_expert_load(STAGED_LOAD, fid)  # the partial counts of every batch, summed
+        w.finish_expert_load(STAGED_LOAD, fid, summed=counts.merged)  # else the partial counts, summed there
     tokens_done = _streamed_summaries(tx, unit.name, fid, streamed, rows["tokens"], held)
     summaries.add_file(w, fid, summarised, unit.name, tokens_done=tokens_done,
                        routing_alone=bool(rows["routing"]) and not others["routing"],
