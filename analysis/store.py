@@ -514,16 +514,18 @@ class Writer:
                 self.cur.execute(f"DROP TABLE {name}")
                 self._staged.discard(name)
 
-    def finish_expert_load(self, staged: str, file_id: int, summed: bool = False) -> None:
-        """Sum a file's per-batch expert-load counts (staged by `stage`) into `expert_load`; `summed`: the staged
-        rows hold each (run, step, layer, expert) once, in that order (keys.StepCounts), and are moved as they are."""
-        if staged in self._staged and summed:
-            self.cur.execute(f"INSERT INTO expert_load SELECT run, step, layer, expert, n_sampler, n_trainer, ? "
-                             f"FROM {staged}", [file_id])
-        elif staged in self._staged:
-            self.cur.execute(f"""INSERT INTO expert_load
-                SELECT run, step, layer, expert, sum(n_sampler), sum(n_trainer), ? FROM {staged}
-                GROUP BY run, step, layer, expert ORDER BY run, step, layer, expert""", [file_id])
+    def regroup_expert_load(self, file_id: int) -> None:
+        """Sum the partial expert-load counts a file appended (one row per batch and key, where the file was not in
+        key order: keys.StepCounts) into one row per (run, step, layer, expert)."""
+        self.cur.execute("""CREATE TEMP TABLE _regrouped_expert_load AS
+            SELECT run, step, layer, expert, sum(n_sampler) AS n_sampler, sum(n_trainer) AS n_trainer
+            FROM expert_load WHERE file_id = ? GROUP BY run, step, layer, expert""", [file_id])
+        try:
+            self.cur.execute("DELETE FROM expert_load WHERE file_id = ?", [file_id])
+            self.cur.execute("""INSERT INTO expert_load SELECT *, ? FROM _regrouped_expert_load
+                                ORDER BY run, step, layer, expert""", [file_id])
+        finally:
+            self.cur.execute("DROP TABLE _regrouped_expert_load")
 
     def ensure_runs(self, runs: Sequence[str], config: dict | None = None) -> None:
         for run in runs:

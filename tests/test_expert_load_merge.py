@@ -1,6 +1,6 @@
 """Expert-load counts summed across batches while a routing file streams (keys.StepCounts): each (run, step,
-layer, expert) once and in order for a file in key order, so the database moves them without a GROUP BY; the
-partial counts of a file out of order still sum exactly in the database. References: plain Python counts."""
+layer, expert) once and in order for a file in key order, appended as they are; the partial counts of a file out
+of order are regrouped in the database to the same exact counts. References: plain Python counts."""
 from __future__ import annotations
 
 from collections import Counter
@@ -107,25 +107,27 @@ def test_a_file_out_of_order_passes_partial_counts_through():
 
 @pytest.mark.parametrize("batch_rows", [7, 64, 100_000])
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_ingest_stores_exact_expert_load_and_skips_the_group_by_only_in_key_order(tmp_path, monkeypatch,
-                                                                                  batch_rows, shuffle):
+def test_ingest_stores_exact_expert_load_and_regroups_only_out_of_key_order(tmp_path, monkeypatch, batch_rows,
+                                                                          shuffle):
     tokens, rows = make_logs(seed=5, steps=3, samples=4, length=5, layers=4, k=3, experts=16)
     if shuffle:
         rows = [rows[i] for i in np.random.default_rng(1).permutation(len(rows))]
     pq.write_table(pa.table(tokens), tmp_path / "tokens.parquet")
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "routing.parquet")
     calls = []
-    finish = Writer.finish_expert_load
+    regroup = Writer.regroup_expert_load
 
-    def spy(self, staged, file_id, summed=False):
-        calls.append(summed)
-        return finish(self, staged, file_id, summed)
-    monkeypatch.setattr(Writer, "finish_expert_load", spy)
+    def spy(self, file_id):
+        calls.append(file_id)
+        return regroup(self, file_id)
+    monkeypatch.setattr(Writer, "regroup_expert_load", spy)
     store = Store(tmp_path / "d.duckdb")
     out = ingest_paths(store, [tmp_path / "tokens.parquet", tmp_path / "routing.parquet"],
                        limits=Limits(batch_rows=batch_rows))
     assert [o.status for o in out] == ["loaded", "loaded"]
-    assert calls == [not shuffle]
+    assert len(calls) == shuffle
     check_derived(store, rows)  # expert_load against a brute-force count
     assert store.scalar("SELECT count(*) FROM (SELECT DISTINCT run, step, layer, expert FROM expert_load)") == \
         store.scalar("SELECT count(*) FROM expert_load")
+    assert store.rows("SELECT DISTINCT file_id FROM expert_load") == \
+        store.rows("SELECT file_id FROM files WHERE name = 'routing.parquet'")

@@ -191,6 +191,21 @@ def test_summaries_in_a_thread_of_their_own_equal_sql(tmp_path, monkeypatch, cap
     assert not any(t.is_alive() for t in threads)
 
 
+def test_rows_appended_before_the_stream_gives_up_are_replaced_by_the_sql(tmp_path, monkeypatch, caplog):
+    """A large file's finished steps are appended to the summary tables as they come (here every step at once,
+    PENDING_ROWS 1); when a later step makes the stream give up, those rows are deleted and the SQL's take their
+    place: no step is counted twice."""
+    caplog.set_level(logging.INFO, logger="analysis.ingest.load")
+    summary_threads(monkeypatch)
+    monkeypatch.setattr(stream_summaries, "PENDING_ROWS", 1)
+    steps = tokens(steps=(1, 2, 3, 4))
+    mixed = write(tmp_path / "m.parquet", [steps[1], steps[2], steps[3].slice(0, 20), steps[4], steps[3].slice(20)])
+    got = ingest(tmp_path / "k.duckdb", [mixed], monkeypatch)
+    assert "step 3 comes back after another step: not ordered by step" in messages(caplog)
+    assert_same(got, ingest(tmp_path / "s.duckdb", [mixed], monkeypatch, streamed=False))
+    assert sorted(r["step"] for r in got["summary_step"]) == [1, 2, 3, 4]
+
+
 def test_a_refused_large_file_stops_its_summary_thread(tmp_path, monkeypatch):
     threads = summary_threads(monkeypatch)
     steps = tokens()

@@ -231,13 +231,13 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
     feeder = stream_summaries.InThread(streamed) if streamed is not None and large \
         and unit.detected.kind != "routing" else streamed
     # a small file's summary rows wait here and join its transaction's other summary rows at its end (one INSERT
-    # per table for all its files), where a large file's are staged in the database as they come
+    # per table for all its files), where a large file's are appended to the summary tables as they come
     held: list[tuple[str, pa.Table]] | None = [] if streamed is not None and not large else None
     counts = StepCounts()  # expert-load rows summed across batches where the file is in key order
 
     def summary_rows(out: list[tuple[str, pa.Table]]):
         if held is None:
-            yield from out
+            yield from ((table, with_file_id(data, fid)) for table, data in out)
         else:
             held.extend(out)
 
@@ -252,18 +252,18 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
                 if feeder is not None and batch.table == "tokens":
                     yield from summary_rows(feeder.feed(data, runs))
                 if experts is not None:
-                    # per-batch partial results go to the database, which spills: nothing here grows with the file
+                    # per-batch results go to the database, which spills: nothing here grows with the file
                     if not summarised:  # a sample's expert load comes in its summary file
                         part = counts.add(expert_load(data, experts.S, experts.T, experts.t_rows, runs),
                                           keys["routing"].ordered)
                         if part is not None:
-                            yield STAGED_LOAD, part
+                            yield "expert_load", with_file_id(part, fid)
                     if keys["routing"].ordered:
                         yield STAGED_TOKENS, routing_tokens(data)
                 yield batch.table, w.coded(batch.table, data, runs)
             last = counts.finish()
             if last is not None:
-                yield STAGED_LOAD, last
+                yield "expert_load", with_file_id(last, fid)
             if feeder is not None:
                 yield from summary_rows(feeder.finish())
         finally:
@@ -274,17 +274,17 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
     # a large file's pages reach the disk as they are written, not all at its COMMIT (writeback.py)
     with Writeback(tx.store.path) if large else contextlib.nullcontext():
         insert_items(w, prefetch(items) if large else items,
-                     (STAGED_LOAD, STAGED_TOKENS, *stream_summaries.STAGED.values()), rows, fid,
+                     ("expert_load", STAGED_TOKENS, *stream_summaries.TOKEN_TABLES), rows, fid,
                      _rows_reporter(unit, on_rows))
     others = _check_file(w, unit.name, fid, rows, keys)
-    if rows["routing"] and not summarised:
-        w.finish_expert_load(STAGED_LOAD, fid, summed=counts.merged)  # else the partial counts, summed there
+    if rows["routing"] and not summarised and not counts.merged:
+        w.regroup_expert_load(fid)  # a file out of order appended partial counts: one row per key now
     tokens_done = _streamed_summaries(tx, unit.name, fid, streamed, rows["tokens"], held)
     summaries.add_file(w, fid, summarised, unit.name, tokens_done=tokens_done,
                        routing_alone=bool(rows["routing"]) and not others["routing"],
                        has=(rows["tokens"] > 0, rows["routing"] > 0),
                        routing_tokens=STAGED_TOKENS if rows["routing"] and keys["routing"].ordered else None)
-    w.drop_staged(STAGED_LOAD, STAGED_TOKENS, *stream_summaries.STAGED.values())
+    w.drop_staged(STAGED_TOKENS)
     runs = sorted(set().union(*(k.runs for k in keys.values())))
     tx.ensure_runs(runs, config or unit.config)
     w.finish_file(fid, sum(rows.values()))
@@ -293,19 +293,19 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
 
 def _streamed_summaries(tx: Transaction, name: str, fid: int, streamed, n_tokens: int,
                         held: list[tuple[str, pa.Table]] | None) -> bool:
-    """Store the token summaries computed while the file streamed (staged in the database, or `held` rows that
-    go with the transaction's other summary rows); False where they were not (the caller then runs the SQL)."""
+    """Store the token summaries computed while the file streamed (already appended to the summary tables, or
+    `held` rows that go with the transaction's other summary rows); False where they were not (the caller then
+    runs the SQL, after the rows appended before the stream gave up are deleted)."""
     if streamed is None or not n_tokens:
         return False
     if not streamed.ok:
         log.info("%s: token summaries by SQL (%s)", name, streamed.why)
+        if held is None and streamed.emitted:
+            for table in stream_summaries.TOKEN_TABLES:
+                tx.w.execute(f"DELETE FROM {table} WHERE file_id = ?", [fid])
         return False
-    if held is None:
-        streamed.insert(tx.w, fid)
-    else:
-        for staged, data in held:
-            tx.append(stream_summaries.TABLE_OF[staged],
-                      data.append_column("file_id", pa.array(np.full(data.num_rows, fid, np.int32))))
+    for table, data in held or ():
+        tx.append(table, with_file_id(data, fid))
     log.info("%s: token summaries of %d steps computed while streaming", name, streamed.steps)
     return True
 
@@ -319,7 +319,7 @@ def _load_summary(tx: Transaction, unit: Unit, sha: str, size: int, run: str | N
     fid = tx.new_file(sha, unit.name, size, "summary", run)
     with open(unit.paths[0], "rb") as fp:
         for table, data in summary_files.read(fp, unit.name, limits, run):
-            tx.append(table, data.append_column("file_id", pa.array(np.full(data.num_rows, fid, np.int32))))
+            tx.append(table, with_file_id(data, fid))
             rows[table] = rows.get(table, 0) + data.num_rows
             runs.update(pc.unique(data.column("run")).to_pylist())
     tx.ensure_runs(sorted(runs), config or unit.config)
@@ -334,8 +334,13 @@ INSERT_ROWS = 4 * 122_880
 # Token summaries computed while the batches stream (analysis/summaries/stream.py); off: compute.py's SQL only.
 STREAM_SUMMARIES = True
 
-# Temporary tables of one load: per-batch expert-load counts and the tokens that key-ordered routing rows refer to.
-STAGED_LOAD, STAGED_TOKENS = "_staged_expert_load", "_staged_routing_tokens"
+# Temporary table of one load: the tokens that key-ordered routing rows refer to.
+STAGED_TOKENS = "_staged_routing_tokens"
+
+
+def with_file_id(data: pa.Table, fid: int) -> pa.Table:
+    """`data` with the file_id column of file `fid`."""
+    return data.append_column("file_id", pa.array(np.full(data.num_rows, fid, np.int32)))
 
 
 def whole_row_groups(items: Iterator[tuple[str, pa.Table]], size: int = INSERT_ROWS) -> Iterator[tuple[str, pa.Table]]:

@@ -3,9 +3,9 @@
 Measured on 40M token rows with a 500 MB DuckDB memory_limit (benchmarks/RESULTS-scale.md): inside one
 transaction, one INSERT per batch keeps every batch in memory until COMMIT (3.0 GB peak RSS), while one INSERT
 that streams all the batches from an Arrow reader stays flat (0.7 GB). So consecutive batches of one table
-become one streamed INSERT. Small side tables (per-batch expert-load counts, the tokens routing rows refer to)
-wait in a capped buffer and are staged between INSERTs: a new INSERT starts when the table or the columns change,
-or when the side buffer is full.
+become one streamed INSERT. Side rows (expert-load counts and token summaries, appended to their tables; the
+tokens routing rows refer to, staged in a temporary table) wait in a capped buffer and are written between
+INSERTs: a new INSERT starts when the table or the columns change, or when the side buffer is full.
 """
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from analysis.ingest.keys import in_key_runs
 SIDE_CAP_BYTES = 128 << 20
 
 
-def insert_items(w, items: Iterator[tuple[str, pa.Table]], staged: tuple[str, ...], rows: dict[str, int],
+def insert_items(w, items: Iterator[tuple[str, pa.Table]], side_tables: tuple[str, ...], rows: dict[str, int],
                  file_id: int, on_rows: Callable[[str, int], None] | None = None) -> None:
-    """Insert (table, data) items of file `file_id`: tables named in `staged` go to `w.stage`, the others to their
-    stored table.
+    """Insert (table, data) items of file `file_id`: tables named in `side_tables` are side rows (see `_put`), the
+    others go to their stored table in streamed INSERTs.
 
     `rows[table]` counts the rows inserted; `on_rows(table, n)` (optional) is told of each batch as DuckDB takes
     it. An error raised while producing items (a refused row, say) is raised here, after DuckDB stopped
@@ -39,8 +39,8 @@ def insert_items(w, items: Iterator[tuple[str, pa.Table]], staged: tuple[str, ..
         if item is None:
             break
         table, data = item
-        if table in staged:
-            w.stage(table, data)
+        if table in side_tables:
+            _put(w, table, data)
             continue
         error: list[BaseException] = []
 
@@ -50,7 +50,7 @@ def insert_items(w, items: Iterator[tuple[str, pa.Table]], staged: tuple[str, ..
                 item = (table, first)
                 while item is not None:
                     table2, data2 = item
-                    if table2 in staged:
+                    if table2 in side_tables:
                         side.append((table2, data2))
                         side_bytes += data2.nbytes
                         if side_bytes >= SIDE_CAP_BYTES:
@@ -79,14 +79,23 @@ def insert_items(w, items: Iterator[tuple[str, pa.Table]], staged: tuple[str, ..
 
 
 def _stage(w, side: list[tuple[str, pa.Table]]) -> None:
-    """Stage the side rows with one statement per table where their columns agree (a file's 400 steps made
+    """Write the side rows with one statement per table where their columns agree (a file's 400 steps made
     2,400 small INSERTs of summary rows, ~0.7 s of the main thread on 40M tokens)."""
     by_name: dict[str, list[pa.Table]] = {}
     for name, part in side:
         by_name.setdefault(name, []).append(part)
     for name, parts in by_name.items():
         if all(p.schema == parts[0].schema for p in parts):
-            w.stage(name, pa.concat_tables(parts))
+            _put(w, name, pa.concat_tables(parts))
         else:
             for part in parts:
-                w.stage(name, part)
+                _put(w, name, part)
+
+
+def _put(w, name: str, data: pa.Table) -> None:
+    """Side rows: into the temporary table `name` where it is a staging name (`_staged_...`, w.stage), else
+    appended to the stored table `name` (its rows carry their file_id), in the load's transaction."""
+    if name.startswith("_staged_"):
+        w.stage(name, data)
+    else:
+        w.insert_arrow(name, data)

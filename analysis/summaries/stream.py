@@ -4,10 +4,11 @@ Ingest hands every checked `tokens` batch to `StepSummaries.feed` (in its prefet
 on the main thread). The batches of a file in (run, step) order make one group of accumulators per (run, step):
 a step may span several batches, its sequences get a dense index as their samples first appear. When the
 (run, step) changes, the finished step becomes summary rows (`kernel.tables`), an Arrow table per summary
-table, which ingest stages in the database (a temporary table each); `insert` moves them into the summary
-tables with the file's id once the file is checked.
+table, which ingest appends to the summary tables with the file's id, in the file's transaction (a file that is
+then refused takes them with it in the rollback).
 
-A file this does not handle gives up (`ok` False) and ingest falls back to compute.py's SQL over the stored rows:
+A file this does not handle gives up (`ok` False) and ingest deletes the rows it appended (`emitted`) and falls
+back to compute.py's SQL over the stored rows:
 a (run, step) that comes back after another one started (a file not ordered by step), a step with more than
 `max_sequences` sequences (its accumulators take ~3 KB per sequence) or with lags over more than MAX_LAGS
 versions; and a file of many small steps (SMALL_STEPS), which the SQL summarises faster. The rows are the SQL's
@@ -38,10 +39,6 @@ MAX_LAGS = 4096  # lag buckets of one step (~0.5 MB each): versions that are not
 SMALL_STEPS, SMALL_STEP_TOKENS = 500, 2_000
 TOKEN_TABLES = ("summary_seq", "summary_seq_band", "summary_step", "summary_hist", "summary_bucket",
                 "summary_bucket_band")
-# the temporary table of each summary table's rows of a load (one per table: a union of their columns, mostly
-# NULL, took ~300 MB more of DuckDB's memory on 40M tokens)
-STAGED = {t: f"_staged_{t}" for t in TOKEN_TABLES}
-TABLE_OF = {staged: t for t, staged in STAGED.items()}
 
 
 class _Step:
@@ -179,7 +176,7 @@ class StepSummaries:
         self.tokens = 0  # tokens of those groups
         self._cur: _Step | None = None
         self._done: set[tuple[str, int]] = set()
-        self.staged: dict[str, list[str]] = {}  # staged tables that received rows: their columns
+        self.emitted = False  # whether rows were returned (and appended by the caller) before any give-up
         self._pending: list[tuple[str, int, dict]] = []  # finished steps' tables, not yet Arrow (PENDING_ROWS)
         self._pending_rows = 0
 
@@ -188,7 +185,7 @@ class StepSummaries:
         self._pending, self._pending_rows = [], 0
 
     def feed(self, data: pa.Table, runs: Runs | None = None) -> list[tuple[str, pa.Table]]:
-        """Add a tokens batch; (staged table, rows) of the steps it finished (without file_id). `runs`: run_codes
+        """Add a tokens batch; (summary table, rows) of the steps it finished (without file_id). `runs`: run_codes
         of its run column, when the caller has them.
         An unexpected error gives up (logged) rather than refuse the file: the SQL then summarises it."""
         if not self.ok or data.num_rows == 0:
@@ -246,7 +243,7 @@ class StepSummaries:
         return out
 
     def _step_done(self, step: _Step) -> list[tuple[str, pa.Table]]:
-        """Hold a finished step's rows; (staged table, rows) of the steps held so far once they are enough."""
+        """Hold a finished step's rows; (summary table, rows) of the steps held so far once they are enough."""
         self.steps += 1
         self.tokens += step.n_tokens
         if self.steps >= SMALL_STEPS and self.tokens < SMALL_STEP_TOKENS * self.steps:
@@ -259,15 +256,14 @@ class StepSummaries:
         return self._flush() if self._pending_rows >= PENDING_ROWS else []
 
     def _flush(self) -> list[tuple[str, pa.Table]]:
-        """(staged table, rows) of every step held, one Arrow table per summary table."""
+        """(summary table, rows) of every step held, one Arrow table per summary table."""
         out = []
         for name in TOKEN_TABLES:
             parts = [(run, step, tables[name]) for run, step, tables in self._pending if name in tables]
             if parts:
-                data = _arrow_rows(name, parts)
-                self.staged.setdefault(STAGED[name], data.column_names)
-                out.append((STAGED[name], data))
+                out.append((name, _arrow_rows(name, parts)))
         self._pending, self._pending_rows = [], 0
+        self.emitted = self.emitted or bool(out)
         return out
 
     def finish(self) -> list[tuple[str, pa.Table]]:
@@ -278,13 +274,6 @@ class StepSummaries:
         self._cur = None
         return out + self._flush()
 
-    def insert(self, w, file_id: int) -> None:
-        """Move the staged rows into the summary tables with `file_id`."""
-        for table in TOKEN_TABLES:
-            if STAGED[table] in self.staged:
-                cols = ", ".join(self.staged[STAGED[table]])
-                w.execute(f"INSERT INTO {table} ({cols}, file_id) SELECT {cols}, ? FROM {STAGED[table]}", [file_id])
-
 
 class InThread:
     """A StepSummaries fed from a thread of its own, up to `depth` batches behind the caller.
@@ -292,7 +281,7 @@ class InThread:
     In a large load the prefetch worker reads and checks batch i + 1 while DuckDB inserts batch i; with the
     summaries in that worker too, it was the slowest of the two (12 s of a 13.7 s load of 40M tokens: the
     kernel, which releases the GIL, plus the per-step numpy). Here they overlap with both. `feed` returns the
-    staged rows finished so far and waits only while `depth` batches are queued; `finish` waits for the rest;
+    summary rows finished so far and waits only while `depth` batches are queued; `finish` waits for the rest;
     `close` stops the thread (a load that failed part-way)."""
 
     def __init__(self, summaries: StepSummaries, depth: int = 2):
