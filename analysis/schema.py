@@ -132,6 +132,18 @@ def _stored_select(store: str, columns: Sequence[Column], have, coded) -> str:
     return f"SELECT {cols}, x.file_id FROM {store} x{join}"
 
 
+def by_run_id(table: str, columns: Sequence[str], coded) -> str | None:
+    """The rows of `table` (tokens or routing) from every stored table as (run_id, *columns, file_id), without the
+    view's join to run names: for SQL that matches rows by key or groups them. Joining a file's 500k routing
+    tokens with 40M token rows took 0.04 s this way against 0.14 s through the view, which makes a run name per
+    row. None where a stored table holds names (made before run codes): the caller then reads the view."""
+    stores = stored_tables(table)
+    if not all(s in coded for s in stores):
+        return None
+    cols = ", ".join(("run_id", *columns, "file_id"))
+    return " UNION ALL ".join(f"SELECT {cols} FROM {s}" for s in stores)
+
+
 def routing_view(coded=(ROUTING_STORE, ROUTING_PACKED_STORE, ROUTING_PACKED_LOOSE)) -> str:
     """The view `routing` over both stored routing tables; `coded`: those that hold run codes rather than names
     (tables made before the codes hold names)."""

@@ -563,6 +563,10 @@ class Writer:
             return row[:-1], f"is already loaded from {row[-1]}"
         return None
 
+    def by_run_id(self, table: str, columns: Sequence[str]) -> str | None:
+        """schema.by_run_id for this database's stored tables."""
+        return schema.by_run_id(table, columns, self._coded)
+
     def first_orphan_routing(self, file_id: int, token_keys=None) -> tuple | None:
         """A routing row of this file whose token is not in `tokens`.
 
@@ -575,9 +579,13 @@ class Writer:
             # most files have no orphan: counting the keys that have their token is a join with the staged keys
             # as its build side, ~10x faster than the anti join below (0.08 vs 0.85 s for 500k keys against 40M
             # tokens), which then only runs to name the first orphan
+            # matched by run code where every token table holds codes (see schema.by_run_id)
+            coded = self.by_run_id("tokens", ("step", "sample", "pos"))
+            keys = (f"(SELECT c.run_id AS run, k.step, k.sample, k.pos FROM {token_keys} k "
+                    f"JOIN {schema.RUN_IDS} c USING (run))" if coded else token_keys)
             everyone = self.cur.execute(
-                f"""SELECT (SELECT count(*) FROM {token_keys}) = (SELECT count(*) FROM {token_keys} r
-                   SEMI JOIN (SELECT run, step, sample, pos FROM tokens
+                f"""SELECT (SELECT count(*) FROM {token_keys}) = (SELECT count(*) FROM {keys} r
+                   SEMI JOIN (SELECT {'run_id AS run' if coded else 'run'}, step, sample, pos FROM {f'({coded})' if coded else 'tokens'}
                               WHERE step BETWEEN (SELECT min(step) FROM {token_keys})
                                              AND (SELECT max(step) FROM {token_keys})) t
                      ON t.run = r.run AND t.step = r.step AND t.sample = r.sample AND t.pos = r.pos)""").fetchall()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from analysis.schema import RUN_IDS
 from analysis.summaries import schema as S
 
 # -- per-token SQL -------------------------------------------------------------------------------------
@@ -256,15 +257,31 @@ def _add_routing(writer, file_id: int, staged_tokens: str | None = None) -> None
                  if staged_tokens else
                  """SELECT run, step, sample, pos, count_if(flip) AS n_fl, min(layer) FILTER (WHERE flip) AS first_flip
                     FROM routing WHERE file_id = $fid AND flip IS NOT NULL GROUP BY run, step, sample, pos""")
-    tokflip = f"""
-        WITH f AS ({per_token}),
-             tok AS (SELECT run, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t FROM tokens
-                     WHERE step BETWEEN (SELECT min(step) FROM f) AND (SELECT max(step) FROM f))
-        SELECT f.*, tok.s, tok.t FROM f JOIN tok USING (run, step, sample, pos)"""
+    # the token rows matched by run code where every token table holds codes (schema.by_run_id)
+    coded_tokens = writer.by_run_id("tokens", ("step", "sample", "pos", "sampler_logprob", "trainer_logprob"))
+    if coded_tokens:
+        tokflip = f"""
+            WITH f AS (SELECT p.*, c.run_id FROM ({per_token}) p JOIN {RUN_IDS} c USING (run)),
+                 tok AS (SELECT run_id, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t FROM ({coded_tokens})
+                         WHERE step BETWEEN (SELECT min(step) FROM f) AND (SELECT max(step) FROM f))
+            SELECT f.* EXCLUDE (run_id), tok.s, tok.t FROM f JOIN tok USING (run_id, step, sample, pos)"""
+    else:
+        tokflip = f"""
+            WITH f AS ({per_token}),
+                 tok AS (SELECT run, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t FROM tokens
+                         WHERE step BETWEEN (SELECT min(step) FROM f) AND (SELECT max(step) FROM f))
+            SELECT f.*, tok.s, tok.t FROM f JOIN tok USING (run, step, sample, pos)"""
     sql = f"""CREATE TEMP TABLE _summary_flip AS
         SELECT run, step, sample, pos, n_fl, first_flip, abs(d) AS abs_d, k3
         FROM ({token_terms_sql(tokflip)}) tt_"""
     writer.execute(sql, {k: v for k, v in params.items() if f"${k}" in sql})
+    counts = ("min(k) AS k, count(*) AS n_rows, count(flip) AS n_both, count_if(flip) AS n_flip, "
+              "count_if(top1_flip) AS n_top1, sum(n_common) AS sum_common")
+    coded_routing = writer.by_run_id("routing", ("step", "layer", "k", "flip", "top1_flip", "n_common"))
+    layer_counts = (f"""SELECT c.run, g.* EXCLUDE (run_id) FROM (
+                            SELECT run_id, step, layer, {counts} FROM ({coded_routing}) WHERE file_id = $fid
+                            GROUP BY run_id, step, layer) g JOIN {RUN_IDS} c USING (run_id)""" if coded_routing else
+                    f"SELECT run, step, layer, {counts} FROM routing WHERE file_id = $fid GROUP BY run, step, layer")
     try:
         writer.execute("""INSERT INTO summary_step (run, step, n_tokens, n_routed, n_any_flip, sum_flipped_layers,
                               sum_abs_d_flip, sum_k3_flip, sum_abs_d_noflip, sum_k3_noflip, file_id)
@@ -275,11 +292,9 @@ def _add_routing(writer, file_id: int, staged_tokens: str | None = None) -> None
         writer.execute("""INSERT INTO summary_seq (run, step, sample, n_tokens, n_flip_tokens, file_id)
             SELECT run, step, sample, 0, count_if(n_fl > 0), $fid FROM _summary_flip
             GROUP BY run, step, sample""", {"fid": file_id})
-        writer.execute("""INSERT INTO summary_layer (run, step, layer, k, n_rows, n_both, n_flip, n_top1, sum_common,
+        writer.execute(f"""INSERT INTO summary_layer (run, step, layer, k, n_rows, n_both, n_flip, n_top1, sum_common,
                               n_first_flip, file_id)
-            WITH c AS (SELECT run, step, layer, min(k) AS k, count(*) AS n_rows, count(flip) AS n_both,
-                              count_if(flip) AS n_flip, count_if(top1_flip) AS n_top1, sum(n_common) AS sum_common
-                       FROM routing WHERE file_id = $fid GROUP BY run, step, layer),
+            WITH c AS ({layer_counts}),
                  ff AS (SELECT run, step, first_flip AS layer, count(*) AS n_first_flip FROM _summary_flip
                         WHERE first_flip IS NOT NULL GROUP BY ALL)
             SELECT c.run, c.step, c.layer, c.k, c.n_rows, c.n_both, c.n_flip, c.n_top1, coalesce(c.sum_common, 0),
