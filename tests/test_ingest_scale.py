@@ -124,3 +124,33 @@ def test_terminal_progress_draws_on_a_tty_only(tmp_path):
         text = stream_.getvalue()
         assert ("[1/1] t.parquet" in text and "3.00k/3.00k" in text) is drawn
         assert (text == "") is not drawn
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_whole_row_groups_cuts_first_one_group_then_whole_inserts_and_keeps_every_row(seed):
+    """Items of two tables in random sizes, one change of columns: per table the rows come out in order and
+    unchanged; the first append of a table is `first` rows, the others `size` rows, except the last one of the
+    table and the one let go where the columns change."""
+    from analysis.ingest.load import whole_row_groups
+    rng = np.random.default_rng(seed)
+    first, size = 3, 12
+    items, sent = [], {"a": [], "b": []}
+    switch = int(rng.integers(5, 30))
+    for i in range(40):
+        table = "a" if rng.random() < 0.7 else "b"
+        n = int(rng.integers(1, 20))
+        lo = len(sent[table])
+        cols = {"v": pa.array(range(lo, lo + n), pa.int64())}
+        if table == "a" and i >= switch:  # the columns change once
+            cols["w"] = pa.array([0] * n, pa.int64())
+        items.append((table, pa.table(cols)))
+        sent[table] += list(range(lo, lo + n))
+    out = list(whole_row_groups(iter(items), size=size, first=first))
+    for table in ("a", "b"):
+        mine = [d for t, d in out if t == table]
+        assert [v for d in mine for v in d.column("v").to_pylist()] == sent[table]
+        lengths = [d.num_rows for d in mine]
+        assert lengths[0] == first or len(mine) == 1 or mine[0].schema != mine[1].schema
+        cut = next((i for i in range(1, len(mine)) if mine[i].schema != mine[i - 1].schema), None)
+        ends = {len(mine) - 1} | ({cut - 1} if cut is not None else set())
+        assert all(n == size for i, n in enumerate(lengths[1:], 1) if i not in ends), lengths

@@ -329,7 +329,8 @@ def _load_summary(tx: Transaction, unit: Unit, sha: str, size: int, run: str | N
 
 # DuckDB stores tables in row groups of 122,880 rows; appends in whole multiples of that fill row groups
 # completely and were measured ~25% cheaper than 500,000-row appends (benchmarks/RESULTS-ingest.md).
-INSERT_ROWS = 4 * 122_880
+ROW_GROUP = 122_880
+INSERT_ROWS = 4 * ROW_GROUP
 
 # Token summaries computed while the batches stream (analysis/summaries/stream.py); off: compute.py's SQL only.
 STREAM_SUMMARIES = True
@@ -343,25 +344,31 @@ def with_file_id(data: pa.Table, fid: int) -> pa.Table:
     return data.append_column("file_id", pa.array(np.full(data.num_rows, fid, np.int32)))
 
 
-def whole_row_groups(items: Iterator[tuple[str, pa.Table]], size: int = INSERT_ROWS) -> Iterator[tuple[str, pa.Table]]:
-    """Re-cut (table, rows) items into appends of exactly `size` rows per table (the remainder last). Batches of
-    one table whose columns differ (a routing batch whose ids pack into one integer beside one whose ids do not)
-    are never joined: the rows held of the earlier columns are let go first, a shorter append."""
+def whole_row_groups(items: Iterator[tuple[str, pa.Table]], size: int = INSERT_ROWS,
+                     first: int = ROW_GROUP) -> Iterator[tuple[str, pa.Table]]:
+    """Re-cut (table, rows) items into appends of exactly `size` rows per table (the remainder last), the first
+    of each table `first` rows: the database starts on a file after one batch has been read and checked, not
+    after four (the serial start of each large file, ~0.1 s). Batches of one table whose columns differ (a
+    routing batch whose ids pack into one integer beside one whose ids do not) are never joined: the rows held
+    of the earlier columns are let go first, a shorter append."""
     buffers: dict[str, list[pa.Table]] = {}
     counts: dict[str, int] = {}
+    started: set[str] = set()
     for table, data in items:
         buf = buffers.setdefault(table, [])
         if buf and data.schema != buf[0].schema:
             yield table, pa.concat_tables(buf)
+            started.add(table)
             buf.clear()
             counts[table] = 0
         buf.append(data)
         counts[table] = counts.get(table, 0) + data.num_rows
-        if counts[table] >= size:
-            whole = pa.concat_tables(buf)
-            n = (whole.num_rows // size) * size
-            for lo in range(0, n, size):
-                yield table, whole.slice(lo, size)
+        while counts[table] >= (want := size if table in started else first):
+            whole = pa.concat_tables(buffers[table])
+            n = (whole.num_rows // want) * want if table in started else want
+            for lo in range(0, n, want):
+                yield table, whole.slice(lo, want)
+            started.add(table)
             rest = whole.slice(n)
             buffers[table], counts[table] = ([rest] if rest.num_rows else []), rest.num_rows
     for table, buf in buffers.items():
