@@ -567,35 +567,42 @@ class Writer:
         """schema.by_run_id for this database's stored tables."""
         return schema.by_run_id(table, columns, self._coded)
 
-    def first_orphan_routing(self, file_id: int, token_keys=None) -> tuple | None:
+    def first_orphan_routing(self, file_id: int, token_keys: tuple[str, str] | None = None) -> tuple | None:
         """A routing row of this file whose token is not in `tokens`.
 
-        `token_keys`: optional name of a staged table (see `stage`) of the distinct (run, step, sample, pos) the
-        file's routing rows refer to; checking those instead of every (token, layer) row is `layers` times less
-        work."""
+        `token_keys`: optional (name of a staged table of the distinct (run, step, sample, pos) the file's routing
+        rows refer to, one row each with its flip counts (see `stage`, keys.TokenFlips); name of the staged table
+        to make of them joined with their token rows' log-probs s and t, which the flip summaries then read).
+        Checking those tokens instead of every (token, layer) row is `layers` times less work."""
         if token_keys is not None:
-            if token_keys not in self._staged:
+            staged, routed = token_keys
+            if staged not in self._staged:
                 return None
-            # most files have no orphan: counting the keys that have their token is a join with the staged keys
-            # as its build side, ~10x faster than the anti join below (0.08 vs 0.85 s for 500k keys against 40M
-            # tokens), which then only runs to name the first orphan
-            # matched by run code where every token table holds codes (see schema.by_run_id)
-            coded = self.by_run_id("tokens", ("step", "sample", "pos"))
-            keys = (f"(SELECT c.run_id AS run, k.step, k.sample, k.pos FROM {token_keys} k "
-                    f"JOIN {schema.RUN_IDS} c USING (run))" if coded else token_keys)
+            # most files have no orphan: the join of the staged tokens (its build side) with the token rows has
+            # as many rows as they are, ~10x faster than the anti join below (0.08 vs 0.85 s for 500k keys
+            # against 40M tokens), which then only runs to name the first orphan; matched by run code where
+            # every token table holds codes (see schema.by_run_id)
+            cols = ("step", "sample", "pos", "sampler_logprob", "trainer_logprob")
+            coded = self.by_run_id("tokens", cols)
+            keys = (f"(SELECT k.*, c.run_id FROM {staged} k JOIN {schema.RUN_IDS} c USING (run))" if coded
+                    else f"(SELECT *, run AS run_id FROM {staged})")
+            rows = f"({coded})" if coded else f"(SELECT run AS run_id, {', '.join(cols)}, file_id FROM tokens)"
+            self.cur.execute(f"""CREATE TEMP TABLE {routed} AS
+                SELECT k.run, k.step, k.sample, k.pos, k.n_both, k.n_fl, k.first_flip, t.sampler_logprob AS s,
+                       t.trainer_logprob AS t
+                FROM {keys} k JOIN (SELECT * FROM {rows} WHERE step BETWEEN (SELECT min(step) FROM {staged})
+                                                                       AND (SELECT max(step) FROM {staged})) t
+                  ON t.run_id = k.run_id AND t.step = k.step AND t.sample = k.sample AND t.pos = k.pos""")
+            self._staged.add(routed)
             everyone = self.cur.execute(
-                f"""SELECT (SELECT count(*) FROM {token_keys}) = (SELECT count(*) FROM {keys} r
-                   SEMI JOIN (SELECT {'run_id AS run' if coded else 'run'}, step, sample, pos FROM {f'({coded})' if coded else 'tokens'}
-                              WHERE step BETWEEN (SELECT min(step) FROM {token_keys})
-                                             AND (SELECT max(step) FROM {token_keys})) t
-                     ON t.run = r.run AND t.step = r.step AND t.sample = r.sample AND t.pos = r.pos)""").fetchall()
+                f"SELECT (SELECT count(*) FROM {staged}) = (SELECT count(*) FROM {routed})").fetchall()
             if everyone[0][0]:
                 return None
             row = self.cur.execute(
-                f"""SELECT r.run, r.step, r.sample, r.pos, NULL FROM {token_keys} r
+                f"""SELECT r.run, r.step, r.sample, r.pos, NULL FROM {staged} r
                    ANTI JOIN (SELECT run, step, sample, pos FROM tokens
-                              WHERE step BETWEEN (SELECT min(step) FROM {token_keys})
-                                             AND (SELECT max(step) FROM {token_keys})) t
+                              WHERE step BETWEEN (SELECT min(step) FROM {staged})
+                                             AND (SELECT max(step) FROM {staged})) t
                      ON t.run = r.run AND t.step = r.step AND t.sample = r.sample AND t.pos = r.pos
                    LIMIT 1""").fetchall()
             return row[0] if row else None

@@ -14,7 +14,7 @@ import pytest
 
 from analysis.ingest import ingest_paths, load
 from analysis.ingest.limits import Limits
-from analysis.store import Store
+from analysis.store import Store, Writer
 from test_ingest_roundtrip import make_logs
 
 FLIP_STEP = ("n_routed", "n_any_flip", "sum_flipped_layers", "sum_abs_d_flip", "sum_abs_d_noflip")
@@ -88,11 +88,11 @@ def test_streamed_flip_counts_equal_the_reference(tmp_path, batch_rows, monkeypa
     real = load.summaries.add_file
 
     def spy(*a, **k):
-        staged.append(k.get("routing_tokens"))
+        staged.append(k.get("routed_tokens"))
         return real(*a, **k)
     monkeypatch.setattr(load.summaries, "add_file", spy)
     store, tokens, rows = load_files(tmp_path, "s", batch_rows)
-    assert staged == [None, load.STAGED_TOKENS]  # the tokens file; the routing file from its staged rows
+    assert staged == [None, load.ROUTED_TOKENS]  # the tokens file; the routing file from its staged rows
     step, seq, first = stored(store)
     want_step, want_seq, want_first = reference(tokens, rows)
     assert 0 < sum(v[1] for v in want_step.values()) < sum(v[0] for v in want_step.values())  # some flips, not all
@@ -108,7 +108,7 @@ def test_streamed_flip_counts_equal_the_sql_over_stored_rows(tmp_path, monkeypat
     a, _, _ = load_files(tmp_path, "a", 7)
     staged = []
     real = load.summaries.add_file
-    monkeypatch.setattr(load.summaries, "add_file", lambda *a, **k: staged.append(k.get("routing_tokens"))
+    monkeypatch.setattr(load.summaries, "add_file", lambda *a, **k: staged.append(k.get("routed_tokens"))
                         or real(*a, **k))
     b, _, _ = load_files(tmp_path, "b", 7, shuffle=True)
     assert staged == [None, None]
@@ -117,3 +117,30 @@ def test_streamed_flip_counts_equal_the_sql_over_stored_rows(tmp_path, monkeypat
     for st in step_a:
         assert step_a[st][:3] == step_b[st][:3]
         assert all(math.isclose(x, y, rel_tol=1e-12) for x, y in zip(step_a[st][3:], step_b[st][3:]))
+
+
+@pytest.mark.parametrize("batch_rows", [1, 3, 7, 10_000])
+def test_staged_tokens_are_one_row_per_token_whatever_the_batches(tmp_path, batch_rows, monkeypatch):
+    """keys.TokenFlips: the staged rows hold each routed token once (its layers split over batches added up),
+    with the counts of the plain Python reference."""
+    seen = []
+    real = Writer.drop_staged
+
+    def spy(self, *names):
+        if load.STAGED_TOKENS in self._staged:
+            seen.extend(self.cur.execute(f"SELECT step, sample, pos, n_both, n_fl, first_flip "
+                                         f"FROM {load.STAGED_TOKENS}").fetchall())
+        return real(self, *names)
+    monkeypatch.setattr(Writer, "drop_staged", spy)
+    _, tokens, rows = load_files(tmp_path, "s", batch_rows)
+    want = {}
+    for r in rows:
+        n_both, n_fl, first = want.get((r["step"], r["sample"], r["pos"]), (0, 0, None))
+        if r["trainer_experts"] is not None:
+            n_both += 1
+            if set(r["trainer_experts"]) != set(r["sampler_experts"]):
+                n_fl += 1
+                first = r["layer"] if first is None else min(first, r["layer"])
+        want[r["step"], r["sample"], r["pos"]] = (n_both, n_fl, first)
+    assert len(seen) == len(want)  # one row per token
+    assert {(a, b, c): (d, e, f) for a, b, c, d, e, f in seen} == want

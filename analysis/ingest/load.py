@@ -25,7 +25,7 @@ from analysis.summaries import stream as stream_summaries
 from analysis.ingest.detect import detect
 from analysis.ingest.hashing import HashInThread, content_hash, take_ahead
 from analysis.ingest.errors import BadExperts, CorruptFile, DuplicateKey, IngestError, NotALogFile, OrphanRouting, TooLarge
-from analysis.ingest.keys import StepCounts, TableKeys, expert_load, routing_tokens
+from analysis.ingest.keys import StepCounts, TableKeys, TokenFlips, expert_load, routing_tokens
 from analysis.ingest.limits import Limits
 from analysis.ingest.progress import RowsCallback, expected_rows
 from analysis.ingest.stream import insert_items
@@ -234,6 +234,7 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
     # per table for all its files), where a large file's are appended to the summary tables as they come
     held: list[tuple[str, pa.Table]] | None = [] if streamed is not None and not large else None
     counts = StepCounts()  # expert-load rows summed across batches where the file is in key order
+    flips = TokenFlips()  # the tokens key-ordered routing rows refer to, one row each
 
     def summary_rows(out: list[tuple[str, pa.Table]]):
         if held is None:
@@ -259,11 +260,16 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
                         if part is not None:
                             yield "expert_load", with_file_id(part, fid)
                     if keys["routing"].ordered:
-                        yield STAGED_TOKENS, routing_tokens(data)
+                        part = flips.add(routing_tokens(data))
+                        if part is not None:
+                            yield STAGED_TOKENS, part
                 yield batch.table, w.coded(batch.table, data, runs)
             last = counts.finish()
             if last is not None:
                 yield "expert_load", with_file_id(last, fid)
+            last = flips.finish()
+            if last is not None and keys["routing"].ordered:
+                yield STAGED_TOKENS, last
             if feeder is not None:
                 yield from summary_rows(feeder.finish())
         finally:
@@ -283,8 +289,8 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
     summaries.add_file(w, fid, summarised, unit.name, tokens_done=tokens_done,
                        routing_alone=bool(rows["routing"]) and not others["routing"],
                        has=(rows["tokens"] > 0, rows["routing"] > 0),
-                       routing_tokens=STAGED_TOKENS if rows["routing"] and keys["routing"].ordered else None)
-    w.drop_staged(STAGED_TOKENS)
+                       routed_tokens=ROUTED_TOKENS if rows["routing"] and keys["routing"].ordered else None)
+    w.drop_staged(STAGED_TOKENS, ROUTED_TOKENS)
     runs = sorted(set().union(*(k.runs for k in keys.values())))
     tx.ensure_runs(runs, config or unit.config)
     w.finish_file(fid, sum(rows.values()))
@@ -335,8 +341,9 @@ INSERT_ROWS = 4 * ROW_GROUP
 # Token summaries computed while the batches stream (analysis/summaries/stream.py); off: compute.py's SQL only.
 STREAM_SUMMARIES = True
 
-# Temporary table of one load: the tokens that key-ordered routing rows refer to.
-STAGED_TOKENS = "_staged_routing_tokens"
+# Temporary tables of one load: the tokens that key-ordered routing rows refer to, with their flip counts, and
+# the same joined with their token rows' log-probs by the orphan check (Writer.first_orphan_routing).
+STAGED_TOKENS, ROUTED_TOKENS = "_staged_routing_tokens", "_staged_routed_tokens"
 
 
 def with_file_id(data: pa.Table, fid: int) -> pa.Table:
@@ -442,7 +449,7 @@ def _check_file(w, name: str, fid: int, rows: dict[str, int], keys: dict[str, Ta
                 raise DuplicateKey(name, f"{table} key ({key})", f"duplicate key: this key {dup[1]}",
                                    "each key may be loaded once; remove the repeated rows or use another run name")
     if rows["routing"]:
-        orphan = w.first_orphan_routing(fid, STAGED_TOKENS if keys["routing"].ordered else None)
+        orphan = w.first_orphan_routing(fid, (STAGED_TOKENS, ROUTED_TOKENS) if keys["routing"].ordered else None)
         if orphan:
             key = ", ".join(f"{c}={v!r}" for c, v in zip(("run", "step", "sample", "pos", "layer"), orphan)
                             if v is not None)

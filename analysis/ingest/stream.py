@@ -80,13 +80,15 @@ def insert_items(w, items: Iterator[tuple[str, pa.Table]], side_tables: tuple[st
 
 def _stage(w, side: list[tuple[str, pa.Table]]) -> None:
     """Write the side rows with one statement per table where their columns agree (a file's 400 steps made
-    2,400 small INSERTs of summary rows, ~0.7 s of the main thread on 40M tokens)."""
+    2,400 small INSERTs of summary rows, ~0.7 s of the main thread on 40M tokens), as one chunk each: DuckDB
+    took 0.15 s for the 819k expert-load rows of the 16M-row benchmark file in 262 Arrow chunks, 0.10 s
+    for the same rows made one chunk first."""
     by_name: dict[str, list[pa.Table]] = {}
     for name, part in side:
         by_name.setdefault(name, []).append(part)
     for name, parts in by_name.items():
         if all(p.schema == parts[0].schema for p in parts):
-            _put(w, name, pa.concat_tables(parts))
+            _put(w, name, pa.concat_tables(parts).combine_chunks())
         else:
             for part in parts:
                 _put(w, name, part)

@@ -148,7 +148,7 @@ def tokens_summarised(paths, fmt: str) -> bool:
 
 def add_file(writer, file_id: int, tokens_summarised: bool = False, name: str = "", tokens_done: bool = False,
              routing_alone: bool = False, has: tuple[bool, bool] | None = None,
-             routing_tokens: str | None = None) -> None:
+             routed_tokens: str | None = None) -> None:
     """Append the summaries of the rows file `file_id` brought (call once, after its rows are inserted and
     checked, inside the same transaction). tokens_summarised=True (see `tokens_summarised`): the file's token
     and routing rows are a sample whose summaries come in their own summary file; nothing is added but a
@@ -157,8 +157,9 @@ def add_file(writer, file_id: int, tokens_summarised: bool = False, name: str = 
     layers would span two files; routing_alone: the caller found no other file's routing rows of these runs in
     the file's step range, so that check has nothing to find (it scanned ~0.25 s per 16M routing rows);
     has: whether the file brought (token rows, routing rows), where the caller counted them (else looked up:
-    ~2.6 ms through the views, per file of a 2,000-file run); routing_tokens: the staged table of the file's
-    tokens with their flip counts, batch by batch (keys.routing_tokens), where ingest made one."""
+    ~2.6 ms through the views, per file of a 2,000-file run); routed_tokens: the staged table of the file's
+    routed tokens, one row each with its flip counts and log-probs (Writer.first_orphan_routing), where ingest
+    made one."""
     if tokens_summarised:
         writer.execute("INSERT INTO summary_skip (file_id) VALUES (?)", [file_id])
         return
@@ -171,7 +172,7 @@ def add_file(writer, file_id: int, tokens_summarised: bool = False, name: str = 
     if has[1]:
         if not routing_alone:
             _check_routing_whole(writer, file_id, name)
-        _add_routing(writer, file_id, routing_tokens)
+        _add_routing(writer, file_id, routed_tokens)
 
 
 _DIM_COLS = {"prob": "b_prob", "position": "b_position", "entropy": "b_entropy", "lag": "b_lag"}
@@ -247,19 +248,18 @@ def _check_routing_whole(writer, file_id: int, name: str) -> None:
                           "write all MoE layers of a token in one routing file")
 
 
-def _add_routing(writer, file_id: int, staged_tokens: str | None = None) -> None:
+def _add_routing(writer, file_id: int, routed_tokens: str | None = None) -> None:
     params = {"fid": file_id}
-    # one row per token with trainer routing, with its Δ terms from the stored token row; its flip counts from
-    # the rows staged while the file streamed (a token's parts added up: ~0.03 s for 500k tokens) where there
-    # are some, else grouped from its (token, layer) rows (~0.26 s per 16M rows)
-    per_token = (f"""SELECT run, step, sample, pos, sum(n_fl) AS n_fl, min(first_flip) AS first_flip
-                     FROM {staged_tokens} GROUP BY run, step, sample, pos HAVING sum(n_both) > 0"""
-                 if staged_tokens else
-                 """SELECT run, step, sample, pos, count_if(flip) AS n_fl, min(layer) FILTER (WHERE flip) AS first_flip
-                    FROM routing WHERE file_id = $fid AND flip IS NOT NULL GROUP BY run, step, sample, pos""")
-    # the token rows matched by run code where every token table holds codes (schema.by_run_id)
+    # one row per token with trainer routing, with its flip counts and the log-probs of its token row: read from
+    # the table the orphan check made of the tokens staged while the file streamed, where there is one (no GROUP
+    # BY or join here), else grouped from its (token, layer) rows (~0.26 s per 16M rows) and joined with the
+    # token rows, by run code where every token table holds codes (schema.by_run_id)
+    per_token = """SELECT run, step, sample, pos, count_if(flip) AS n_fl, min(layer) FILTER (WHERE flip) AS first_flip
+                   FROM routing WHERE file_id = $fid AND flip IS NOT NULL GROUP BY run, step, sample, pos"""
     coded_tokens = writer.by_run_id("tokens", ("step", "sample", "pos", "sampler_logprob", "trainer_logprob"))
-    if coded_tokens:
+    if routed_tokens:
+        tokflip = f"SELECT run, step, sample, pos, n_fl, first_flip, s, t FROM {routed_tokens} WHERE n_both > 0"
+    elif coded_tokens:
         tokflip = f"""
             WITH f AS (SELECT p.*, c.run_id FROM ({per_token}) p JOIN {RUN_IDS} c USING (run)),
                  tok AS (SELECT run_id, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t FROM ({coded_tokens})
