@@ -154,3 +154,37 @@ def test_whole_row_groups_cuts_first_one_group_then_whole_inserts_and_keeps_ever
         cut = next((i for i in range(1, len(mine)) if mine[i].schema != mine[i - 1].schema), None)
         ends = {len(mine) - 1} | ({cut - 1} if cut is not None else set())
         assert all(n == size for i, n in enumerate(lengths[1:], 1) if i not in ends), lengths
+
+
+@pytest.mark.parametrize("fault", ["value", "corrupt"])
+def test_a_large_file_refused_part_way_leaves_nothing_and_no_thread(tmp_path, monkeypatch, fault):
+    """A large file is read in a thread of its own ahead of its checks: a refusal in its last batches (a
+    log-prob above 0, or bytes the Parquet reader cannot decode, raised in that thread) still refuses the file
+    with its message, stores none of it, and stops every thread of the load."""
+    import threading
+    from analysis.ingest import load
+    monkeypatch.setattr(load, "ALONE_BYTES", 0)
+    n = 3000
+    t = pa.table({"run": ["r"] * n, "step": pa.array(np.arange(n) // 500, pa.int64()),
+                  "sample": pa.array((np.arange(n) // 50) % 10, pa.int64()), "pos": pa.array(np.arange(n) % 50, pa.int32()),
+                  "sampler_logprob": -np.linspace(0.1, 3, n), "trainer_logprob": -np.linspace(0.1, 3, n) - 0.01})
+    f = tmp_path / "t.parquet"
+    if fault == "value":
+        s = t.column("sampler_logprob").to_numpy().copy()
+        s[-5] = 0.5
+        t = t.set_column(t.column_names.index("sampler_logprob"), "sampler_logprob", pa.array(s))
+        pq.write_table(t, f, row_group_size=200)
+    else:
+        pq.write_table(t, f, row_group_size=200, compression="snappy")
+        meta = pq.ParquetFile(f).metadata
+        col = meta.row_group(meta.num_row_groups - 2).column(4)  # a late row group's sampler_logprob pages
+        data = bytearray(f.read_bytes())
+        start = col.data_page_offset
+        data[start + 20:start + 60] = b"\xff" * 40
+        f.write_bytes(bytes(data))
+    store = Store(tmp_path / "d.duckdb")
+    out = ingest_paths(store, [f], limits=Limits(batch_rows=100))
+    assert out[0].status == "refused", out[0].line()
+    assert ("must be <= 0" if fault == "value" else "cannot be read") in out[0].message
+    assert store.scalar("SELECT count(*) FROM tokens") == 0 and store.scalar("SELECT count(*) FROM files") == 0
+    assert not [th.name for th in threading.enumerate() if th.name.startswith("ingest-") and th.is_alive()]
