@@ -273,6 +273,25 @@ def test_hostile_strings_stored_literally(tmp_path):
 
 
 @pytest.mark.slow
+def test_cli_ingest_ends_without_teardown_yet_flushes_and_commits(tmp_path):
+    """`python -m analysis ingest` ends with os._exit once the database is closed (__main__._end): its outcome
+    lines are all printed, its exit code kept (1: a file refused), and the database holds the loaded file."""
+    good, bad = tmp_path / "good.csv", tmp_path / "bad.csv"
+    good.write_text("run,step,sample,pos,sampler_logprob,trainer_logprob\n"
+                    + "".join(f"r,{i // 4},0,{i % 4},-0.{i + 1},-0.{i + 2}\n" for i in range(8)))
+    bad.write_text("run,step,sample,pos,sampler_logprob,trainer_logprob\nr,9,0,0,0.5,-0.1\n")
+    db = tmp_path / "t.duckdb"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # output block-buffered, as usual
+    p = subprocess.run([sys.executable, "-m", "analysis", "ingest", str(good), str(bad), "--db", str(db)],
+                       cwd=ROOT, capture_output=True, text=True, env=env)
+    assert p.returncode == 1
+    assert p.stdout.startswith("loaded good.csv") and p.stderr.startswith("refused bad.csv")
+    store = Store(db, read_only=True)
+    assert store.scalar("SELECT count(*) FROM tokens") == 8 and store.run_names() == ["r"]
+    assert store.scalar("SELECT count(*) FROM summary_step WHERE n_tokens > 0") == 2
+
+
+@pytest.mark.slow
 def test_cli_refusal_exit_code_and_message(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("run,step,sample,pos,sampler_logprob,trainer_logprob\nr,0,0,0,0.5,-0.1\n")
