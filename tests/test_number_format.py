@@ -86,3 +86,14 @@ def test_r_histogram_log_axis_shows_fractions():
     assert axis.type == "log" and axis.tickmode == "array"
     assert list(axis.ticktext) == ["0.1", "0.2", "0.5", "1", "2", "5", "10"]
     assert list(axis.tickvals) == [0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0]
+
+
+def test_tiny_card_values_are_short_scientific_numbers():
+    """The demo's KL of 8.654e-04 was cut to "8.654e-…" on a card five to a row: 3 digits and a bare exponent, with
+    the value read back to 3 significant digits; larger values keep 4 significant digits."""
+    assert glossary.fmt_value("kl_k3", 8.6543e-5) == "8.65e-5"
+    assert glossary.fmt_value("kl_k3", -1.2349e-7) == "-1.23e-7"
+    assert glossary.fmt_value("kl_k3", 9.996e-4) == "1.00e-3"
+    for v in (8.6543e-5, 3.3e-12, 7.77e-4):
+        assert abs(float(glossary.fmt_value("kl_k3", v)) - v) <= 5e-3 * abs(v)
+    assert glossary.fmt_value("kl_k3", 0.07042) == "0.07042" and glossary.fmt_value("kl_k3", 0.0) == "0"

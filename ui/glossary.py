@@ -77,8 +77,9 @@ def fmt_value(metric: str, v) -> str:
     if metric in PERCENT_METRICS:
         from ui.number_format import fmt_share
         return fmt_share(v)
-    if v != 0 and abs(v) < 1e-3:
-        return f"{v:.3e}"
+    if v != 0 and abs(v) < 1e-3:  # 8.65e-4: 3 digits and a bare exponent fit a card five to a row ("8.654e-04"
+        mantissa, exponent = f"{v:.2e}".split("e")  # was cut to "8.654e-…" at 1280 px on the demo)
+        return f"{mantissa}e{int(exponent)}"
     return f"{v:.4g}"
 
 
