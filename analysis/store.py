@@ -567,6 +567,24 @@ class Writer:
         """schema.by_run_id for this database's stored tables."""
         return schema.by_run_id(table, columns, self._coded)
 
+    def with_token_logprobs(self, keys: str) -> str:
+        """SQL of the rows of `keys` (a table, or a subquery in parentheses, with run, step, sample and pos among
+        its columns) whose token row exists, with that row's log-probs as s and t. Matched by run code where every
+        token table holds codes (see schema.by_run_id), else through the view; only the token rows of the keys'
+        step range are read."""
+        cols = "step, sample, pos, sampler_logprob, trainer_logprob"
+        coded = self.by_run_id("tokens", cols.split(", "))
+        if coded:
+            k = f"SELECT k.*, c.run_id AS run_key FROM {keys} k JOIN {schema.RUN_IDS} c USING (run)"
+            rows = f"SELECT run_id AS run_key, {cols} FROM ({coded})"
+        else:
+            k = f"SELECT *, run AS run_key FROM {keys}"
+            rows = f"SELECT run AS run_key, {cols} FROM tokens"
+        return f"""WITH k AS ({k})
+            SELECT k.* EXCLUDE (run_key), r.sampler_logprob AS s, r.trainer_logprob AS t
+            FROM k JOIN ({rows}) r ON r.run_key = k.run_key AND r.step = k.step AND r.sample = k.sample AND r.pos = k.pos
+            WHERE r.step BETWEEN (SELECT min(step) FROM k) AND (SELECT max(step) FROM k)"""
+
     def first_orphan_routing(self, file_id: int, token_keys: tuple[str, str] | None = None) -> tuple | None:
         """A routing row of this file whose token is not in `tokens`.
 
@@ -580,19 +598,8 @@ class Writer:
                 return None
             # most files have no orphan: the join of the staged tokens (its build side) with the token rows has
             # as many rows as they are, ~10x faster than the anti join below (0.08 vs 0.85 s for 500k keys
-            # against 40M tokens), which then only runs to name the first orphan; matched by run code where
-            # every token table holds codes (see schema.by_run_id)
-            cols = ("step", "sample", "pos", "sampler_logprob", "trainer_logprob")
-            coded = self.by_run_id("tokens", cols)
-            keys = (f"(SELECT k.*, c.run_id FROM {staged} k JOIN {schema.RUN_IDS} c USING (run))" if coded
-                    else f"(SELECT *, run AS run_id FROM {staged})")
-            rows = f"({coded})" if coded else f"(SELECT run AS run_id, {', '.join(cols)}, file_id FROM tokens)"
-            self.cur.execute(f"""CREATE TEMP TABLE {routed} AS
-                SELECT k.run, k.step, k.sample, k.pos, k.n_both, k.n_fl, k.first_flip, t.sampler_logprob AS s,
-                       t.trainer_logprob AS t
-                FROM {keys} k JOIN (SELECT * FROM {rows} WHERE step BETWEEN (SELECT min(step) FROM {staged})
-                                                                       AND (SELECT max(step) FROM {staged})) t
-                  ON t.run_id = k.run_id AND t.step = k.step AND t.sample = k.sample AND t.pos = k.pos""")
+            # against 40M tokens), which then only runs to name the first orphan
+            self.cur.execute(f"CREATE TEMP TABLE {routed} AS {self.with_token_logprobs(staged)}")
             self._staged.add(routed)
             everyone = self.cur.execute(
                 f"SELECT (SELECT count(*) FROM {staged}) = (SELECT count(*) FROM {routed})").fetchall()

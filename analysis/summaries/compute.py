@@ -253,24 +253,13 @@ def _add_routing(writer, file_id: int, routed_tokens: str | None = None) -> None
     # one row per token with trainer routing, with its flip counts and the log-probs of its token row: read from
     # the table the orphan check made of the tokens staged while the file streamed, where there is one (no GROUP
     # BY or join here), else grouped from its (token, layer) rows (~0.26 s per 16M rows) and joined with the
-    # token rows, by run code where every token table holds codes (schema.by_run_id)
-    per_token = """SELECT run, step, sample, pos, count_if(flip) AS n_fl, min(layer) FILTER (WHERE flip) AS first_flip
-                   FROM routing WHERE file_id = $fid AND flip IS NOT NULL GROUP BY run, step, sample, pos"""
-    coded_tokens = writer.by_run_id("tokens", ("step", "sample", "pos", "sampler_logprob", "trainer_logprob"))
+    # token rows (Writer.with_token_logprobs)
     if routed_tokens:
         tokflip = f"SELECT run, step, sample, pos, n_fl, first_flip, s, t FROM {routed_tokens} WHERE n_both > 0"
-    elif coded_tokens:
-        tokflip = f"""
-            WITH f AS (SELECT p.*, c.run_id FROM ({per_token}) p JOIN {RUN_IDS} c USING (run)),
-                 tok AS (SELECT run_id, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t FROM ({coded_tokens})
-                         WHERE step BETWEEN (SELECT min(step) FROM f) AND (SELECT max(step) FROM f))
-            SELECT f.* EXCLUDE (run_id), tok.s, tok.t FROM f JOIN tok USING (run_id, step, sample, pos)"""
     else:
-        tokflip = f"""
-            WITH f AS ({per_token}),
-                 tok AS (SELECT run, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t FROM tokens
-                         WHERE step BETWEEN (SELECT min(step) FROM f) AND (SELECT max(step) FROM f))
-            SELECT f.*, tok.s, tok.t FROM f JOIN tok USING (run, step, sample, pos)"""
+        per_token = """SELECT run, step, sample, pos, count_if(flip) AS n_fl, min(layer) FILTER (WHERE flip) AS first_flip
+                       FROM routing WHERE file_id = $fid AND flip IS NOT NULL GROUP BY run, step, sample, pos"""
+        tokflip = writer.with_token_logprobs(f"({per_token})")
     sql = f"""CREATE TEMP TABLE _summary_flip AS
         SELECT run, step, sample, pos, n_fl, first_flip, abs(d) AS abs_d, k3
         FROM ({token_terms_sql(tokflip)}) tt_"""
