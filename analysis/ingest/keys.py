@@ -133,42 +133,62 @@ def routing_tokens(data: pa.Table) -> pa.Table:
     ).append_column("first_flip", pa.array(first, mask=first == none))
 
 
-class TokenFlips:
-    """`routing_tokens` of a key-ordered routing file's batches, one row per token over the whole file: each
-    batch's last token is held back and, where the next batch starts with the rest of its layers, their counts
-    are added, so the database needs no GROUP BY over the staged rows (0.09 s for the 16M-row benchmark file)."""
+class CarryLast:
+    """The rows of a file in key order, batch after batch, with each value of `key` in one batch's rows only: a
+    batch's rows of its last key are held back and, where the next batch starts with the same key, joined with
+    its rows of that key by `combine` (rows of one key -> their one group's rows). Used where a key's rows may
+    span two batches and the database should not have to group them again (TokenFlips, StepCounts)."""
 
-    KEY = ("run", "step", "sample", "pos")
-
-    def __init__(self):
-        self._held: pa.Table | None = None  # one row: the latest token, whose layers may go on in the next batch
+    def __init__(self, key: tuple[str, ...], combine):
+        self.key, self.combine = key, combine
+        self._held: pa.Table | None = None  # rows of the latest key, which the next batch may continue
 
     def add(self, part: pa.Table) -> pa.Table | None:
-        """The rows of the tokens finished by the next batch's `part` (None: none yet)."""
-        if not part.num_rows:
+        """The rows of the keys the next batch `part` finished (None: none yet)."""
+        n = part.num_rows
+        if not n:
             return None
-        held = self._held
-        if held is not None:
-            if all(held.column(c)[0].as_py() == part.column(c)[0].as_py() for c in self.KEY):
-                part = pa.concat_tables([_add_flips(held, part.slice(0, 1)), part.slice(1)])
-            else:
-                part = pa.concat_tables([held, part])
-        self._held = part.slice(part.num_rows - 1)
-        done = part.slice(0, part.num_rows - 1)
+        starts = np.flatnonzero(_changes([part.column(c).to_numpy() for c in self.key])) + 1
+        first_end, last_start = (int(starts[0]), int(starts[-1])) if len(starts) else (n, 0)
+        held, out, start = self._held, [], 0
+        if held is not None and all(held.column(c)[0].as_py() == part.column(c)[0].as_py() for c in self.key):
+            joined = self.combine(pa.concat_tables([held, part.slice(0, first_end)]))
+            if first_end == n:  # the batch continues the held key only
+                self._held = joined
+                return None
+            out.append(joined)
+            start = first_end
+        elif held is not None:
+            out.append(held)
+        out.append(part.slice(start, last_start - start))
+        self._held = part.slice(last_start)
+        done = pa.concat_tables(out)
         return done if done.num_rows else None
 
     def finish(self) -> pa.Table | None:
+        """The rows still held (the file's last key)."""
         held, self._held = self._held, None
         return held
 
 
-def _add_flips(a: pa.Table, b: pa.Table) -> pa.Table:
-    """One token's row from its rows `a` and `b` (one each) of two batches: counts added, the lower first flip."""
-    firsts = [f for f in (a.column("first_flip")[0].as_py(), b.column("first_flip")[0].as_py()) if f is not None]
-    return a.select(list(TokenFlips.KEY)).append_column(
-        "n_both", pa.array([a.column("n_both")[0].as_py() + b.column("n_both")[0].as_py()], pa.int64())
-    ).append_column("n_fl", pa.array([a.column("n_fl")[0].as_py() + b.column("n_fl")[0].as_py()], pa.int64())
-    ).append_column("first_flip", pa.array([min(firsts) if firsts else None], a.schema.field("first_flip").type))
+def _token_flips(rows: pa.Table) -> pa.Table:
+    """One token's rows of `routing_tokens` (its layers in two batches) as one row: counts added, the lowest
+    first flip."""
+    def one(value, type_) -> pa.Array:
+        return pa.array([value.as_py()], type_)
+    return rows.slice(0, 1).select(["run", "step", "sample", "pos"]).append_column(
+        "n_both", one(pc.sum(rows.column("n_both")), pa.int64())
+    ).append_column("n_fl", one(pc.sum(rows.column("n_fl")), pa.int64())
+    ).append_column("first_flip", one(pc.min(rows.column("first_flip")), rows.schema.field("first_flip").type))
+
+
+class TokenFlips(CarryLast):
+    """`routing_tokens` of a key-ordered routing file's batches (one run), one row per token over the whole file:
+    where a token's layers span two batches its two rows become one, so the database needs no GROUP BY over the
+    staged rows (0.09 s for the 16M-row benchmark file)."""
+
+    def __init__(self):
+        super().__init__(("step", "sample", "pos"), _token_flips)
 
 
 # Expert-load counts are a dense array over (run, step, layer) x expert id where that stays this small (32 MB a
@@ -247,52 +267,31 @@ def expert_load(data: pa.Table, S: np.ndarray, T: np.ndarray | None, t_rows: np.
 
 class StepCounts:
     """A routing file's expert-load rows (`expert_load` of each batch) with each (run, step, layer, expert) once,
-    where the file comes in key order: a batch's rows of its last step are held back and added to those of the
-    next batch that continues that step, so the rows are appended to `expert_load` as they are final, with no
-    GROUP BY in the database (staging the 1.07M partial rows of the 16M-row benchmark file and grouping them took
-    0.30 s where a plain append of the 819k summed ones takes 0.09 s). Once a batch is out of order (or a batch's
-    rows are not in step order), `merged` turns False and the rest pass through as partial counts, which
-    `Writer.regroup_expert_load` sums at the end of the file."""
+    where the file comes in key order (one run): a step's rows that span two batches are summed (CarryLast), so the
+    rows are appended to `expert_load` as they are final, with no GROUP BY in the database (staging the 1.07M
+    partial rows of the 16M-row benchmark file and grouping them took 0.30 s where a plain append of the 819k
+    summed ones takes 0.09 s). Once a batch is out of order (or a batch's rows are not in step order), `merged`
+    turns False and the rest pass through as partial counts, which `Writer.regroup_expert_load` sums at the end
+    of the file."""
 
     def __init__(self):
         self.merged = True
-        self._held: pa.Table | None = None  # rows of the latest step, which the next batch may continue
+        self._steps = CarryLast(("step",), _sum_counts)
 
     def add(self, part: pa.Table, ordered: bool) -> pa.Table | None:
         """The rows to stage now, given the next batch's partial counts `part` and whether the file's keys are
         still in order (TableKeys.ordered after that batch); None: nothing yet."""
         steps = part.column("step").to_numpy()
-        if self.merged and (not ordered or (len(steps) > 1 and (steps[1:] < steps[:-1]).any())):
+        if self.merged and (not ordered or (steps[1:] < steps[:-1]).any()):
             self.merged = False
-        if not self.merged:
-            held, self._held = self._held, None
-            return part if held is None else pa.concat_tables([held, part])
-        if not len(steps):
-            return None
-        first_end = int(np.searchsorted(steps, steps[0], "right"))
-        last_start = int(np.searchsorted(steps, steps[-1], "left"))
-        out = []
-        held = self._held
-        if held is not None and held.column("step")[0].as_py() == int(steps[0]):
-            merged = _sum_counts(pa.concat_tables([held, part.slice(0, first_end)]))
-            if first_end == len(steps):  # the batch continues the held step only
-                self._held = merged
-                return None
-            out.append(merged)
-            rest_from = first_end
-        else:
-            if held is not None:
-                out.append(held)
-            rest_from = 0
-        out.append(part.slice(rest_from, last_start - rest_from))
-        self._held = part.slice(last_start)
-        done = pa.concat_tables(out)
-        return done if done.num_rows else None
+        if self.merged:
+            return self._steps.add(part)
+        held = self._steps.finish()
+        return part if held is None else pa.concat_tables([held, part])
 
     def finish(self) -> pa.Table | None:
         """The rows still held (the file's last step)."""
-        held, self._held = self._held, None
-        return held
+        return self._steps.finish()
 
 
 def _sum_counts(rows: pa.Table) -> pa.Table:
