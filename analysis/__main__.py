@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         hash_ahead(args.paths)
     from analysis.store import Store, StoreError, default_db_path
     if args.command == "warm":  # no database either
-        from analysis.warm import warm
+        from analysis.ingest.warm import warm
         if os.environ.get("DRIFT_WARM_NICE") and hasattr(os, "nice"):  # the app's child gives way to its pages
             os.nice(int(os.environ["DRIFT_WARM_NICE"]))
         warm()
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "ingest":
             return _ingest(db, args)
         if args.command == "watch":
-            from analysis.watch import follow
+            from analysis.ingest.watch import follow
             return follow(db, args.paths, run=args.run, interval=args.interval, settle=args.settle)
         store = Store(db, read_only=True)
         if args.command == "runs":
@@ -110,7 +110,7 @@ def _ingest(db, args) -> int:
     from analysis.ingest.limits import INGEST_MEMORY_LIMIT
     from analysis.ingest.mapping import ingest_mapped, parse_map_args
     from analysis.ingest.progress import TerminalProgress
-    from analysis.store import Store
+    from analysis.ingest import open_store
     try:
         mapping = parse_map_args(args.map)
     except ValueError as e:
@@ -119,11 +119,11 @@ def _ingest(db, args) -> int:
     # An internal error is one "error" line; its traceback (logged by ingest) only with DRIFT_DEBUG=1.
     logging.basicConfig(level=logging.DEBUG if os.environ.get("DRIFT_DEBUG") else logging.CRITICAL,
                         format="%(levelname)s %(name)s: %(message)s")
-    store = Store(db, memory_limit=os.environ.get("DRIFT_MEMORY_LIMIT") or INGEST_MEMORY_LIMIT)
+    store = open_store(db, memory_limit=os.environ.get("DRIFT_MEMORY_LIMIT") or INGEST_MEMORY_LIMIT)
     gc.freeze()  # the imports' objects: the load's cycle collections no longer walk them (0.13 -> 0.07 s on 40M tokens)
     bar = TerminalProgress()
     if bar.enabled:
-        from analysis.warm import compiled
+        from analysis.ingest.warm import compiled
         if compiled() is False:
             print("compiling the ingest kernels for this install, once (~7 s; `python -m analysis warm` does it "
                   "ahead)", file=sys.stderr)
@@ -142,8 +142,8 @@ def _ingest(db, args) -> int:
     return 3 if errors else 1 if failed else 0
 
 
-def _metrics(store: Store, args) -> int:
-    from analysis import report
+def _metrics(store, args) -> int:
+    from analysis.metrics import report
     runs = args.run or store.run_names()
     missing = [r for r in runs if r not in store.run_names()]
     if missing:

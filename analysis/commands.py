@@ -44,14 +44,14 @@ def run(store: Store, args) -> int:
 
 
 def _corrections(store: Store, runs: list[str], args) -> int:
-    from analysis.corrections import corrections, parse_param_args
+    from analysis.metrics.corrections import corrections, parse_param_args
     df = corrections(store, runs, args.method, parse_param_args(args.param), by=args.by)
     sys.stdout.write(df.write_csv() if args.format == "csv" else df.write_json() + "\n")
     return 0
 
 
 def _findings(store: Store, runs: list[str], args) -> int:
-    from analysis.findings import findings_many
+    from analysis.findings.ranking import findings_many
     found = findings_many(store, runs, steps=parse_steps(args.steps))
     out = {run: [f.as_dict() for f in items] for run, items in found.items()}
     if args.format == "json":

@@ -1,6 +1,6 @@
 """Run names that can be folder names: the one pattern the logger, the lake writer and the app's run namer share.
 
-Torch-free on purpose: the app imports it at start-up (analysis/dashboard.py), where the logger's torch must not load.
+Torch-free on purpose: the app imports it at start-up (analysis/metrics/dashboard.py), where the logger's torch must not load.
 """
 from __future__ import annotations
 

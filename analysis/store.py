@@ -15,8 +15,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from analysis import schema
-from analysis.summaries import migrate
+from analysis import key_runs, migrations, schema
 from analysis.summaries import schema as summary_schema
 
 if TYPE_CHECKING:  # DuckDB's .pl() imports polars where a result is read: a load never needs its ~0.2 s import
@@ -69,14 +68,6 @@ def _columns_ddl(table: str, stored: str) -> str:
                      for c in schema.stored_columns(table, stored in schema.NARROW_STORES))
 
 
-def _register_runs(con: duckdb.DuckDBPyConnection, table: str) -> None:
-    """Give every run name in `table` that run_ids lacks the next free code."""
-    con.execute(f"""INSERT INTO {schema.RUN_IDS}
-        SELECT (SELECT coalesce(max(run_id), -1) FROM {schema.RUN_IDS}) + row_number() OVER (ORDER BY run), run
-        FROM (SELECT DISTINCT run FROM {table}) n
-        WHERE NOT EXISTS (SELECT 1 FROM {schema.RUN_IDS} r WHERE r.run = n.run)""")
-
-
 def coded_tables(con: duckdb.DuckDBPyConnection) -> set[str]:
     """The stored token / routing tables of this database that hold run codes (run_id); tables made before the
     codes hold names and are read and written as they are (see schema.RUN_IDS)."""
@@ -90,31 +81,6 @@ def _views(con: duckdb.DuckDBPyConnection) -> None:
     coded = coded_tables(con)
     con.execute(schema.tokens_view(coded))
     con.execute(schema.routing_view(coded))
-
-
-def _split_tokens(con: duckdb.DuckDBPyConnection) -> None:
-    """A database written before the token rows were split (`tokens` a plain table of every column): that
-    table becomes `token_rows_full`, and the DDL then adds the narrow table and the view."""
-    old = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND NOT temporary "
-                      "AND schema_name = 'main'", [schema.TOKENS_VIEW_NAME]).fetchall()
-    if old[0][0]:
-        con.execute(f"ALTER TABLE {schema.TOKENS_VIEW_NAME} RENAME TO {schema.TOKEN_STORE_FULL}")
-
-
-def _compact_routing(con: duckdb.DuckDBPyConnection) -> None:
-    """Move a database written before `routing_rows` existed (routing as a plain table) to the compact form (the
-    DDL has just made `routing_rows`, with run codes)."""
-    old = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'routing' AND NOT temporary").fetchall()
-    if old[0][0]:
-        con.execute("BEGIN TRANSACTION")
-        _register_runs(con, "routing")
-        con.execute(f"""INSERT INTO {schema.ROUTING_STORE} BY NAME
-            SELECT r.run_id, x.* EXCLUDE (run) REPLACE (
-                       CASE WHEN x.trainer_experts = x.sampler_experts THEN NULL ELSE x.trainer_experts END
-                       AS trainer_experts)
-            FROM routing x JOIN {schema.RUN_IDS} r ON x.run = r.run""")
-        con.execute("DROP TABLE routing")
-        con.execute("COMMIT")
 
 
 class Store:
@@ -155,16 +121,13 @@ class Store:
         self._closing = False
         if not read_only:
             with self.write_lock:
-                _split_tokens(self._con)
+                migrations.split_tokens(self._con)
                 for stmt in _ddl():
                     self._con.execute(stmt)
-                _compact_routing(self._con)
+                migrations.compact_routing(self._con)
                 _views(self._con)
-                migrate.to_layout2(self._con)  # summaries of layout 1 (band key in the wide rows)
-            # a database loaded before summaries existed gets them once, here (later loads add their own)
-            from analysis.summaries.compute import backfill
-            backfill(self)
-        elif migrate.is_layout1(self._con):
+                migrations.to_layout2(self._con)  # summaries of layout 1 (band key in the wide rows)
+        elif migrations.is_layout1(self._con):
             self._con.close()
             raise StoreError(f"database {self.path} holds summaries of an older layout (layout 1) that this version "
                              "converts when it opens the database for writing: open it once in the app with "
@@ -423,13 +386,12 @@ class Writer:
     def coded(self, table: str, data, runs=None):
         """`data` (a pyarrow Table of `table`) with run codes in place of run names where its stored table holds
         codes (see coded_tables). `runs`: (names as a pyarrow Array, each row's index into them) of its run
-        column, when the caller has them already (analysis.ingest.keys.run_codes)."""
+        column, when the caller has them already (key_runs.run_codes)."""
         if table not in schema.TABLES or "run" not in data.column_names \
                 or schema.stored_table(table, data.column_names) not in self._coded:
             return data
         if runs is None:
-            from analysis.ingest.keys import run_codes  # here: analysis.ingest imports this module
-            runs = run_codes(data.column("run"))
+            runs = key_runs.run_codes(data.column("run"))
         names, index = runs
         ids = np.array([self.run_id(name) for name in names.to_pylist()], np.int32)
         col = np.full(data.num_rows, ids[0], np.int32) if len(ids) == 1 else ids[index]
@@ -458,8 +420,7 @@ class Writer:
         data = self.coded(table, data)
         self._flush_run_ids()
         cols = ", ".join(data.column_names)
-        from analysis.ingest.keys import in_key_runs  # here: analysis.ingest imports this module
-        target = self._target(table, data.column_names, in_key_runs(table, data))
+        target = self._target(table, data.column_names, key_runs.in_key_runs(table, data))
         self.cur.register("_ingest_batch", data)
         try:
             self.cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM _ingest_batch")

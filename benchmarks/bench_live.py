@@ -3,7 +3,7 @@
     python benchmarks/bench_live.py [--tokens 1000000] [--files 2000] [--seconds 6]
 
 On a database of --tokens tokens (built in benchmarks/work/, git-ignored):
-  (a) poll cost: analysis.watch.scan over --files files, against a bare os.listdir of the same folder;
+  (a) poll cost: analysis.ingest.watch.scan over --files files, against a bare os.listdir of the same folder;
   (b) the CLI watcher holding the database while another process opens it read-only (what an app reading a
       database that `python -m analysis watch` fills would do): how many opens fail;
   (c) both sides short-lived (the watcher opens the database for each file and closes it, the reader opens
@@ -34,11 +34,11 @@ sys.path.insert(0, str(ROOT))
 import duckdb  # noqa: E402
 import numpy as np  # noqa: E402
 
-from analysis.ingest import ingest_paths  # noqa: E402
-from analysis.logger import DriftLogger  # noqa: E402
 from analysis import schema  # noqa: E402
+from analysis.ingest import ingest_paths  # noqa: E402
+from analysis.ingest.watch import scan  # noqa: E402
+from analysis.record.logger import DriftLogger  # noqa: E402
 from analysis.store import Store  # noqa: E402
-from analysis.watch import scan  # noqa: E402
 
 WORK = ROOT / "benchmarks" / "work"
 RESULTS = ROOT / "benchmarks" / "RESULTS-live.md"

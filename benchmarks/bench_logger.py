@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from analysis.logger import DriftLogger  # noqa: E402
+from analysis.record.logger import DriftLogger  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS-logger.md"
 BASELINE_COMMIT = "b7f1e2a"  # main before this change: DriftLogger writes all token rows, no summaries
@@ -62,14 +62,14 @@ def module_at(commit: str, path: str, name: str):
 
 def baseline_logger():
     """DriftLogger as it was at BASELINE_COMMIT."""
-    return module_at(BASELINE_COMMIT, "analysis/logger.py", "baseline_logger").DriftLogger
+    return module_at(BASELINE_COMMIT, "analysis/record/logger.py", "baseline_logger").DriftLogger
 
 
 def time_summarise(repeat: int, steps: int, data: dict) -> dict[str, tuple[float, float]]:
     """Best (wall, CPU) seconds of `steps` calls of each summary engine on one checked step, alternating:
     the torch ops (the path of non-CPU devices) and the one-pass numba kernel (the CPU path)."""
-    from analysis import logger_summaries
-    from analysis.token_sample import Kept
+    from analysis.record import summaries as logger_summaries
+    from analysis.record.token_sample import Kept
     logger = DriftLogger(tempfile.mkdtemp(), "bench", token_sample=0.0)
     x = logger._checked(0, **{"sampler_experts": None, "trainer_experts": None, "sample_ids": None} | data)
     kept = Kept(int(x.mask.sum()), 0, 0, 0, 0)
@@ -90,7 +90,7 @@ def time_summarise(repeat: int, steps: int, data: dict) -> dict[str, tuple[float
 
 def torch_engine_logger(out: Path, rate: float) -> DriftLogger:
     """A DriftLogger whose summaries take the torch ops on the CPU (the path before the kernel)."""
-    from analysis import logger as logger_module
+    from analysis.record import logger as logger_module
     logger = DriftLogger(out, "bench", token_sample=rate)
     summarise = logger_module.summarise
 

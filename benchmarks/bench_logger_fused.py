@@ -1,5 +1,5 @@
 """What bounds DriftLogger's summaries on CPU: the same per-token terms and per-sequence reductions, eager
-(analysis/logger_summaries.py, one memory pass per torch op) against one fused kernel (torch.compile, inductor's
+(analysis/record/summaries.py, one memory pass per torch op) against one fused kernel (torch.compile, inductor's
 C++ backend, which needs a C++ compiler at run time).
 
     python benchmarks/bench_logger_fused.py [--rows 262] [--threads 1] [--no-write]
@@ -23,11 +23,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-
-from analysis import logger_summaries as L  # noqa: E402
-from analysis.summaries import schema as S  # noqa: E402
 from bench_logger import record  # noqa: E402  (benchmarks/ is the script's folder)
 
+from analysis.record import summaries as L  # noqa: E402
+from analysis.summaries import schema as S  # noqa: E402
 
 
 def fused(s: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

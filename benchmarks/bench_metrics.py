@@ -25,8 +25,10 @@ sys.path.insert(0, str(ROOT))
 import duckdb  # noqa: E402
 import polars as pl  # noqa: E402
 
-from analysis import metrics, routing, schema  # noqa: E402
-from analysis.summaries import compute  # noqa: E402
+from analysis import schema  # noqa: E402
+from analysis.ingest import summarise as compute  # noqa: E402
+from analysis.metrics import routing
+from analysis.metrics import token as metrics
 from analysis.store import Store  # noqa: E402
 
 WORK = ROOT / "benchmarks" / "work"

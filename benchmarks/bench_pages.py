@@ -145,7 +145,7 @@ def measure(db: Path, rounds: int, env: dict, think: float = 0.0) -> dict:
 def profile(db: Path) -> list[tuple[str, float]]:
     """Seconds of each analysis call behind the pages' default views (what a cold page waits for), run
     directly on the database (no app, no cache)."""
-    from analysis import dashboard
+    from analysis.metrics import dashboard
     from analysis.store import Store
     from ui.prefetch import DERIVED, default_calls
     from ui.state import Selection

@@ -122,7 +122,7 @@ from analysis.ingest.keys import TableKeys, expert_load, routing_tokens
 from analysis.ingest.limits import Limits
 from analysis.ingest.hashing import content_hash
 from analysis.ingest.validate import normalise
-from analysis.summaries import stream
+from analysis.ingest import summary_stream as stream
 from pathlib import Path
 cpu = {"imports": time.process_time() - t_start}
 def timed(name, fn, *args):

@@ -11,7 +11,7 @@ Times, best of N, in the same run: the CLI as a whole process (`metrics --by ste
 `corrections --method icepop --by run`), the same tables in process from summaries (report.metrics_table) and
 from token rows (metrics.token_metrics, the pre-summaries path), the correction simulator's default query
 (corrections.compare_methods of icepop, geo_rs and seq_rs) from the per-sequence summaries and from every token
-row, plus the process start-up alone (`python -c "import analysis.report"`).
+row, plus the process start-up alone (`python -c "import analysis.metrics.report"`).
 Results are appended to benchmarks/RESULTS-summaries.md.
 """
 from __future__ import annotations
@@ -28,9 +28,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from analysis import corrections, metrics, report, schema  # noqa: E402
+from analysis import schema  # noqa: E402
+from analysis.ingest import summarise as compute  # noqa: E402
+from analysis.metrics import corrections, report
+from analysis.metrics import token as metrics
 from analysis.store import Store  # noqa: E402
-from analysis.summaries import compute  # noqa: E402
 
 WORK = ROOT / "benchmarks" / "work"
 DB = WORK / "bench_summaries.duckdb"
@@ -149,7 +151,7 @@ def main() -> None:
         rows = {t: s.scalar(f"SELECT count(*) FROM {t}") for t in
                 SUMMARY_TABLES}
     res = {}
-    res["startup"] = best(lambda: subprocess.run([sys.executable, "-c", "import analysis.report"], check=True),
+    res["startup"] = best(lambda: subprocess.run([sys.executable, "-c", "import analysis.metrics.report"], check=True),
                           args.repeat)
     for by in ("step", "run"):
         res[f"cli_{by}"] = best(lambda: cli("metrics", "--db", str(DB), "--by", by), args.repeat)
@@ -180,7 +182,7 @@ def main() -> None:
         f"| `python -m analysis metrics --by step` (whole process) | {res['cli_step']:.3f} s | | |",
         f"| `python -m analysis metrics --by run` (whole process) | {res['cli_run']:.3f} s | | |",
         f"| `python -m analysis corrections --method icepop --by run` (whole process) | {res['cli_corr']:.3f} s | | |",
-        f"| start-up alone (`python -c 'import analysis.report'`) | {res['startup']:.3f} s | | |",
+        f"| start-up alone (`python -c 'import analysis.metrics.report'`) | {res['startup']:.3f} s | | |",
     ]
     if built:
         lines.append(f"\nBuild: token rows {built['tokens_s']:.1f} s, routing rows {built['routing_s']:.1f} s; "

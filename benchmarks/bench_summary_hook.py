@@ -1,4 +1,4 @@
-"""The ingest summaries hook alone (analysis.summaries.compute: _add_tokens and _add_routing), CPU seconds, this
+"""The ingest summaries hook alone (analysis.ingest.summarise: _add_tokens and _add_routing), CPU seconds, this
 checkout against another (`--code`), side by side on the same inputs.
 
     python benchmarks/bench_summary_hook.py --code /work/main [--tokens 4000000] [--steps 40]
@@ -27,7 +27,7 @@ code, db, repeat, files = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4
 sys.path.insert(0, code)
 from analysis.ingest import ingest_paths
 from analysis.store import Store
-from analysis.summaries import compute
+from analysis.ingest import summarise as compute
 from analysis.summaries import schema as S
 
 def cpu():
@@ -70,6 +70,7 @@ def side(code: Path, files: list[Path], repeat: int, name: str) -> list[dict]:
 
 def main() -> None:
     import os
+
     from bench_scale import make_inputs
     ap = argparse.ArgumentParser()
     ap.add_argument("--code", type=Path, required=True, help="the other checkout (e.g. main)")

@@ -29,15 +29,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
-
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-
-from analysis.logger import DriftLogger  # noqa: E402
-from analysis.logger import _write as write_parquet  # noqa: E402  (the logger's encoding)
-from analysis.token_sample import WORST_SEQUENCES  # noqa: E402  (the product default)
+import torch  # noqa: E402
 from bench_logger import record  # noqa: E402  (benchmarks/ is the script's folder)
+
+from analysis.record.logger import DriftLogger  # noqa: E402
+from analysis.record.logger import _write as write_parquet  # noqa: E402  (the logger's encoding)
+from analysis.record.token_sample import WORST_SEQUENCES  # noqa: E402  (the product default)
 
 WORK = ROOT / "benchmarks" / "work" / "sim1b"
 RUN = "sim-1b"
@@ -152,8 +151,8 @@ def ingest_and_check(args) -> tuple[float, int, float]:
     subprocess.run([sys.executable, "-m", "analysis", "ingest", str(WORK / RUN), "--db", str(db)], check=True,
                    cwd=ROOT, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
+    from analysis.metrics import read
     from analysis.store import Store
-    from analysis.summaries import read
     known = json.loads((WORK / "truth.json").read_text())
     store = Store(db, read_only=True)
     t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """Compare: what differs between runs (configs), how much the mismatch changes, and the overlaid distributions."""
 import streamlit as st
 
-from analysis import compare, dashboard, distributions, routing
+from analysis.metrics import compare, dashboard, distributions, routing
 from ui import auth, charts, glossary, plot, routing_charts
 from ui import state as S
 

@@ -5,7 +5,7 @@ import threading
 import streamlit as st
 from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
 
-from analysis import dashboard, report
+from analysis.metrics import dashboard, report
 from analysis.store import Store
 from ui import access, auth, mapping_form
 from ui import state as S

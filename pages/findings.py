@@ -2,10 +2,12 @@
 step ranges (waterfall), what each off-policy correction would mask (simulator), and the published gates."""
 import streamlit as st
 
-from analysis import corrections, dashboard, decomposition, drilldown, findings, gates, sampled
+from analysis.findings import decomposition, gates
+from analysis.findings import ranking as findings
+from analysis.metrics import corrections, dashboard, drilldown, sampled
 from ui import auth, findings_charts, nav, plot
-from ui.auth import md_escape
 from ui import state as S
+from ui.auth import md_escape
 
 auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from analysis import dashboard
+from analysis.metrics import dashboard
 from ui import access, auth, nav
 from ui import state as S
 

@@ -1,7 +1,7 @@
 """Overview: headline mismatch numbers per run, per-step curves, and the runs' configs."""
 import streamlit as st
 
-from analysis import compare, context, dashboard
+from analysis.metrics import compare, context, dashboard
 from ui import auth, charts, context_charts, glossary, plot
 from ui import state as S
 

@@ -1,7 +1,7 @@
 """Routing: where the sampler's and the trainer's MoE routers pick different experts, and what that costs."""
 import streamlit as st
 
-from analysis import dashboard, drilldown, routing
+from analysis.metrics import dashboard, drilldown, routing
 from ui import auth, charts, glossary, plot, routing_charts
 from ui import state as S
 

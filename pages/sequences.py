@@ -3,7 +3,7 @@ and its routing flips. Run, step and sample are in the URL (`?seq_run=…&seq_st
 the same sequence."""
 import streamlit as st
 
-from analysis import dashboard, drilldown, sampled
+from analysis.metrics import dashboard, drilldown, sampled
 from ui import auth, charts, plot, routing_charts, sequence_view
 from ui import state as S
 

@@ -2,7 +2,7 @@
 where the mismatch lives (probability, position, length, entropy, staleness) and the extreme-token curve."""
 import streamlit as st
 
-from analysis import buckets, distributions, sampled
+from analysis.metrics import buckets, distributions, sampled
 from ui import auth, charts, glossary, plot
 from ui import state as S
 

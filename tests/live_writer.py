@@ -45,7 +45,7 @@ def write_slowly(path: Path, pause: float = 0.4, piece: int = 150) -> None:
 
 
 def main(argv: list[str]) -> None:
-    from analysis.logger import DriftLogger
+    from analysis.record.logger import DriftLogger
     out, steps, period = Path(argv[0]), int(argv[1]), float(argv[2])
     extras = "--extras" in argv
     log = DriftLogger(out, run=RUN, config={"writer": "live_writer"})

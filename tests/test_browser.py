@@ -13,13 +13,12 @@ import pytest
 
 import browser_util as bu
 
-
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHROMIUM} is not installed")]
 
 
 def _demo_available() -> bool:
-    from analysis.demo import DEMO_DIR
+    from analysis.ingest.demo import DEMO_DIR
     return DEMO_DIR.is_dir() and any(p.is_dir() for p in DEMO_DIR.iterdir())
 
 

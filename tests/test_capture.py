@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from analysis.capture import RouterCapture, gather_positions, response_experts
+from analysis.record.capture import RouterCapture, gather_positions, response_experts
 
 pytestmark = pytest.mark.slow  # forward passes of small torch MoE models
 
@@ -175,9 +175,9 @@ def test_bf16_sampler_vs_fp32_trainer_gives_flips_end_to_end(tmp_path):
 
     out = tmp_path / "logs"
     try:
-        from analysis.logger import DriftLogger
+        from analysis.record.logger import DriftLogger
     except ImportError:  # pragma: no cover - the logger ships with the project
-        pytest.skip("analysis.logger.DriftLogger not available")
+        pytest.skip("analysis.record.logger.DriftLogger not available")
     DriftLogger(out, "tiny-mixtral", config={"sampler_dtype": "bf16", "trainer_dtype": "fp32"}).log_step(
         0, s_lp, t_lp, mask, token_ids=ids[:, P:], sampler_experts=s_ex, trainer_experts=t_ex)
     store = Store(tmp_path / "db.duckdb")
@@ -188,7 +188,7 @@ def test_bf16_sampler_vs_fp32_trainer_gives_flips_end_to_end(tmp_path):
     assert store.scalar("SELECT count(*) FROM routing WHERE flip IS NOT NULL") == n_tokens * 2
     assert store.scalar("SELECT count_if(flip) FROM routing") == int(flips.sum()) > 0
     try:
-        from analysis.routing import routing_metrics
+        from analysis.metrics.routing import routing_metrics
     except ImportError:  # pragma: no cover
         return
     per_layer = routing_metrics(store, ["tiny-mixtral"], by="layer")

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis import report
+from analysis.metrics import report
+
 from conftest import metrics_load, metrics_make_routing, metrics_make_tokens
 
 ROOT = Path(__file__).resolve().parent.parent

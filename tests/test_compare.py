@@ -4,9 +4,10 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from analysis import compare, report
-from analysis.metrics import token_metrics
-from analysis.routing import routing_metrics
+from analysis.metrics import compare, report
+from analysis.metrics.routing import routing_metrics
+from analysis.metrics.token import token_metrics
+
 from conftest import metrics_make_routing, metrics_make_tokens
 
 
@@ -79,7 +80,7 @@ def test_metric_deltas_respect_the_step_range(two_runs):
 @pytest.mark.parametrize("runs, steps", [(["x", "y", "z"], None), (["z", "x"], (1, 1)), (["z"], None)])
 def test_page_deltas_from_the_run_summary_equal_metric_deltas(two_runs, runs, steps):
     # the Compare page pivots the Overview's run summary instead of recomputing the token metrics
-    from analysis import dashboard
+    from analysis.metrics import dashboard
     summary = dashboard.run_summary(two_runs, runs, cap=1.5, clip=0.1, steps=steps)
     rates = compare.routing_rates(two_runs, runs, steps=steps)
     page = compare.deltas_table(summary, rates, runs, runs[0])
@@ -89,7 +90,7 @@ def test_page_deltas_from_the_run_summary_equal_metric_deltas(two_runs, runs, st
 
 @pytest.mark.parametrize("runs, steps", [(["x", "y", "z"], None), (["z"], None), (["y", "z"], (1, 1))])
 def test_run_and_step_tables_equal_run_summary_and_step_metrics(two_runs, runs, steps):
-    from analysis import dashboard
+    from analysis.metrics import dashboard
     tables = dashboard.run_and_step_tables(two_runs, runs, cap=1.5, clip=0.1, steps=steps)
     for key, one in (("run", dashboard.run_summary(two_runs, runs, cap=1.5, clip=0.1, steps=steps)),
                      ("step", dashboard.step_metrics(two_runs, runs, cap=1.5, clip=0.1, steps=steps))):

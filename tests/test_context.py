@@ -1,5 +1,5 @@
-"""Reward, advantage, prompt and response beside the drift: analysis.context.step_context and the sequence
-context of analysis.drilldown, against the seeded records they were loaded from."""
+"""Reward, advantage, prompt and response beside the drift: analysis.metrics.context.step_context and the sequence
+context of analysis.metrics.drilldown, against the seeded records they were loaded from."""
 from __future__ import annotations
 
 import math
@@ -8,9 +8,10 @@ import numpy as np
 import polars as pl
 from polars.testing import assert_frame_equal
 
-from analysis import context, drilldown
 from analysis.ingest import ingest_paths
+from analysis.metrics import context, drilldown
 from analysis.store import Store
+
 from context_fixtures import make_sequences, write_sequence_jsonl
 
 

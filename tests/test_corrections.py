@@ -1,4 +1,4 @@
-"""analysis.corrections against a numpy reference written from METRICS.md (Corrections), on seeded sequences with
+"""analysis.metrics.corrections against a numpy reference written from METRICS.md (Corrections), on seeded sequences with
 rewards and advantages loaded through the real ingest path (sequence JSON Lines), plus the edge cases."""
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import math
 import numpy as np
 import polars as pl
 import pytest
-
-from analysis import corrections as C
-from analysis.__main__ import main
-from conftest import metrics_make_tokens
 from test_metrics_reference import assert_close
+
+from analysis.__main__ import main
+from analysis.metrics import corrections as C
+
+from conftest import metrics_make_tokens
 
 DEFAULTS = {"tis": {"C": 2.0}, "icepop": {"alpha": 0.5, "beta": 5.0}, "geo_rs": {"lo": 0.999, "hi": 1.001},
             "seq_rs": {"lo": 0.5, "hi": 2.0}, "veto": {"tau": 1e-4}}

@@ -12,15 +12,16 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-
-from analysis import corrections as C
-from analysis.ingest import ingest_paths
-from analysis.logger import DriftLogger
-from analysis.store import Store
-from analysis.summaries import schema as S
-from conftest import metrics_make_tokens
 from test_corrections import CHOICES, check, ref_corrections, seq_table_keys
 from test_metrics_reference import assert_close
+
+from analysis.ingest import ingest_paths
+from analysis.metrics import corrections as C
+from analysis.record.logger import DriftLogger
+from analysis.store import Store
+from analysis.summaries import schema as S
+
+from conftest import metrics_make_tokens
 
 SUMMARISED = [(m, p) for m, p in CHOICES if not C.reads_tokens(m, p)]
 

@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analysis import distributions
+from analysis.metrics import distributions
 
 
 def _delta(tokens: pl.DataFrame) -> np.ndarray:
@@ -89,7 +89,7 @@ def test_prob_density_2d_matches_numpy(metrics_data):
 
 
 def test_thinned_prob_density_counts_the_chosen_steps_only(metrics_data, monkeypatch):
-    from analysis import sampled
+    from analysis.metrics import sampled
     store, data = metrics_data
     assert distributions.prob_density_2d(store, ["a"], n_bins=8, thin=True).equals(
         distributions.prob_density_2d(store, ["a"], n_bins=8))  # small: every step
@@ -99,7 +99,7 @@ def test_thinned_prob_density_counts_the_chosen_steps_only(metrics_data, monkeyp
     got = distributions.prob_density_2d(store, ["a"], n_bins=8, thin=True)
     tok = data.tokens.filter((pl.col("run") == "a") & pl.col("step").is_in(list(th.steps)))
     assert got["count"].sum() == tok.height == th.n_read
-    from analysis import buckets  # the top token ids read the same steps
+    from analysis.metrics import buckets  # the top token ids read the same steps
     top = buckets.top_tokens(store, "a", n=1000, min_count=1, thin=True, order="n_tokens")
     assert top["n_tokens"].sum() == tok.filter(pl.col("token_id").is_not_null() | pl.col("token").is_not_null()).height
 
@@ -122,7 +122,7 @@ def test_identical_logprobs_fall_in_one_bin(metrics_store_from):
 
 
 def _bundle_matches(store, runs, n_bins, steps=None):
-    from analysis import metrics
+    from analysis.metrics import token as metrics
     got = distributions.drift_histograms(store, runs, n_bins=n_bins, steps=steps)
     want = {"log_ratio": distributions.log_ratio_histogram(store, runs, n_bins=n_bins, steps=steps),
             "ratio": distributions.ratio_histogram(store, runs, n_bins=n_bins, steps=steps),

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
-
-from analysis import drilldown
 from test_metrics_reference import assert_close, ratio, ref_routing_rows
+
+from analysis.metrics import drilldown
 
 
 def test_worst_sequences_match_numpy(metrics_data):

@@ -1,4 +1,4 @@
-"""analysis.findings on runs built to show each kind (seeded synthetic runs and the bundled demo), the controls
+"""analysis.findings.ranking on runs built to show each kind (seeded synthetic runs and the bundled demo), the controls
 that must stay silent, the shift-share decomposition, the gates and the CLI."""
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from analysis import decomposition as D
-from analysis import findings as F
-from analysis import gates, metrics
 from analysis.__main__ import main
+from analysis.findings import decomposition as D
+from analysis.findings import gates
+from analysis.findings import ranking as F
+from analysis.metrics import token as metrics
+
 from conftest import metrics_load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -206,7 +208,7 @@ def test_decompose_matches_token_metrics(synthetic):
 
 
 def test_thinned_decomposition_reads_exactly_the_chosen_steps(synthetic):
-    from analysis import sampled
+    from analysis.metrics import sampled
     store, _ = synthetic
     a, b = (0, 2), (3, 5)
     n_step = dict(store.rows("SELECT step, count(*) FROM tokens WHERE run = 'flips' GROUP BY step"))
@@ -231,7 +233,7 @@ def test_thinned_decomposition_reads_exactly_the_chosen_steps(synthetic):
 
 
 def test_thinned_simulator_equals_the_simulator_over_those_steps(synthetic):
-    from analysis import corrections as C
+    from analysis.metrics import corrections as C
     store, _ = synthetic
     choices = [("icepop", {"alpha": 0.93, "beta": 1.07}), ("tis", {"C": 1.05})]  # off the bands: token rows
     assert all(C.reads_tokens(m, p) for m, p in choices)
@@ -272,7 +274,7 @@ def test_gates_at_their_boundaries():
 
 def test_demo_gates(demo):
     store, _ = demo
-    from analysis import dashboard
+    from analysis.metrics import dashboard
     t = dashboard.run_and_step_tables(store, ["fp32", "bf16-async"])
     g = gates.gate_table(t["run"], t["step"], ["fp32", "bf16-async"])
     assert g.filter(pl.col("run") == "fp32")["passed"].all()
@@ -298,7 +300,7 @@ def test_cli_findings(tmp_path, capsys):
 
 
 def test_quantiles_match_numpy(synthetic):
-    from analysis.corrections import band_log_width, log_ratio_quantiles
+    from analysis.metrics.corrections import band_log_width, log_ratio_quantiles
     store, _ = synthetic
     q = log_ratio_quantiles(store, ["long"], by="step").filter(pl.col("step") == 2).row(0, named=True)
     rows = store.sql("SELECT sample, trainer_logprob - sampler_logprob AS d FROM tokens WHERE run = 'long' AND step = 2")

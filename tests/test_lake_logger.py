@@ -8,13 +8,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import lake_util as lu  # noqa: E402
 from analysis.ingest import ingest_paths  # noqa: E402
 from analysis.lake import partial  # noqa: E402
 from analysis.lake.engines import run_local  # noqa: E402
 from analysis.lake.layout import list_partitions  # noqa: E402
-from analysis.logger import DriftLogger  # noqa: E402
+from analysis.record.logger import DriftLogger  # noqa: E402
 from analysis.store import Store  # noqa: E402
+
+import lake_util as lu  # noqa: E402
 
 B, T, L, K, E = 4, 9, 3, 2, 8
 

@@ -11,17 +11,19 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-import browser_util as bu
-import lake_util as lu
-from analysis import buckets, metrics, report
 from analysis.__main__ import main
 from analysis.ingest import ingest_paths
 from analysis.lake import partial
 from analysis.lake.engines import run_local
 from analysis.lake.layout import list_partitions, write_file
 from analysis.lake.summarize import summarize
+from analysis.metrics import buckets, report
+from analysis.metrics import token as metrics
 from analysis.store import Store
 from analysis.summaries import schema as S
+
+import browser_util as bu
+import lake_util as lu
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +170,7 @@ def test_ingested_summaries_give_the_token_level_metrics(seeded, tmp_path):
 
 
 def test_sample_sizes_are_driftloggers_defaults():
-    token_sample = pytest.importorskip("analysis.token_sample")  # needs torch
+    token_sample = pytest.importorskip("analysis.record.token_sample")  # needs torch
     assert (partial.WORST_SEQUENCES, partial.TOP_TOKENS) == (token_sample.WORST_SEQUENCES, token_sample.TOP_TOKENS)
 
 
@@ -193,7 +195,7 @@ def test_the_app_shows_a_summarized_lake(tmp_path, monkeypatch):
     token-level views say they read a sample and what it holds (40 sequences: more than the 4 kept whole)."""
     from streamlit.testing.v1 import AppTest
 
-    from analysis import sampled
+    from analysis.metrics import sampled
 
     tokens = lu.metrics_make_tokens(seed=5, runs=("s",), steps=(3,), n_seq=40, max_len=30)
     write_file(str(tmp_path / "lake"), "s", 3, "tokens", 0, tokens.to_arrow())

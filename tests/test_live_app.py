@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest, app_test
-
-import browser_util as bu
-from analysis.logger import DriftLogger
-from analysis.store import Store
 from test_pages import TIMEOUT, _NavigationOnly
 from test_watch import step_arrays
+
+from analysis.record.logger import DriftLogger
+from analysis.store import Store
 from ui import live
 from ui.auth import md_escape
+
+import browser_util as bu
 
 APP = str(bu.ROOT / "app.py")
 

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.logger import DriftLogger, _all_logprobs, safe_run_name
+from analysis.record.logger import DriftLogger, _all_logprobs, safe_run_name
 
 
 def make_step(B=5, T=7, L=3, K=2, E=8, seed=0):

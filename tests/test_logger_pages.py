@@ -1,24 +1,23 @@
 """Runs logged with a token sample: the finalised METRICS.md columns still equal the token-level computation over
-every token, and the pages that read token rows say they show a sample (analysis/sampled.py)."""
+every token, and the pages that read token rows say they show a sample (analysis/metrics/sampled.py)."""
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest, app_test
-
-import numpy as np
-
-from analysis import drilldown, metrics
-from analysis.ingest import ingest_paths
-from analysis.logger import DriftLogger
-from analysis.sampled import count_text, sample_label, share_text
-from analysis.store import Store
-from analysis.summaries import read
 from test_logger_summaries import make_step, reference_store
 from test_metrics_reference import assert_close, ratio
 from test_pages import APP, TIMEOUT, _NavigationOnly, open_tab
+
+from analysis.ingest import ingest_paths
+from analysis.metrics import drilldown, read
+from analysis.metrics import token as metrics
+from analysis.metrics.sampled import count_text, sample_label, share_text
+from analysis.record.logger import DriftLogger
+from analysis.store import Store
 
 
 def logged(tmp_path, token_sample: float, steps=(0, 1, 2), run="sampled") -> Store:

@@ -1,7 +1,7 @@
 """DriftLogger's trainer-side summaries equal the summaries ingest computes from every token, for any token_sample.
 
 Reference: the same step logged with token_sample=1.0, its token and routing files stripped of the
-`driftscope.summarised` mark and ingested, so that ingest's SQL (analysis/summaries/compute.py) summarises
+`driftscope.summarised` mark and ingested, so that ingest's SQL (analysis/ingest/summarise.py) summarises
 every token. The logger's own summary file is ingested into another database; both are merged per key (SUM of
 counts and sums, MIN/MAX of extremes, as every reader merges them) and compared at rel 1e-12.
 """
@@ -13,9 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from analysis.ingest import ingest_paths
-from analysis.ingest import summary_files
-from analysis.logger import DriftLogger
+from analysis.ingest import ingest_paths, summary_files
+from analysis.record.logger import DriftLogger
 from analysis.store import Store
 from analysis.summaries import schema as S
 
@@ -138,7 +137,7 @@ def test_widths_and_routing_sides(tmp_path, dtype, routing):
 
 @pytest.mark.parametrize("chunk_rows", [None, 2])
 def test_lag_buckets_from_per_token_versions(tmp_path, monkeypatch, chunk_rows):
-    from analysis import logger_summaries
+    from analysis.record import summaries as logger_summaries
     if chunk_rows:
         monkeypatch.setattr(logger_summaries, "CHUNK_TOKENS", 9 * chunk_rows)
     data = make_step(B=5, T=9, seed=5, routing=None)
@@ -164,7 +163,7 @@ def test_empty_step_writes_no_summary_rows(tmp_path):
 @pytest.mark.slow  # several databases built through ingest
 def test_chunked_reduction_equals_reference(tmp_path, monkeypatch):
     """Steps larger than one chunk (here: 2 sequences per chunk) reduce to the same rows."""
-    from analysis import logger_summaries
+    from analysis.record import summaries as logger_summaries
     data = make_step(B=7, T=30, seed=11)
     ref = reference_store(tmp_path, data)
     monkeypatch.setattr(logger_summaries, "CHUNK_TOKENS", 60)
@@ -176,7 +175,7 @@ def test_chunked_reduction_equals_reference(tmp_path, monkeypatch):
 
 def test_every_summary_column_is_written():
     """A column added to the summary format (analysis/summaries/schema.py) must be computed here too."""
-    from analysis.logger_summaries import EXTREMES, WIDE, token_terms
+    from analysis.record.summaries import EXTREMES, WIDE, token_terms
     assert set(WIDE) | set(EXTREMES) | {"max_abs_d"} == {c.name for c in S.TOKEN_SUMS}
     terms = token_terms(torch.tensor([-1.0], dtype=torch.float64), torch.tensor([-0.5], dtype=torch.float64))
     assert terms.V.shape == (len(WIDE), 1) and terms.X.shape == (len(EXTREMES), 1)
@@ -201,7 +200,7 @@ def test_a_step_logged_by_two_ranks_merges_to_the_whole(tmp_path):
 def test_mask_with_holes_and_empty_rows(tmp_path, monkeypatch):
     """Trained positions anywhere in a row (not a prefix), rows with none, NaN at padding, 3 rows per chunk:
     padding adds nothing to any sum, extreme, position bucket or max_pos."""
-    from analysis import logger_summaries
+    from analysis.record import summaries as logger_summaries
     data = make_step(B=8, T=16, seed=13)
     g = torch.Generator().manual_seed(4)
     mask = torch.rand(8, 16, generator=g) < 0.6
@@ -226,7 +225,7 @@ def test_bundled_demo_summaries_equal_ingest_of_its_tokens(tmp_path, run):
     """data/demo carries DriftLogger's summary files, which the app's first start loads instead of summarising
     the tokens (no kernel to compile): they must still be what ingest computes from the demo's own token and
     routing files (a demo regenerated without them, or from other tokens, fails here)."""
-    from analysis.demo import DEMO_DIR
+    from analysis.ingest.demo import DEMO_DIR
 
     folder = DEMO_DIR / run
     summaries = sorted(folder.glob("summary-step*.parquet"))

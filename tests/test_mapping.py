@@ -7,10 +7,11 @@ import json
 import polars as pl
 import pytest
 
-from analysis import drilldown
 from analysis.__main__ import main
 from analysis.ingest import mapping
+from analysis.metrics import drilldown
 from analysis.store import Store
+
 from context_fixtures import OPENRLHF_MAP, make_sequences, openrlhf_record, write_openrlhf_jsonl
 
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analysis import metrics
 from analysis.ingest import ingest_paths
+from analysis.metrics import token as metrics
 from analysis.store import Store
 
 logprob = st.floats(min_value=-60.0, max_value=0.0, allow_nan=False, allow_infinity=False)
@@ -66,7 +66,7 @@ def test_bounds_hold(prop_store, data, cap, clip):
 def test_pearson_of_two_tokens_is_one_on_both_paths(prop_store):
     """Two tokens give |corr| = 1 exactly. Here exp t barely varies (1 and 1 − 2e−14): DuckDB's corr over the
     token rows returned 1.0028 (found by test_bounds_hold); both paths now bound it to [−1, 1] as numpy does."""
-    from analysis import dashboard
+    from analysis.metrics import dashboard
     run = _load(prop_store, [0.0, -1.0], [0.0, -2.0116026405618835e-14], [0, 0])
     assert metrics.token_metrics(prop_store[0], [run], by="run")["prob_pearson"].to_list() == [1.0]
     summary = dashboard.run_summary(prop_store[0], [run])["prob_pearson"].to_list()

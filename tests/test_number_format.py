@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analysis import metrics
+from analysis.metrics import token as metrics
 from ui import charts, glossary
 from ui.number_format import fmt_share, log_ticks, share_decimals, share_tickformat
 

@@ -387,7 +387,7 @@ def test_lab_run_is_loaded_as_a_new_run(monkeypatch, own_db):
     import numpy as np
 
     import analysis.lab
-    from analysis.logger import DriftLogger
+    from analysis.record.logger import DriftLogger
 
     calls = {}
 
@@ -437,7 +437,7 @@ def test_viewer_mode_hides_every_write(monkeypatch, own_db):
 
 
 def test_kernels_warmed_only_where_the_app_can_ingest(monkeypatch, own_db, tmp_path):
-    from analysis import warm
+    from analysis.ingest import warm
     started = []
     monkeypatch.setattr(warm, "start_in_background", lambda: started.append(True))
     monkeypatch.setenv("DRIFT_READ_ONLY", "1")
@@ -466,12 +466,12 @@ def test_empty_database_says_what_to_do(monkeypatch, tmp_path, page):
 
 def test_empty_database_loads_the_demo(monkeypatch, tmp_path):
     """Without DRIFT_NO_DEMO an empty database gets the demo runs (here: the fixture logs as demo folder)."""
-    import analysis.demo
+    import analysis.ingest.demo
 
     demo = tmp_path / "demo"
     bu.write_fixture_logs(demo / "fixture")
-    real = analysis.demo.ensure_demo
-    monkeypatch.setattr(analysis.demo, "ensure_demo", lambda store: real(store, demo_dir=demo))
+    real = analysis.ingest.demo.ensure_demo
+    monkeypatch.setattr(analysis.ingest.demo, "ensure_demo", lambda store: real(store, demo_dir=demo))
     monkeypatch.delenv("DRIFT_NO_DEMO")
     at = open_app(monkeypatch, tmp_path / "fresh.duckdb")
     assert sorted(at.multiselect(key="sidebar_runs").options) == sorted([bu.RUN_BOTH, bu.RUN_REPLAY, bu.RUN_DENSE])
@@ -543,12 +543,12 @@ def test_prefetch_waits_for_the_page_to_finish_and_draw(monkeypatch):
 
 # -- findings -------------------------------------------------------------------------------------------
 def test_findings_cards_waterfall_simulator_and_gates(monkeypatch, shared_db):
-    from analysis import findings
+    from analysis.findings import ranking as findings
     from ui import state as S
     at = open_app(monkeypatch, shared_db, "pages/findings.py")
     assert not errors(at), errors(at)
     md = texts(at.markdown)
-    # what the cards must show: analysis.findings' own list, from the database the app holds open
+    # what the cards must show: analysis.findings.ranking' own list, from the database the app holds open
     want = findings.findings_many(S.store(), [bu.RUN_BOTH, bu.RUN_REPLAY, bu.RUN_DENSE])
     plain = md.replace("\\", "")  # the page escapes markdown characters
     for run, items in want.items():
@@ -589,7 +589,7 @@ def test_findings_cards_waterfall_simulator_and_gates(monkeypatch, shared_db):
 def test_simulator_says_which_choices_read_thinned_token_rows(monkeypatch, own_db):
     """tis (and icepop off the bands) read token rows, thinned on a large selection: the caption names them; the
     default choices come from the summaries and say nothing about thinning."""
-    from analysis import sampled
+    from analysis.metrics import sampled
     monkeypatch.setattr(sampled, "THIN_TOKENS", 50)  # this small database is then "large"
     at = open_app(monkeypatch, own_db, "pages/findings.py")
     open_tab(at, "findings_tab", "Correction simulator")
@@ -611,6 +611,7 @@ def context_db(tmp_path_factory):
     """Sequence JSON Lines with prompts, responses, rewards and advantages (tests/context_fixtures.py)."""
     from analysis.ingest import ingest_paths
     from analysis.store import Store
+
     from context_fixtures import make_sequences, write_sequence_jsonl
 
     root = tmp_path_factory.mktemp("context")
@@ -666,8 +667,9 @@ def test_data_mapping_form_loads_and_refuses(monkeypatch, tmp_path):
     """The form a refused upload is offered (here put in the session directly: AppTest cannot upload)."""
     import io
 
-    from context_fixtures import make_sequences, openrlhf_record
     from ui import mapping_form
+
+    from context_fixtures import make_sequences, openrlhf_record
 
     seqs = make_sequences(32, steps=2, per_step=2)
     data = "".join(json.dumps(openrlhf_record(q)) + "\n" for q in seqs).encode()

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from analysis import corrections, dashboard, findings, routing
+from analysis.findings import ranking as findings
+from analysis.metrics import corrections, dashboard, routing
 from ui import prefetch
 from ui import state as S
 

@@ -1,4 +1,4 @@
-"""Quantiles of token |Δ| and per-sequence Δ from the summaries (analysis/quantiles.py) against numpy over every
+"""Quantiles of token |Δ| and per-sequence Δ from the summaries (analysis/metrics/quantiles.py) against numpy over every
 token: exact where the token rows are complete (values on bin edges and ties included), within one histogram bin
 where DriftLogger kept a sample."""
 from __future__ import annotations
@@ -9,12 +9,12 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analysis import quantiles as Q
-from analysis.corrections import log_ratio_quantiles
 from analysis.ingest import ingest_paths
-from analysis.logger import DriftLogger
+from analysis.metrics import quantiles as Q
+from analysis.metrics import read
+from analysis.metrics.corrections import log_ratio_quantiles
+from analysis.record.logger import DriftLogger
 from analysis.store import Store
-from analysis.summaries import read
 from analysis.summaries import schema as S
 
 PROBS = (0.5, 0.99)

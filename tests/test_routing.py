@@ -7,11 +7,18 @@ import numpy as np
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
+from test_metrics_reference import (
+    assert_close,
+    assert_frame_matches,
+    ratio,
+    ref_routing_by_layer,
+    ref_routing_rows,
+    ref_token_flips,
+)
 
-from analysis import routing
+from analysis.metrics import routing
+
 from conftest import metrics_make_routing, metrics_make_tokens
-from test_metrics_reference import (assert_close, assert_frame_matches, ratio, ref_routing_by_layer,
-                                    ref_routing_rows, ref_token_flips)
 
 LAYER_COLUMNS = ["run", "step", "layer", "n_tokens", "flip_rate", "top1_flip_rate", "overlap",
                  "load_max_vio_sampler", "load_max_vio_trainer"]

@@ -24,7 +24,7 @@ def test_the_app_start_path_does_not_import_torch():
     out = run_python("""
         import sys
         sys.path.insert(0, '.')
-        import ui.prefetch, ui.sidebar, ui.charts, analysis.dashboard, analysis.findings, analysis.ingest
+        import ui.prefetch, ui.sidebar, ui.charts, analysis.metrics.dashboard, analysis.findings.ranking, analysis.ingest
         assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('analysis'))
         """)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -11,14 +11,15 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from analysis import buckets, distributions, metrics, report
-from analysis.ingest import ingest_paths
-from analysis.store import Store
-from analysis.summaries import read
-from analysis.summaries import schema as S
-from conftest import metrics_make_routing, metrics_make_tokens
 from test_metrics_reference import ref_routing_by_layer, ref_token_flips
+
+from analysis.ingest import ingest_paths, open_store
+from analysis.metrics import buckets, distributions, read, report
+from analysis.metrics import token as metrics
+from analysis.store import Store
+from analysis.summaries import schema as S
+
+from conftest import metrics_make_routing, metrics_make_tokens
 
 L = np.longdouble  # 64-bit mantissa on x86: the reference carries 3 more digits than the code under test
 RTOL = 1e-12
@@ -189,7 +190,7 @@ def test_layer_columns_match_numpy(data):
 
 
 def test_routing_views_match_numpy(data):
-    from analysis import routing as R
+    from analysis.metrics import routing as R
     store, _, both, _ = data
     per_token = ref_token_flips(both)
     views = R.flip_views(store, ["a", "b", "c"], views=("step", "run", "first_flip", "mismatch"))
@@ -412,7 +413,7 @@ def test_a_database_loaded_before_summaries_is_summarised_when_opened(tmp_path, 
         store.cursor().execute(f"DELETE FROM {table}")
     assert report.metrics_table(store, ["a"], by="run").height == 0
     store.close()
-    store = Store(tmp_path / "legacy.duckdb")
+    store = open_store(tmp_path / "legacy.duckdb")
     for by, df in want.items():
         assert_frames_close(report.metrics_table(store, ["a"], by=by), df)
     store.close()

@@ -1,5 +1,5 @@
 """The one-pass summary kernel (analysis/summaries/kernel.py) gives the rows of the torch writer and of ingest's
-SQL (analysis/summaries/compute.py) at rel 1e-12, and compensated sums over a million tokens.
+SQL (analysis/ingest/summarise.py) at rel 1e-12, and compensated sums over a million tokens.
 
 Three references: the torch writer on the same checked step (`summarise(..., engine="torch")`); ingest of every
 token of the step (tests/test_logger_summaries.reference_store); for long-format input (the kernel's Arrow-batch
@@ -17,14 +17,13 @@ import pytest
 import torch
 
 from analysis.ingest import ingest_paths, summary_files
-from analysis.logger import DriftLogger
-from analysis.logger_summaries import summarise
+from analysis.record.logger import DriftLogger
+from analysis.record.summaries import summarise
+from analysis.record.token_sample import Kept, SamplePlan
 from analysis.store import Store
 from analysis.summaries import kernel as K
 from analysis.summaries import schema as S
-from analysis.token_sample import Kept, SamplePlan
-from tests.test_logger_summaries import (COMPARED, assert_same_rows, logger_store, make_step, merged,
-                                         reference_store)
+from tests.test_logger_summaries import COMPARED, assert_same_rows, logger_store, make_step, merged, reference_store
 
 TOKEN_TABLES = ("summary_seq", "summary_seq_band", "summary_step", "summary_hist", "summary_bucket",
                 "summary_bucket_band")
@@ -117,7 +116,7 @@ def test_threads_merge_to_one_pass(monkeypatch, routed):
     """Rows split among threads in pieces of two rows, each thread taking the next piece left (sharing the
     sequence arrays, each with its own bucket sums), merge to the rows of one pass, with and without the routing
     columns."""
-    from analysis import logger_summaries
+    from analysis.record import summaries as logger_summaries
     data = make_step(B=11, T=30, seed=8, **({} if routed else {"routing": None}))
     x = checked(data)
     kept, plan = Kept(int(x.mask.sum()), 0, 0, 0, 0), SamplePlan(0.0, 0, 0, 0)

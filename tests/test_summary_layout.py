@@ -7,15 +7,16 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from analysis import buckets, report, schema
-from analysis.ingest import ingest_paths
-from analysis.ingest import summary_files
-from analysis.store import Store, StoreError
-from analysis.summaries import compute
-from analysis.summaries import schema as S
-from conftest import metrics_make_routing, metrics_make_tokens
 from test_summaries import _load, assert_frames_close
+
+from analysis import schema
+from analysis.ingest import ingest_paths, summary_files
+from analysis.metrics import buckets, report
+from analysis.store import Store, StoreError
+from analysis.summaries import schema as S
+from analysis.summaries import sql as compute
+
+from conftest import metrics_make_routing, metrics_make_tokens
 
 # the layout-1 tables as that version created them (schema.py before the band split moved out)
 _SUMS = ", ".join(f"{c.name} {c.sql_type}" for c in S.TOKEN_SUMS)

@@ -1,4 +1,4 @@
-"""Ingest's token summaries computed while a file streams (analysis/summaries/stream.py) equal those of the SQL
+"""Ingest's token summaries computed while a file streams (analysis/ingest/summary_stream.py) equal those of the SQL
 over the stored rows (compute.py) at rel 1e-12: a step split across batches and across files, sequences whose
 tokens span batches, lag ranges that widen from batch to batch, null entropy and versions; and a file the stream
 cannot handle (not ordered by step, too many sequences in a step) falls back to the SQL with the same rows."""
@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.ingest import ingest_paths, load
+from analysis.ingest import summary_stream as stream_summaries
 from analysis.ingest.limits import Limits
 from analysis.store import Store
-from analysis.summaries import stream as stream_summaries
 from tests.test_logger_summaries import assert_same_rows, merged
 from tests.test_token_storage import NARROW
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.token_sample import SamplePlan, select, step_generator
+from analysis.record.token_sample import SamplePlan, select, step_generator
 
 
 def step(B=64, T=50, seed=0):
@@ -90,7 +90,7 @@ def test_bad_plans_refused(kwargs, message):
 @pytest.mark.parametrize("k", [0, 1, 7, 256, 5000])
 def test_cpu_pass_matches_numpy(k):
     """The CPU pass (row sums, lengths, top-k heap) against numpy on 300 × 40 positions, padding holding huge Δ."""
-    from analysis.token_sample import _cpu_parts
+    from analysis.record.token_sample import _cpu_parts
     rng = np.random.default_rng(k)
     mask = rng.random((300, 40)) > 0.4
     mask[7] = False

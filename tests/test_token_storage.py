@@ -8,11 +8,12 @@ import math
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from analysis import report, schema
-from analysis.ingest import ingest_paths
-from analysis.store import Store
 from test_ingest_roundtrip import make_logs
+
+from analysis import schema
+from analysis.ingest import ingest_paths
+from analysis.metrics import report
+from analysis.store import Store
 
 NARROW_ONLY = ("token", "sampler_version", "trainer_version")
 # The narrow table and its twin for files not in key order (schema.KEY_RUN) as one

@@ -22,16 +22,16 @@ def test_every_page_routes_through_app_before_drawing():
     assert not any(isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) for n in access.body)
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph(package: str = "analysis") -> dict[str, set[str]]:
-    """{module: modules of `package` it imports}, counting imports inside functions too (a lazy import still
+def import_graph(packages: tuple[str, ...] = ("analysis",), root: Path = ROOT) -> dict[str, set[str]]:
+    """{module: modules of `packages` it imports}, counting imports inside functions too (a lazy import still
     ties the two modules together). `from a.b import c` is an edge to a.b.c when c is a module, else to a.b;
     a parent package's own __init__ is not counted as imported by its submodules."""
-    files = {module_name(p): p for p in (ROOT / package).rglob("*.py")}
+    files = {module_name(p, root): p for pkg in packages for p in (root / pkg).rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for mod, path in files.items():
         is_pkg = path.name == "__init__.py"
@@ -90,3 +90,104 @@ def test_the_import_graph_sees_lazy_imports():
 
 def test_no_import_cycle_in_analysis():
     assert find_cycle(import_graph()) is None
+
+
+# -- the layers ------------------------------------------------------------------------------------------
+# A unit is what a reader sees in the tree: a package directly under analysis/ (ingest, summaries, metrics, ...)
+# or a module directly under it (store.py, schema.py); in ui/, each module. A unit may import units of lower
+# layers only: never one of its own layer (siblings stay independent) nor one above. Lazy imports count.
+LAYERS = [
+    {"analysis.schema", "analysis.run_names", "analysis.routing_rows", "analysis.settings"},  # ground
+    {"analysis.key_runs"},        # how a batch's keys run (run codes, key order)
+    {"analysis.summaries"},       # pure: summary tables, their SQL, kernel, finalise
+    {"analysis.migrations"},      # the database layout's migrations, run by the store
+    {"analysis.store"},           # the one door to DuckDB
+    {"analysis.metrics", "analysis.ingest"},          # read side | write side
+    {"analysis.findings", "analysis.lake"},           # above the metrics | above ingest
+    {"analysis.record"},          # the trainer side: writes what ingest and the lake read
+    {"analysis.lab", "analysis.commands"},
+    {"analysis.__main__", "analysis.logger", "analysis.capture"},   # the CLI; the old trainer import paths
+]
+UI_LAYERS = [  # above every analysis layer
+    {"ui.access", "ui.auth", "ui.nav", "ui.number_format", "ui.plot", "ui.sequence_view"},
+    {"ui.glossary", "ui.live"},
+    {"ui.charts", "ui.state"},
+    {"ui.context_charts", "ui.findings_charts", "ui.routing_charts", "ui.mapping_form", "ui.prefetch"},
+    {"ui.sidebar"},
+]
+PURE = {"analysis.summaries": ("analysis.ingest", "analysis.store", "analysis.migrations", "analysis.metrics",
+                               "analysis.findings", "analysis.record", "analysis.lake"),
+        "analysis.metrics": ("analysis.ingest", "analysis.record", "analysis.lake", "analysis.findings")}
+
+
+def unit(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def unit_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between units: an edge where any module of one imports any module of the other."""
+    units: dict[str, set[str]] = {}
+    for mod, deps in graph.items():
+        units.setdefault(unit(mod), set()).update(unit(d) for d in deps if unit(d) != unit(mod))
+    return units
+
+
+def layer_of(u: str) -> int:
+    for i, layer in enumerate(LAYERS + UI_LAYERS):
+        if u in layer:
+            return i
+    raise AssertionError(f"{u} is on no layer: add it to tests/test_tree.py LAYERS (where it belongs)")
+
+
+def layer_breaks(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a unit's own layer or one above (lower layer -> higher), as 'a -> b (via m -> n)'."""
+    out = []
+    for mod, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            a, b = unit(mod), unit(dep)
+            if a != b and layer_of(b) >= layer_of(a):
+                out.append(f"{a} -> {b} (via {mod} -> {dep})")
+    return out
+
+
+def pure_breaks(graph: dict[str, set[str]], root: Path = ROOT) -> list[str]:
+    """Imports of the pure packages into the write side, and any use of the store's Writer by them."""
+    out = []
+    for mod, deps in sorted(graph.items()):
+        banned = PURE.get(unit(mod), ())
+        out += [f"{mod} -> {d}" for d in sorted(deps) if unit(d) in banned]
+        if unit(mod) in PURE:
+            path = root / (mod.replace(".", "/") + ".py")
+            path = path if path.exists() else root / mod.replace(".", "/") / "__init__.py"
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module == "analysis.store" \
+                        and any(a.name == "Writer" for a in node.names):
+                    out.append(f"{mod} -> analysis.store.Writer")
+    return out
+
+
+def test_no_cycle_between_files_or_units_and_no_arrow_up():
+    graph = import_graph(("analysis", "ui"))
+    assert find_cycle(graph) is None
+    assert find_cycle(unit_graph(graph)) is None
+    assert layer_breaks(graph) == []
+    assert pure_breaks(graph) == []
+
+
+def test_the_layer_rule_fails_on_a_planted_cycle(tmp_path):
+    """The same checks over a copy of the tree with one lazy import planted where it must not be: the pure
+    summaries reaching up into ingest (which imports them) makes a cycle between units and an arrow up."""
+    for pkg in ("analysis", "ui"):
+        for p in (ROOT / pkg).rglob("*.py"):
+            (tmp_path / p.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / p.relative_to(ROOT)).write_text(p.read_text())
+    finalise = tmp_path / "analysis" / "summaries" / "finalise.py"
+    finalise.write_text(finalise.read_text() + "\n\ndef _planted():\n    from analysis.ingest import summarise\n")
+    graph = import_graph(("analysis", "ui"), root=tmp_path)
+    units = unit_graph(graph)
+    cycle = find_cycle(units)
+    assert cycle is not None and "analysis.summaries" in cycle and "analysis.ingest" in cycle
+    assert "analysis.summaries -> analysis.ingest (via analysis.summaries.finalise -> analysis.ingest.summarise)" \
+        in layer_breaks(graph)
+    assert pure_breaks(graph, tmp_path) == ["analysis.summaries.finalise -> analysis.ingest.summarise"]

@@ -19,10 +19,10 @@ SCRIPT = textwrap.dedent("""
     import pyarrow.parquet as pq
     sys.path[:0] = [sys.argv[1], str(Path(sys.argv[1]) / "tests")]
     from analysis.ingest import ingest_paths, routing_kernel as R
-    from analysis.logger import DriftLogger
+    from analysis.record.logger import DriftLogger
     from analysis.store import Store
     from analysis.summaries import kernel as K
-    from analysis.warm import warm
+    from analysis.ingest.warm import warm
     from test_logger_summaries import make_step
 
     kernels = [K.accumulate, R.set_masks, R.compare, R.count_experts]  # the entry points (helpers are linked in)
@@ -79,7 +79,7 @@ def test_warm_command_exits_cleanly():
 def test_background_warm_starts_once_per_process_and_honours_the_switch(monkeypatch):
     import threading
 
-    from analysis import warm
+    from analysis.ingest import warm
     monkeypatch.setattr(warm, "_started", threading.Event())
     monkeypatch.setenv("DRIFT_NO_WARM", "1")
     assert warm.start_in_background() is None
@@ -95,7 +95,7 @@ def test_compiled_reads_the_cache_before_and_after_warm(tmp_path):
     every kernel there."""
     import os
     env = os.environ | {"NUMBA_CACHE_DIR": str(tmp_path / "numba")}
-    ask = [sys.executable, "-c", "from analysis.warm import compiled; print(compiled())"]
+    ask = [sys.executable, "-c", "from analysis.ingest.warm import compiled; print(compiled())"]
 
     def run(cmd):
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -12,9 +12,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analysis.logger import DriftLogger
+from analysis.ingest.watch import FolderWatcher, followable, scan
+from analysis.record.logger import DriftLogger
 from analysis.store import Store
-from analysis.watch import FolderWatcher, followable, scan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -222,7 +222,7 @@ def test_the_live_status_counts_a_step_once_any_of_its_files_landed(tmp_path):
     import time
 
     from analysis.ingest import ingest_paths
-    from analysis.watch import last_files
+    from analysis.ingest.watch import last_files
 
     full, sums = DriftLogger(tmp_path / "a", run="full"), DriftLogger(tmp_path / "b", run="sums", token_sample=0.0)
     paths = [p for step in range(3) for p in full.log_step(step, *step_arrays(step)).values()]

@@ -13,7 +13,7 @@ PANELS = ("drift", "mean reward", "response length (mean, band: min–max)", "se
 
 def context_over_steps(per_step: pl.DataFrame, context: pl.DataFrame, metric: str,
                        colors: dict[str, str]) -> go.Figure:
-    """per_step: [run, step, <metric>, ...] (dashboard.step_metrics); context: analysis.context.step_context.
+    """per_step: [run, step, <metric>, ...] (dashboard.step_metrics); context: analysis.metrics.context.step_context.
     Four rows sharing x: the drift metric, reward_mean, response_length_mean with its min–max band, n_sequences.
     A run without rewards draws no reward line (nothing to show rather than a line at zero), and where no run has
     one the reward row is left out (three rows) rather than drawn empty."""

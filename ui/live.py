@@ -23,16 +23,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-import streamlit as st
 
-from analysis import watch
-from ui.auth import md_escape  # run names and file names are user text
+from analysis.ingest import watch
 
 log = logging.getLogger("driftscope.live")
 
@@ -41,7 +38,7 @@ INTERVAL_ENV = "DRIFT_WATCH_INTERVAL"
 DEFAULT_INTERVAL = 0.5
 SETTLE_S = 1.0  # the least time a file keeps its size and time before it is read
 FOLLOW_KEY = "live_follow"
-_DRAWN = "_live_drawn_version"  # the data version the page on screen was drawn from
+DRAWN = "_live_drawn_version"  # the data version the page on screen was drawn from
 
 
 def watch_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
@@ -112,50 +109,3 @@ def stop_all() -> None:
     """Stop every watcher this process started (tests)."""
     while _running:
         _running.pop().close()
-
-
-def _age(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def sidebar(app) -> None:
-    """Inside `with st.sidebar`: the follow toggle and the live status; reruns the page when new data landed."""
-    live: LiveWatcher | None = getattr(app, "watcher", None)
-    if live is None:
-        return
-    from ui import state as S
-    ss = st.session_state
-    ss[_DRAWN] = app.version
-    ss.setdefault(FOLLOW_KEY, True)
-    follow = st.toggle("Follow live runs", key=FOLLOW_KEY,
-                       help=f"Loads new files from the folders this server follows and redraws the page every "
-                            f"{live.interval:g} s, keeping your runs, tab and zoom. Off: the page stays as it is "
-                            "(the files are still loaded).")
-
-    @st.fragment(run_every=live.interval if follow else None)
-    def status() -> None:
-        if follow and ss.get(_DRAWN) != app.version:
-            st.rerun()  # new data: the page redraws in place
-        runs = sorted(live.watcher.runs)
-        waiting = live.watcher.missing_folders()
-        n = len(live.watcher.folders)
-        st.caption(f"Following {n} folder{'s' if n > 1 else ''} set by the host"
-                   + (f" ({len(waiting)} not there yet)" if waiting else "")
-                   + ("" if follow else " · **paused**"))
-        if runs:
-            df = S.cached(watch.last_files, runs)
-            stale = max(30.0, 10 * live.interval)
-            for row in df.iter_rows(named=True):
-                age = max(0.0, time.time() - row["last_file_at"])
-                mark = "🟢 live" if age < stale else "⚪ quiet"
-                st.caption(f"{mark} · **{md_escape(row['run'])}** · step {row['last_step']} · "
-                           f"last file {_age(age)} ago")
-        for line in list(live.refused)[-2:]:
-            st.caption(f"⚠️ {md_escape(line[:300])}")
-
-    status()
-

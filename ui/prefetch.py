@@ -23,8 +23,19 @@ import threading
 import time
 from typing import Callable
 
-from analysis import (buckets, compare, context, corrections, dashboard, decomposition, distributions, drilldown,
-                      findings, routing, sampled)
+from analysis.findings import decomposition
+from analysis.findings import ranking as findings
+from analysis.metrics import (
+    buckets,
+    compare,
+    context,
+    corrections,
+    dashboard,
+    distributions,
+    drilldown,
+    routing,
+    sampled,
+)
 from ui import access, nav, sequence_view
 from ui import state as S
 

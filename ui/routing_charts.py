@@ -1,4 +1,4 @@
-"""Plotly figures of MoE routing agreement, built from the analysis/routing.py and analysis/drilldown.py frames."""
+"""Plotly figures of MoE routing agreement, built from the analysis/metrics/routing.py and analysis/metrics/drilldown.py frames."""
 from __future__ import annotations
 
 import plotly.graph_objects as go

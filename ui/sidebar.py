@@ -5,10 +5,12 @@ import time
 
 import streamlit as st
 
-from analysis.sampled import count_text
+from analysis.metrics.sampled import count_text
 from analysis.summaries.schema import CAPS, CLIPS
-
-from ui import access, live, nav
+from analysis.ingest import watch
+from ui import access, nav
+from ui import live as L
+from ui.auth import md_escape  # run names and file names are user text
 from ui import state as S
 
 _BOUNDS = S.BOUNDS_KEY
@@ -74,7 +76,7 @@ def render() -> None:
 
     with st.sidebar:
         _status(app, runs_df)
-        live.sidebar(app)  # the live folders' status; reruns the page when new files were loaded
+        _live(app)  # the live folders' status; reruns the page when new files were loaded
         if not names:
             st.info("No runs yet. Load logs on the Data page or run the drift lab.")
             st.page_link(nav.DATA.path, label="Load data", icon=nav.DATA.icon)
@@ -108,3 +110,49 @@ def render() -> None:
                               "and the ESS uses weights clamped to [1/C, C].")
         c2.select_slider("Clip ε", options=list(CLIPS), key=S.CLIP_KEY,
                          help="PPO clip range ε: clip_frac counts tokens with |r − 1| > ε.")
+
+
+def _age(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _live(app) -> None:
+    """Inside `with st.sidebar`: the follow toggle and the live status; reruns the page when new data landed."""
+    live: L.LiveWatcher | None = getattr(app, "watcher", None)
+    if live is None:
+        return
+    ss = st.session_state
+    ss[L.DRAWN] = app.version
+    ss.setdefault(L.FOLLOW_KEY, True)
+    follow = st.toggle("Follow live runs", key=L.FOLLOW_KEY,
+                       help=f"Loads new files from the folders this server follows and redraws the page every "
+                            f"{live.interval:g} s, keeping your runs, tab and zoom. Off: the page stays as it is "
+                            "(the files are still loaded).")
+
+    @st.fragment(run_every=live.interval if follow else None)
+    def status() -> None:
+        if follow and ss.get(L.DRAWN) != app.version:
+            st.rerun()  # new data: the page redraws in place
+        runs = sorted(live.watcher.runs)
+        waiting = live.watcher.missing_folders()
+        n = len(live.watcher.folders)
+        st.caption(f"Following {n} folder{'s' if n > 1 else ''} set by the host"
+                   + (f" ({len(waiting)} not there yet)" if waiting else "")
+                   + ("" if follow else " · **paused**"))
+        if runs:
+            df = S.cached(watch.last_files, runs)
+            stale = max(30.0, 10 * live.interval)
+            for row in df.iter_rows(named=True):
+                age = max(0.0, time.time() - row["last_file_at"])
+                mark = "🟢 live" if age < stale else "⚪ quiet"
+                st.caption(f"{mark} · **{md_escape(row['run'])}** · step {row['last_step']} · "
+                           f"last file {_age(age)} ago")
+        for line in list(live.refused)[-2:]:
+            st.caption(f"⚠️ {md_escape(line[:300])}")
+
+    status()
+

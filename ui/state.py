@@ -63,11 +63,15 @@ def _open(path: str, read_only: bool, load_demo: bool) -> AppDB:
     # folders (the host's DRIFT_WATCH_DIRS) needs the write side, which then only the watcher uses.
     following = bool(live.watch_dirs())
     ro = read_only and Path(path).exists() and not following
-    store = Store(path, read_only=ro)
+    if ro:
+        store = Store(path, read_only=True)
+    else:
+        from analysis.ingest import open_store  # a writable database: its unsummarised files summarised once
+        store = open_store(path)
     app = AppDB(store)
     if load_demo and not ro:
         try:
-            from analysis.demo import ensure_demo
+            from analysis.ingest.demo import ensure_demo
             app.demo_outcomes = ensure_demo(store)
             app.demo_loaded_at = time.monotonic()
         except Exception as e:  # the app must open even if the demo data is broken
@@ -78,7 +82,7 @@ def _open(path: str, read_only: bool, load_demo: bool) -> AppDB:
         app.store = Store(path, read_only=True)
     app.watcher = live.start(app)
     if not app.store.read_only:  # uploads and followed folders ingest here: compile the kernels now, in a child
-        from analysis.warm import start_in_background
+        from analysis.ingest.warm import start_in_background
         start_in_background()
     # On SIGTERM / Ctrl-C streamlit stops and the interpreter exits: queries still running in daemon threads
     # (prefetch, script runs) are interrupted and awaited first, or DuckDB aborts the process (exit -6).

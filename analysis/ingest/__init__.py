@@ -1,8 +1,7 @@
 """Ingestion: recognise each input by content, validate it against SCHEMA.md, load it all-or-nothing.
 
-    from analysis.store import Store
-    from analysis.ingest import ingest_paths
-    outcomes = ingest_paths(Store("data/drift.duckdb"), ["logs/"], run="bf16-baseline")
+    from analysis.ingest import ingest_paths, open_store
+    outcomes = ingest_paths(open_store("data/drift.duckdb"), ["logs/"], run="bf16-baseline")
 
 The names below are imported on first use, so that a light module of this package (hashing.py, which the
 command line starts before the rest) does not pull in the readers, numba and DuckDB.
@@ -12,7 +11,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {"IngestError": "errors", "Limits": "limits", "Outcome": "load", "expand": "load",
-            "ingest_paths": "load", "load_unit": "load"}
+            "ingest_paths": "load", "load_unit": "load", "open_store": "summarise"}
 
 __all__ = list(_EXPORTS)
 

@@ -19,12 +19,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.ingest import frameworks, long, sequences, summary_files, tensors
+from analysis.ingest import summarise as summaries
+from analysis.ingest import summary_stream as stream_summaries
 from analysis.ingest.batches import ALONE_BYTES, Transaction, load_groups, unit_bytes
-from analysis.summaries import compute as summaries
-from analysis.summaries import stream as stream_summaries
 from analysis.ingest.detect import detect
+from analysis.ingest.errors import (
+    BadExperts,
+    CorruptFile,
+    DuplicateKey,
+    IngestError,
+    NotALogFile,
+    OrphanRouting,
+    TooLarge,
+)
 from analysis.ingest.hashing import HashInThread, content_hash, take_ahead
-from analysis.ingest.errors import BadExperts, CorruptFile, DuplicateKey, IngestError, NotALogFile, OrphanRouting, TooLarge
 from analysis.ingest.keys import StepCounts, TableKeys, TokenFlips, expert_load, routing_tokens
 from analysis.ingest.limits import Limits
 from analysis.ingest.progress import RowsCallback, expected_rows
@@ -342,7 +350,7 @@ def _load_summary(tx: Transaction, unit: Unit, sha: str, size: int, run: str | N
 ROW_GROUP = 122_880
 INSERT_ROWS = 4 * ROW_GROUP
 
-# Token summaries computed while the batches stream (analysis/summaries/stream.py); off: compute.py's SQL only.
+# Token summaries computed while the batches stream (analysis/ingest/summary_stream.py); off: compute.py's SQL only.
 STREAM_SUMMARIES = True
 
 # Temporary tables of one load: the tokens that key-ordered routing rows refer to, with their flip counts, and

@@ -18,13 +18,13 @@ import pyarrow.parquet as pq
 
 from analysis.ingest.errors import BadValue, CorruptFile, MissingColumn, UnknownFormat, WrongType
 from analysis.ingest.limits import Limits
+from analysis.migrations import BANDED
 from analysis.summaries import schema as S
-from analysis.summaries.migrate import BANDED
 
 SUMMARY_KEY = b"driftscope.summary"
 FORMAT_VERSION = b"2"  # summary layout 2 (schema.py): the ratio-band split in summary_seq_band / summary_bucket_band
 LAYOUT1 = b"1"  # read too: its summary_seq / summary_bucket rows carry a band key, split here as the database's
-#                 migration does (analysis/summaries/migrate.py)
+#                 migration does (analysis/migrations.py)
 TABLE_COLUMN = "summary"
 ARROW = {"VARCHAR": pa.string(), "BIGINT": pa.int64(), "INTEGER": pa.int32(), "SMALLINT": pa.int16(),
          "DOUBLE": pa.float64()}
@@ -35,7 +35,7 @@ EXPERT_LOAD = S.KEY + (S.Col("layer", "INTEGER", "0-based MoE layer"), S.Col("ex
 TABLES: dict[str, tuple[S.Col, ...]] = {
     name: tuple(c for c in cols if c.name != "file_id") for name, cols in S.TABLES.items() if name != "summary_skip"
 } | {"expert_load": EXPERT_LOAD}
-FIX = "write summary files with DriftLogger (analysis/logger.py); docs/SCHEMA.md, 'Summary files', lists the rules"
+FIX = "write summary files with DriftLogger (analysis/record/logger.py); docs/SCHEMA.md, 'Summary files', lists the rules"
 
 
 def is_summary_file(metadata: dict | None) -> bool:

@@ -16,7 +16,7 @@ from torch.func import functional_call
 
 from analysis.lab.model import GPT, GPTConfig, KVCache
 from analysis.lab.presets import DTYPE_NAMES, PRESETS, LabConfig
-from analysis.logger import DriftLogger
+from analysis.record.logger import DriftLogger
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 assert set(DTYPES) == set(DTYPE_NAMES)

@@ -20,7 +20,7 @@ MERGED_TABLES = tuple(sf.TABLES)
 SAMPLE_TABLE = "summary_sample"
 
 # --token-sample: whole sequences kept by |Σ Δ| and single tokens by |Δ| per step: DriftLogger's defaults
-# (analysis/token_sample.py, which needs torch; tests/test_lake_summarize.py checks that they agree)
+# (analysis/record/token_sample.py, which needs torch; tests/test_lake_summarize.py checks that they agree)
 WORST_SEQUENCES = 1
 TOP_TOKENS = 256
 SAMPLE_COUNTS = ("n_tokens", "n_kept", "n_uniform", "n_worst_seq_tokens", "n_top_tokens")
@@ -88,7 +88,7 @@ def first_row_outside(store: Store, run: str, step: int) -> tuple | None:
 
 def token_sample(store: Store, rate: float) -> tuple[dict[str, pa.Table], dict[str, int]]:
     """Token rows (and their routing rows) kept for drill-down views, and how many of each part, as DriftLogger
-    keeps them (analysis/token_sample.py): a uniform share `rate` (a hash of the token's key, so reruns keep the
+    keeps them (analysis/record/token_sample.py): a uniform share `rate` (a hash of the token's key, so reruns keep the
     same tokens), every token of the WORST_SEQUENCES sequences with the largest |Σ Δ| and the TOP_TOKENS tokens
     with the largest |Δ|. rate 0 keeps nothing, rate 1 every token."""
     n = token_count(store)

@@ -1,4 +1,4 @@
-"""The per-sequence pass of analysis/corrections.py from summary rows instead of token rows.
+"""The per-sequence pass of analysis/metrics/corrections.py from summary rows instead of token rows.
 
 A correction needs, per sequence, its aggregates of Δ (sum, mean, min: the sequence rules) and, per method, the
 count and weight sums of the tokens its token rule keeps. `summary_seq` has the first; `summary_seq_band` splits a
@@ -11,7 +11,7 @@ edges: a band is then wholly masked or kept, wholly below, inside or above the c
 Rounding: n + Σ(r − 1) carries an absolute error of a few ε per token, so the weight sums are exact to
 rel ~ε / mean(r): below 1e-12 unless nearly all of a group's kept tokens have r < 1e-4 (weight_mean is then off
 by ~1e-16 absolute). Σ r² cancels where r ≪ 1, which the ESS clamp keeps out; tis's weights min(r, C) are not
-clamped below, so tis reads token rows (analysis.corrections.reads_tokens).
+clamped below, so tis reads token rows (analysis.metrics.corrections.reads_tokens).
 
 Cost follows sequences × bands, not tokens, and every token counts even where token rows are a sample.
 """
@@ -21,9 +21,9 @@ import math
 from typing import Callable, Mapping, Sequence
 
 from analysis.summaries import schema as S
-from analysis.summaries.compute import clamp_sql
+from analysis.summaries.sql import clamp_sql
 
-ESS_CAP = 2.0  # the ESS clamp of the masking methods (analysis.corrections.ESS_CAP)
+ESS_CAP = 2.0  # the ESS clamp of the masking methods (analysis.metrics.corrections.ESS_CAP)
 NEVER_BELOW, NEVER_ABOVE = -1, S.N_BANDS  # band ids no band is below / above
 
 
@@ -48,7 +48,7 @@ def _bin_above(x: float) -> int:
 def icepop_params(i: int, values: Mapping[str, float], log_threshold: Callable[[float], float]) -> dict:
     """Query parameters of choice i's icepop rule on bands (`$m<i>_...`): its masked bands are band < lo_bin and
     band > hi_bin. `log_threshold` maps alpha and beta to the ln the token rows compare with (an edge of
-    BAND_EDGES, or beyond the clamp: analysis.corrections.reads_tokens)."""
+    BAND_EDGES, or beyond the clamp: analysis.metrics.corrections.reads_tokens)."""
     return {f"m{i}_lo_bin": _bin_below(log_threshold(values["alpha"])),
             f"m{i}_hi_bin": _bin_above(log_threshold(values["beta"]))}
 

@@ -2,13 +2,13 @@
 
 The rows are those of summary_seq, summary_seq_band, summary_step, summary_hist, summary_bucket and
 summary_bucket_band (schema.py), with the per-token terms of compute.py. DriftLogger calls it when a step's
-tensors are on the CPU (analysis/logger_summaries.py); the torch reduction stays for other devices.
+tensors are on the CPU (analysis/record/summaries.py); the torch reduction stays for other devices.
 
 Input, long format (one entry per token, any order): the layout of a `tokens` Arrow batch, so that ingest
 could call `Accumulators.add` on its batches' columns as they come (`to_numpy()` of float64 s, t; int pos; a
 dense sequence index per token from the batch's sample column; lag with −1 for a null version; entropy with
 NaN for a null), and merge batches by adding into the same accumulators. Ingest does so
-(analysis/summaries/stream.py); compute.py's SQL stays for the files it hands back. The sequence × band cells
+(analysis/ingest/summary_stream.py); compute.py's SQL stays for the files it hands back. The sequence × band cells
 take 3 KB per sequence, so such a caller bounds the sequences per set of accumulators (one step's sequences, as
 here).
 

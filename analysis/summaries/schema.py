@@ -19,7 +19,7 @@ Per token, with s = sampler log-prob, t = trainer log-prob (natural log, ≤ 0):
         pair whose mean is nearer 0, so the moments do not cancel whether most tokens sit near p = 0 or p = 1)
   adp = |exp(t) − exp(s)| = |qs − qt|
 Thresholds are applied to d in log space: r > C ⟺ d > ln C, r < 1/C ⟺ d < −ln C, |r − 1| > ε ⟺ d > ln(1+ε)
-or d < ln(1−ε); F(τ) counts |cd| > ln τ. The token-level SQL (analysis/metrics.py) uses the same comparisons,
+or d < ln(1−ε); F(τ) counts |cd| > ln τ. The token-level SQL (analysis/metrics/token.py) uses the same comparisons,
 so counts from summaries and from token rows agree exactly.
 
 Bin conventions (fixed, global, the same for every run and every writer):

@@ -19,11 +19,11 @@ from typing import Mapping, Sequence
 
 import polars as pl
 
-from analysis.sql import check_runs, clamp_log_ratio_sql, clamp_sql, run_filter, token_filter
-from analysis import quantiles, sampled
+from analysis.metrics import quantiles, sampled
 from analysis.store import Store
 from analysis.summaries import corrections as seq_summaries
 from analysis.summaries.schema import BAND_EDGES, CAPS, CLAMP, CLIPS
+from analysis.summaries.sql import check_runs, clamp_log_ratio_sql, clamp_sql, run_filter, token_filter
 
 ESS_CAP = 2.0  # C of the ESS weight clamp(r, 1/C, C) for the masking methods (METRICS.md: ess_after)
 
@@ -322,7 +322,7 @@ def log_ratio_quantiles(store: Store, runs: Sequence[str] | str, by: str = "run"
                         steps: tuple[int, int] | None = None) -> pl.DataFrame:
     """p50 and p99 (linear interpolation, as numpy's default) of token |Δ|, per-sequence |mean Δ| and
     per-sequence |ΣΔ|, per run or per (run, step): the measured noise a correction's band is set against.
-    From the summaries (analysis/quantiles.py): sequence quantiles exact; token quantiles exact up to
+    From the summaries (analysis/metrics/quantiles.py): sequence quantiles exact; token quantiles exact up to
     quantiles.EXACT_TOKENS selected tokens with complete rows, else interpolated inside one histogram bin
     (token_exact says which).
     Returns [run, (step,) token_p50, token_p99, token_exact, seq_mean_p50, seq_mean_p99, seq_sum_p50, seq_sum_p99]."""

@@ -16,9 +16,9 @@ from typing import Sequence
 
 import polars as pl
 
-from analysis.sql import kl3_sql, ratio_sql, run_filter
 from analysis.store import Store
 from analysis.summaries.finalise import sequences_sql
+from analysis.summaries.sql import kl3_sql, ratio_sql, run_filter
 
 FACTORS = ("length", "prob", "flip", "stale")
 FACTOR_LABELS = {"length": "mix: response length", "prob": "mix: sampler probability",

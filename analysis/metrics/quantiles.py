@@ -20,11 +20,11 @@ from typing import Sequence
 
 import polars as pl
 
-from analysis.sql import run_filter, token_filter
+from analysis.metrics import read
 from analysis.store import Store
 from analysis.summaries import finalise as F
-from analysis.summaries import read
 from analysis.summaries import schema as S
+from analysis.summaries.sql import run_filter, token_filter
 
 EXACT_TOKENS = 4_000_000  # above this many selected tokens, token quantiles come from the histogram alone
 Cell = tuple[float, float]  # |Δ| interval of a fine bin: (lo, hi) open, or (x, x) for the values exactly on edge x

@@ -11,11 +11,12 @@ import math
 import numpy as np
 import polars as pl
 
-from analysis import metrics, sampled
-from analysis.sql import check_runs, run_filter, token_filter
+from analysis.metrics import sampled
+from analysis.metrics import token as metrics
 from analysis.store import Store
 from analysis.summaries import schema as S
 from analysis.summaries.finalise import edge_bin
+from analysis.summaries.sql import check_runs, run_filter, token_filter
 
 MAX_CELLS = 100_000  # most points a chart is ever sent
 

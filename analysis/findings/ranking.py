@@ -18,8 +18,10 @@ from urllib.parse import urlencode
 import numpy as np
 import polars as pl
 
-from analysis import buckets, corrections, dashboard, decomposition, gates, routing, sampled, sql
+from analysis.findings import decomposition, gates
+from analysis.metrics import buckets, corrections, dashboard, routing, sampled
 from analysis.store import Store
+from analysis.summaries import sql
 
 SEVERITIES = ("alert", "warn", "info")
 KINDS = ("staleness", "routing_flips", "low_probability_tokens", "long_sequences", "spikes", "rising_trend",

@@ -5,10 +5,10 @@ from typing import Sequence
 
 import polars as pl
 
-from analysis.sql import check_cap_clip, check_runs, run_filter
 from analysis.store import Store
 from analysis.summaries import finalise as F
 from analysis.summaries import schema as S
+from analysis.summaries.sql import check_cap_clip, check_runs, run_filter
 
 
 def token_table(store: Store, runs: Sequence[str], by: str = "step", cap: float = 2.0, clip: float = 0.2,
@@ -26,7 +26,7 @@ def token_table(store: Store, runs: Sequence[str], by: str = "step", cap: float 
     runs = check_runs(runs)
     keys = ["run", "step"] if by == "step" else ["run"]
     if not F.summarised(cap, clip):
-        from analysis import metrics
+        from analysis.metrics import token as metrics
         df = metrics.token_metrics(store, runs, by=by, cap=cap, clip=clip, steps=steps)
         if not flips:
             return df

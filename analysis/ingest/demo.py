@@ -6,7 +6,7 @@ from pathlib import Path
 from analysis.ingest import Outcome, ingest_paths
 from analysis.store import Store
 
-DEMO_DIR = Path(__file__).resolve().parent.parent / "data" / "demo"
+DEMO_DIR = Path(__file__).resolve().parents[2] / "data" / "demo"
 
 
 def ensure_demo(store: Store, demo_dir: Path = DEMO_DIR) -> list[Outcome]:

@@ -5,8 +5,8 @@ import json
 
 import polars as pl
 
-from analysis.report import has_trainer_routing, metrics_table
-from analysis.routing import routing_metrics
+from analysis.metrics.report import has_trainer_routing, metrics_table
+from analysis.metrics.routing import routing_metrics
 from analysis.store import Store
 
 ROUTING_RUN_METRICS = ("flip_rate", "top1_flip_rate", "overlap", "load_max_vio_sampler", "load_max_vio_trainer")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.sql import kl3_sql, ratio_sql
 from analysis.store import Store
+from analysis.summaries.sql import kl3_sql, ratio_sql
 
 ORDERS = ("seq_log_ratio_abs", "max_log_ratio_abs")
 

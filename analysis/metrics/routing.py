@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.sql import check_runs, run_filter
 from analysis.store import Store
 from analysis.summaries import finalise as F
+from analysis.summaries.sql import check_runs, run_filter
 
 
 def _check_by(by: str, allowed: tuple[str, ...]) -> None:

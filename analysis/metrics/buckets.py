@@ -6,13 +6,22 @@ from typing import Sequence
 
 import polars as pl
 
-from analysis import sampled, schema
-from analysis.metrics import SEQUENCE_METRICS, TOKEN_METRICS, cap_clip_params, grouped_token_metrics_sql
-from analysis.sql import check_cap_clip, check_runs, kl3_sql, ratio_sql, run_filter, token_filter
+from analysis import schema
+from analysis.metrics import sampled
+from analysis.metrics.token import SEQUENCE_METRICS, TOKEN_METRICS, cap_clip_params, grouped_token_metrics_sql
 from analysis.store import Store
-from analysis.summaries.compute import bucket_params, bucket_sql
 from analysis.summaries.finalise import bucket_table_sql, summarised, threshold_params
 from analysis.summaries.schema import BAND_EDGES, ENTROPY_EDGES, PROB_LO, PROB_WIDTH
+from analysis.summaries.sql import (
+    bucket_params,
+    bucket_sql,
+    check_cap_clip,
+    check_runs,
+    kl3_sql,
+    ratio_sql,
+    run_filter,
+    token_filter,
+)
 
 DIMENSIONS = ("prob", "position", "length", "entropy", "lag")
 BUCKET_COLUMNS = ("run", "bucket", "bucket_lo", "bucket_hi", "label", "n_tokens", "kl_k1", "kl_k3",

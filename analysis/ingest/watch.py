@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from analysis.ingest import Outcome, ingest_paths
+from analysis.ingest import Outcome, ingest_paths, open_store
 from analysis.ingest.errors import NotALogFile, OrphanRouting
 from analysis.ingest.load import internal_error
 from analysis.store import Store, StoreError
@@ -195,7 +195,7 @@ def follow(db: str | Path, folders: Sequence[str | Path], run: str | None = None
         stop.set()
 
     try:  # before the handlers: a database held by another process is an error, not a wait
-        store = Store(db)
+        store = open_store(db)
     except StoreError as e:
         raise StoreError(f"{e}\n(one process at a time may write a DuckDB file: if the app has it open, let the "
                          f"app follow the folders instead, with DRIFT_WATCH_DIRS; see README, Live runs)") from None

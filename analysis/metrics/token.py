@@ -12,11 +12,19 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 
-from analysis.sql import check_cap_clip, check_runs, clamp_log_ratio_sql, clamp_sql, token_filter
 from analysis.store import Store
 from analysis.summaries import finalise as F
-from analysis.summaries.compute import count_below_sql, expm1_sql, token_terms_sql
 from analysis.summaries.schema import TAUS
+from analysis.summaries.sql import (
+    check_cap_clip,
+    check_runs,
+    clamp_log_ratio_sql,
+    clamp_sql,
+    count_below_sql,
+    expm1_sql,
+    token_filter,
+    token_terms_sql,
+)
 
 # METRICS.md v2 token columns, written once in analysis/summaries/finalise.py
 TOKEN_METRICS = F.TOKEN_COLUMNS

@@ -10,9 +10,9 @@ from typing import Sequence
 
 import polars as pl
 
+from analysis.metrics.read import token_table
 from analysis.run_names import run_name_slug
 from analysis.store import Store
-from analysis.summaries.read import token_table
 
 
 def routing_kinds(store: Store, runs: Sequence[str]) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """The summaries DriftLogger writes for each step, reduced with torch on the device the tensors are on.
 
 They are the rows of the summary tables (analysis/summaries/schema.py, layout 2) that ingest would compute from
-the step's tokens and routing (analysis/summaries/compute.py), so a trainer can write a sample of its tokens
+the step's tokens and routing (analysis/ingest/summarise.py), so a trainer can write a sample of its tokens
 while every view above token level stays exact. The per-token terms follow compute.py's definitions;
 reductions are float64 (inputs are widened first), with no Python loop per token or sequence; only reduced rows
 leave the device.
@@ -30,10 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from analysis.record.token_sample import Kept, SamplePlan
 from analysis.summaries import kernel
 from analysis.summaries import schema as S
 from analysis.summaries.kernel import DERIVED, EXTREMES, NARROW, WIDE
-from analysis.token_sample import Kept, SamplePlan
 
 SUMMARISED_KEY = S.SUMMARISED_KEY.decode()  # on token/routing files whose summaries come in a summary file
 SUMMARISED_VALUE = S.SUMMARISED_VALUE.decode()

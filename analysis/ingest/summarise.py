@@ -4,132 +4,14 @@
 WHERE file_id = ? and appends that file's rows to the summary tables (schema.py); rows of other files are
 never read or rewritten (except to join a routing row to its token's Δ), so loading is O(this file).
 
-The per-token terms are written once here, as SQL, and the token-level drill-down SQL (analysis/metrics.py)
-uses the same expressions: a metric from summaries and from token rows differ only by summation order.
+The per-token terms are SQL of analysis/summaries/sql.py, which the token-level drill-down SQL
+(analysis/metrics/token.py) uses too: a metric from summaries and from token rows differ only by summation order.
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 from analysis.schema import RUN_IDS
 from analysis.summaries import schema as S
-
-# -- per-token SQL -------------------------------------------------------------------------------------
-
-def expm1_sql(u: str, x: str) -> str:
-    """expm1(x) given u = exp(x) (DuckDB has no expm1): Kahan's (u − 1)·x / ln u, accurate to a few ulps
-    where exp(x) − 1 would lose all digits of a tiny x; x where u rounds to 1, −1 where it underflows."""
-    return f"(CASE WHEN {u} = 1.0 THEN {x} WHEN {u} = 0.0 THEN -1.0 ELSE ({u} - 1.0) * {x} / ln({u}) END)"
-
-
-def series_k3_sql(x: str) -> str:
-    """e^x − 1 − x by its Taylor series to x^8 (relative error < 1e-16 for |x| < SERIES_BELOW): expm1(x) − x
-    cancels to relative error ~2·eps/|x| there."""
-    coefs = [2, 6, 24, 120, 720, 5040, 40320]
-    inner = f"(1::DOUBLE / {coefs[-1]})"
-    for c in reversed(coefs[:-1]):
-        inner = f"(1::DOUBLE / {c} + {x} * {inner})"
-    return f"({x} * {x} * {inner})"
-
-
-def clamp_sql(x: str, lo: str, hi: str) -> str:
-    """SQL for min(max(x, lo), hi) for a non-NaN x: a CASE, measured ~2x faster in DuckDB than least/greatest
-    (0.036 s against 0.053 s on 6M rows)."""
-    return f"(CASE WHEN {x} < {lo} THEN {lo} WHEN {x} > {hi} THEN {hi} ELSE {x} END)"
-
-
-def token_terms_sql(src: str) -> str:
-    """SELECT * of `src` (columns s, t, among others) plus the per-token terms of schema.py:
-    d, cd, r, rm1, k3, k3r, mpe, qs, qt, adp (and the helpers us = exp s, ut = exp t, em, dp).
-
-    Two expm1 evaluations per token (r − 1 and 1 − p_s); the others follow without cancellation:
-    expm1(−cd) = −(r − 1)/r, expm1(|cd|) is one of the two, exp t − exp s = exp s · (r − 1) while Δ is not
-    clamped (no cancellation), and 1 − exp t = (1 − exp s) − (exp t − exp s).
-    """
-    c = float(S.CLAMP)
-    cd = clamp_sql("(t - s)", f"-{c}::DOUBLE", f"{c}::DOUBLE")
-    small = f"abs(d) < {S.SERIES_BELOW}::DOUBLE"
-    return f"""
-    SELECT *, (CASE WHEN {small} THEN {series_k3_sql('d')}
-                    WHEN rm1 - d > 0 THEN rm1 - d ELSE 0.0 END) AS k3,
-              (CASE WHEN {small} THEN {series_k3_sql('(-d)')}
-                    WHEN em + d > 0 THEN em + d ELSE 0.0 END) AS k3r,
-              (CASE WHEN cd >= 0 THEN rm1 ELSE em END) AS mpe,
-              qs - dp AS qt, abs(dp) AS adp
-    FROM (SELECT *, -rm1 / r AS em, -{expm1_sql('us', 's')} AS qs,
-                 (CASE WHEN d = cd THEN us * rm1 ELSE ut - us END) AS dp
-          FROM (SELECT *, {expm1_sql('r', 'cd')} AS rm1
-                FROM (SELECT *, exp(cd) AS r, exp(s) AS us, exp(t) AS ut
-                      FROM (SELECT *, t - s AS d, {cd} AS cd FROM ({src}) src_) a_) b_) c_) d_"""
-
-
-def token_sums_sql() -> str:
-    """Select-list of schema.TOKEN_SUMS over a relation of token_terms_sql (fsum: compensated sums)."""
-    agg = {
-        "n_tokens": "count(*)", "sum_d": "fsum(d)", "sum_d2": "fsum(d * d)", "sum_abs_d": "fsum(abs(d))",
-        "max_abs_d": "max(abs(d))", "min_d": "min(d)", "max_d": "max(d)", "sum_k3": "fsum(k3)",
-        "sum_k3r": "fsum(k3r)", "sum_rm1": "fsum(rm1)", "sum_rm1_sq": "fsum(rm1 * rm1)", "sum_mpe": "fsum(mpe)",
-        "sum_adp": "fsum(adp)", "max_adp": "max(adp)", "sum_qs": "fsum(qs)", "sum_qt": "fsum(qt)",
-        "sum_qs2": "fsum(qs * qs)", "sum_qt2": "fsum(qt * qt)", "sum_qsqt": "fsum(qs * qt)",
-        "sum_ps": "fsum(us)", "sum_pt": "fsum(ut)", "sum_ps2": "fsum(us * us)", "sum_pt2": "fsum(ut * ut)",
-        "sum_pspt": "fsum(us * ut)",
-        "min_s": "min(s)", "max_s": "max(s)", "min_t": "min(t)", "max_t": "max(t)",
-    }
-    assert list(agg) == [c.name for c in S.TOKEN_SUMS]
-    return ", ".join(f"{sql} AS {name}" for name, sql in agg.items())
-
-
-def count_below_sql(x: str, names: Sequence[str], op: str = ">") -> str:
-    """SQL for #{i: x <op> $names[i]} when the parameters hold ascending values: nested CASEs, a binary search
-    (at most 1 + ⌈log2 n⌉ comparisons per row). op is '>' or '>='."""
-    if op not in (">", ">="):
-        raise ValueError(f"op must be '>' or '>=', got {op!r}")
-
-    def node(lo: int, hi: int) -> str:  # the count lies in [lo, hi]
-        if lo == hi:
-            return str(lo)
-        mid = (lo + hi) // 2
-        return f"CASE WHEN {x} {op} ${names[mid]} THEN {node(mid + 1, hi)} ELSE {node(lo, mid)} END"
-    if not names:
-        return "0"
-    neg = "<=" if op == ">" else "<"
-    return f"CASE WHEN {x} {neg} ${names[0]} THEN 0 ELSE {node(1, len(names))} END"
-
-
-def edge_params(prefix: str, edges: Sequence[float]) -> dict:
-    """Named parameters {prefix0: e0, ...} plus {prefix_list: [e0, ...]} for with_bin_sql."""
-    return {f"{prefix}{i}": float(e) for i, e in enumerate(edges)} | {f"{prefix}_list": [float(e) for e in edges]}
-
-
-def with_bin_sql(src: str, x: str, prefix: str, n_edges: int, name: str) -> str:
-    """SELECT * of `src` plus column `name`: the schema's bin id of x on the edges held by
-    `edge_params(prefix, ...)`, 2·#{E < x} + 𝟙[x on an edge] (the binary search runs once per row)."""
-    k = count_below_sql(x, [f"{prefix}{i}" for i in range(n_edges)])
-    return f"""SELECT * EXCLUDE (k_{name}), 2 * k_{name} + (CASE WHEN {x} = list_extract(${prefix}_list, k_{name} + 1)
-                                                   THEN 1 ELSE 0 END) AS {name}
-               FROM (SELECT *, {k} AS k_{name} FROM ({src}) wb_{name}_) wk_{name}_"""
-
-
-def bucket_sql(dim: str) -> str:
-    """SQL of a token's bucket index in dimension `dim` (schema.BUCKET_DIMENSIONS, plus 'length' over a
-    column `length`); NULL where the token lacks the property. Parameters from `bucket_params()`."""
-    if dim == "prob":
-        b = f"floor((s / ln(10) - {S.PROB_LO}::DOUBLE) / {S.PROB_WIDTH}::DOUBLE)"
-        return f"{clamp_sql(b, '0', str(S.PROB_BINS - 1))}::BIGINT"
-    if dim in ("position", "length"):
-        x = "pos" if dim == "position" else "length"
-        return f"(CASE WHEN {x} <= 0 THEN 0 ELSE floor(log2({x}))::BIGINT + 1 END)"
-    if dim == "entropy":
-        names = [f"ee{i}" for i in range(1, len(S.ENTROPY_EDGES))]
-        return f"(CASE WHEN sampler_entropy IS NOT NULL THEN ({count_below_sql('sampler_entropy', names, '>=')}) END)"
-    if dim == "lag":
-        return "(trainer_version - sampler_version)"
-    raise ValueError(f"unknown bucket dimension {dim!r}")
-
-
-def bucket_params() -> dict:
-    return {f"ee{i}": float(e) for i, e in enumerate(S.ENTROPY_EDGES) if i > 0}
-
+from analysis.summaries.sql import bucket_params, bucket_sql, edge_params, token_sums_sql, token_terms_sql, with_bin_sql
 
 # -- the ingest hook -----------------------------------------------------------------------------------
 
@@ -153,7 +35,7 @@ def add_file(writer, file_id: int, tokens_summarised: bool = False, name: str = 
     checked, inside the same transaction). tokens_summarised=True (see `tokens_summarised`): the file's token
     and routing rows are a sample whose summaries come in their own summary file; nothing is added but a
     summary_skip row. tokens_done: the token summaries are already stored (computed while the file streamed,
-    analysis/summaries/stream.py); only routing is summarised here. Raises IngestError when a token's routing
+    analysis/ingest/summary_stream.py); only routing is summarised here. Raises IngestError when a token's routing
     layers would span two files; routing_alone: the caller found no other file's routing rows of these runs in
     the file's step range, so that check has nothing to find (it scanned ~0.25 s per 16M routing rows);
     has: whether the file brought (token rows, routing rows), where the caller counted them (else looked up:
@@ -324,3 +206,13 @@ def backfill(store) -> int:
                 _add_routing(w, fid)
         done += 1
     return done
+
+
+def open_store(path=None, **kwargs):
+    """The database opened for writing by ingest's callers (the CLI, `watch`, the app): a Store, whose own
+    opening runs the layout migrations (analysis/migrations.py), and then, once, the summaries of files loaded
+    before summaries existed (`backfill`: it needs this module's SQL, which the store does not import)."""
+    from analysis.store import Store
+    store = Store(path, **kwargs)
+    backfill(store)
+    return store

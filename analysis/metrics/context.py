@@ -6,9 +6,9 @@ from typing import Sequence
 
 import polars as pl
 
-from analysis.sql import run_filter
-from analysis.summaries.finalise import sequences_sql
 from analysis.store import Store
+from analysis.summaries.finalise import sequences_sql
+from analysis.summaries.sql import run_filter
 
 CONTEXT_COLUMNS = ("n_sequences", "reward_mean", "n_rewarded", "response_length_mean", "response_length_std",
                    "response_length_min", "response_length_max")

@@ -1,4 +1,13 @@
-"""Summary layout 1 → 2: databases written before the ratio-band split moved to its own tables.
+"""Every data migration of the database layout, run by Store when it opens a database for writing.
+
+- split_tokens, before the DDL: a `tokens` table of every column (before the token rows were split) becomes
+  `token_rows_full`, and the DDL then adds the narrow table and the view;
+- compact_routing, after the DDL: a plain `routing` table (before `routing_rows`) moves to the compact form;
+- to_layout2: summaries of layout 1 (below).
+(Files loaded before summaries existed are summarised by ingest's own SQL: analysis/ingest/summarise.py,
+`backfill`, run by ingest.open_store.)
+
+Summary layout 1 → 2: databases written before the ratio-band split moved to its own tables.
 
 Layout 1 kept a `band` key in summary_seq and summary_bucket (one wide row per sequence or bucket and ratio
 band). Layout 2 (schema.py) keeps one wide row per sequence / bucket and file, and the band split in the narrow
@@ -10,6 +19,9 @@ as exactly as runs loaded from token files.
 """
 from __future__ import annotations
 
+import duckdb
+
+from analysis import schema
 from analysis.summaries import schema as S
 
 # the layout-1 tables that carried the band key, and the table their band split moves to
@@ -62,3 +74,36 @@ def to_layout2(con) -> bool:
         con.execute("ROLLBACK")
         raise
     return True
+
+
+def register_runs(con: duckdb.DuckDBPyConnection, table: str) -> None:
+    """Give every run name in `table` that run_ids lacks the next free code."""
+    con.execute(f"""INSERT INTO {schema.RUN_IDS}
+        SELECT (SELECT coalesce(max(run_id), -1) FROM {schema.RUN_IDS}) + row_number() OVER (ORDER BY run), run
+        FROM (SELECT DISTINCT run FROM {table}) n
+        WHERE NOT EXISTS (SELECT 1 FROM {schema.RUN_IDS} r WHERE r.run = n.run)""")
+
+
+def split_tokens(con: duckdb.DuckDBPyConnection) -> None:
+    """A database written before the token rows were split (`tokens` a plain table of every column): that
+    table becomes `token_rows_full`, and the DDL then adds the narrow table and the view."""
+    old = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND NOT temporary "
+                      "AND schema_name = 'main'", [schema.TOKENS_VIEW_NAME]).fetchall()
+    if old[0][0]:
+        con.execute(f"ALTER TABLE {schema.TOKENS_VIEW_NAME} RENAME TO {schema.TOKEN_STORE_FULL}")
+
+
+def compact_routing(con: duckdb.DuckDBPyConnection) -> None:
+    """Move a database written before `routing_rows` existed (routing as a plain table) to the compact form (the
+    DDL has just made `routing_rows`, with run codes)."""
+    old = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'routing' AND NOT temporary").fetchall()
+    if old[0][0]:
+        con.execute("BEGIN TRANSACTION")
+        register_runs(con, "routing")
+        con.execute(f"""INSERT INTO {schema.ROUTING_STORE} BY NAME
+            SELECT r.run_id, x.* EXCLUDE (run) REPLACE (
+                       CASE WHEN x.trainer_experts = x.sampler_experts THEN NULL ELSE x.trainer_experts END
+                       AS trainer_experts)
+            FROM routing x JOIN {schema.RUN_IDS} r ON x.run = r.run""")
+        con.execute("DROP TABLE routing")
+        con.execute("COMMIT")

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.sql import check_runs
+from analysis.metrics.read import token_table
 from analysis.store import Store
-from analysis.summaries.read import token_table
+from analysis.summaries.sql import check_runs
 
 
 def has_trainer_routing(store: Store, runs: list[str]) -> bool:
@@ -25,7 +25,7 @@ def metrics_table(store: Store, runs: list[str], by: str = "step", cap: float = 
     """
     runs = check_runs(runs)
     if by == "layer":
-        from analysis.routing import routing_metrics  # only this table needs it (a whole CLI process per call)
+        from analysis.metrics.routing import routing_metrics  # only this table needs it (a whole CLI process per call)
         return routing_metrics(store, runs, by="layer", steps=steps)
     if by not in ("step", "run"):
         raise ValueError(f"by must be 'step', 'layer' or 'run', got {by!r}")

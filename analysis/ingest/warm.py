@@ -72,6 +72,6 @@ def start_in_background() -> subprocess.Popen | None:
     _started.set()
     child = subprocess.Popen([sys.executable, "-m", "analysis", "warm"], stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
-                             env=os.environ | {"DRIFT_WARM_NICE": "10"}, cwd=os.path.dirname(os.path.dirname(__file__)))
+                             env=os.environ | {"DRIFT_WARM_NICE": "10"}, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     threading.Thread(target=child.wait, name="warm-reaper", daemon=True).start()  # no zombie left behind
     return child

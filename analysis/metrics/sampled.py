@@ -7,9 +7,9 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from analysis.sql import check_runs, run_filter
+from analysis.metrics import read
 from analysis.store import Store
-from analysis.summaries import read
+from analysis.summaries.sql import check_runs, run_filter
 
 
 def count_text(n: int) -> str:

@@ -1,0 +1,278 @@
+"""DriftLogger: the few lines a trainer adds to write SCHEMA.md summaries and token rows, one set per step.
+
+    logger = DriftLogger("drift_logs", run="bf16-baseline", config={"sampler_dtype": "bf16"}, token_sample=0.01)
+    logger.log_step(step, rollout_log_probs, old_log_probs, response_mask, token_ids=responses,
+                    sampler_experts=routed_experts)
+
+Writes `<out_dir>/<run>/summary-step000012.parquet` (every summary table, over every trained token; SCHEMA.md,
+"Summary files"), `tokens-step000012.parquet` and `routing-step000012.parquet` (the rows of the tokens kept by
+`token_sample`; none when it is 0) and `run.json`. Vectorised torch on the tensors' own device (no Python loop
+per token) and byte-deterministic on CPU: the same inputs give the same file bytes.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from analysis.ingest import summary_files
+from analysis.record.summaries import SUMMARISED_KEY, SUMMARISED_VALUE, StepTensors, Workspace, summarise
+from analysis.record.token_sample import TOP_TOKENS, WORST_SEQUENCES, SamplePlan, select, step_generator
+from analysis.routing_rows import routing_columns
+from analysis.run_names import safe_run_name
+
+
+def _tensor(x, name: str, device: torch.device | None = None) -> torch.Tensor:
+    """Tensor (any device, any dtype), array or nested list -> torch tensor on `device` (default: its own)."""
+    if not isinstance(x, torch.Tensor):
+        try:
+            x = torch.as_tensor(np.asarray(x))
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"{name}: expected a tensor or array, got {type(x).__name__}") from exc
+    x = x.detach()
+    return x if device is None else x.to(device)
+
+
+def _expect_shape(arr, shape: tuple, name: str) -> None:
+    if tuple(arr.shape) != shape:
+        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(arr.shape)}")
+
+
+def _per_token(x, B: int, T: int, name: str, device: torch.device) -> torch.Tensor:
+    """An int, a per-sample [B] or a per-token [B, T] value -> int64 [B, T] (a broadcast view, no copy)."""
+    arr = _tensor(x, name, device)
+    if arr.ndim == 1:
+        _expect_shape(arr, (B,), name)
+        arr = arr[:, None]
+    elif arr.ndim == 2:
+        _expect_shape(arr, (B, T), name)
+    elif arr.ndim != 0:
+        raise ValueError(f"{name}: expected an int, shape [{B}] or [{B}, {T}], got shape {list(arr.shape)}")
+    return arr.to(torch.int64).expand(B, T)
+
+
+def _all_logprobs(values: torch.Tensor, mask: torch.Tensor, scratch: torch.Tensor | None = None) -> bool:
+    """Whether every unmasked value is finite and <= 0, with one min/max (aminmax) rather than the five passes of
+    the elementwise test: the smallest is not −inf and the largest is <= 0, NaN included, since aminmax returns
+    NaN when any value is NaN (and NaN <= 0 is false). First over every value, which settles it when the padding
+    holds valid log-probs too; else over the values with the padding replaced by −1 (a where into `scratch`, a
+    buffer of values' shape and dtype)."""
+    if values.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(values)  # one pass, padding included: where padding holds log-probs too (0, say)
+    if bool(hi <= 0) and bool(lo > -math.inf):
+        return True
+    masked = torch.where(mask, values, -1.0) if scratch is None else \
+        torch.where(mask, values, torch.tensor(-1.0, dtype=values.dtype), out=scratch)
+    lo, hi = torch.aminmax(masked)
+    return bool(hi <= 0) and bool(lo > -math.inf)
+
+
+def _float64(x: torch.Tensor, work: Workspace | None, name: str) -> torch.Tensor:
+    """x as float64 (x itself when it is), widened into the workspace's buffer `name` when there is one: a
+    fresh 8 MB block per step is mapped anew by the allocator, and its page faults cost more than the copy."""
+    if x.dtype == torch.float64:
+        return x
+    if work is None:
+        return x.to(torch.float64)
+    return work.get(name, tuple(x.shape), torch.float64, x.device).copy_(x)
+
+
+def _host(x: torch.Tensor) -> np.ndarray:
+    return x.cpu().numpy()
+
+
+def encodings(schema: pa.Schema) -> dict:
+    """pq.write_table options for DriftLogger's files. Doubles are byte-stream-split: their exponent bytes (and
+    the zero low bytes of widened fp32/bf16 log-probs) then compress (23% smaller summary files than the
+    defaults). Integers are delta-encoded: positions and sequence ids mostly step by +1 and steps and versions
+    repeat, where a dictionary of up to 4,096 positions cost ~2 bytes per token (token rows 25% smaller,
+    benchmarks/RESULTS-logger.md). Strings (run, table and dimension names) keep the dictionary."""
+    floats = [f.name for f in schema if pa.types.is_floating(f.type)]
+    ints = [f.name for f in schema if pa.types.is_integer(f.type)]
+    return {"use_dictionary": [f.name for f in schema if f.name not in floats and f.name not in ints],
+            "column_encoding": {c: "BYTE_STREAM_SPLIT" for c in floats} | {c: "DELTA_BINARY_PACKED" for c in ints}}
+
+
+def _write(table: pa.Table, path: Path, metadata: dict[str, str] | None = None) -> None:
+    # Written to a hidden temporary name, then renamed: a reader never sees half a shard.
+    if metadata:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp, compression="zstd", store_schema=True, write_statistics=True, **encodings(table.schema))
+    os.replace(tmp, path)
+
+
+class DriftLogger:
+    """Writes the summaries of every `log_step` call, plus token rows (and routing rows when experts are given)
+    for the share `token_sample` of its tokens (see analysis/record/token_sample.py for what a sample keeps)."""
+
+    def __init__(self, out_dir: str | os.PathLike, run: str, config: dict | None = None, token_sample: float = 1.0,
+                 worst_sequences: int = WORST_SEQUENCES, top_tokens: int = TOP_TOKENS, seed: int = 0,
+                 layout: str = "folder", rank: int = 0):
+        self.run = safe_run_name(run)
+        self.plan = SamplePlan(token_sample, worst_sequences, top_tokens, seed)
+        # layout="lake": every token of each step into out_dir/run=<run>/step=<n>/, one file per rank and kind
+        # (docs/SCHEMA.md, "Lake layout"); `python -m analysis summarize` computes the summaries from there
+        self.lake = None
+        if layout == "lake":
+            from analysis.lake.writer import LakeWriter
+            if token_sample != 1.0:
+                raise ValueError("layout='lake' keeps every token (token_sample=1.0): summarize --token-sample P "
+                                 "samples when it writes the summaries")
+            self.lake = LakeWriter(str(out_dir), self.run, rank, config)
+            return
+        if layout != "folder":
+            raise ValueError(f"layout: expected 'folder' or 'lake', got {layout!r}")
+        self.work = Workspace()  # the summaries' buffers, reused from step to step
+        self.dir = Path(out_dir) / self.run
+        self.dir.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"run": self.run, "config": config}, indent=2, sort_keys=True)
+        (self.dir / "run.json").write_text(text + "\n", encoding="utf-8")
+
+    def log_step(self, step: int, sampler_logprobs, trainer_logprobs, mask, token_ids=None,
+                 sampler_experts=None, trainer_experts=None, sampler_version=None, trainer_version=None,
+                 sample_ids=None) -> dict[str, Path]:
+        """Summarise the mask==1 tokens of one step and write the sampled ones; returns the paths written.
+
+        Args:
+            step: trainer step (int >= 0).
+            sampler_logprobs, trainer_logprobs: [B, T] log-probs of the response tokens (T = response positions).
+            mask: [B, T], 1 (or True) where the trainer trains on the token.
+            token_ids: optional [B, T] vocabulary ids.
+            sampler_experts, trainer_experts: optional [B, T, L, K] top-k expert ids at the position that
+                produced each token; trainer_experts needs sampler_experts.
+            sampler_version, trainer_version: optional int, [B] or [B, T] policy versions.
+            sample_ids: optional [B] sequence ids (default: the row index b).
+        Tensors stay on their device: the summaries are reduced there and only the kept tokens' rows move.
+        """
+        x = self._checked(step, sampler_logprobs, trainer_logprobs, mask, token_ids, sampler_experts,
+                          trainer_experts, sampler_version, trainer_version, sample_ids)
+        if self.lake is not None:  # full rows, no summaries: those come from summarize
+            rows = x.mask.reshape(-1).nonzero().squeeze(1)
+            routing = self._routing_rows(step, x, rows) if x.sampler_experts is not None else None
+            return self.lake.write_step(step, self._token_rows(step, x, rows), routing)
+        delta = None  # Δ = t − s: read only to draw a partial sample (token_sample strictly between 0 and 1)
+        if 0.0 < self.plan.rate < 1.0:
+            B, T = x.mask.shape
+            delta = torch.sub(x.t, x.s, out=self.work.get("input_delta", (B, T), torch.float64, x.device))
+        keep, kept = select(delta, x.mask, self.plan, step_generator(self.plan.seed, self.run, step, x.device))
+        tables = {"summary": (summary_files.build(self.run, step, summarise(x, kept, self.plan, self.work)),
+                              None)}
+        if self.plan.rate > 0:  # token_sample=0 writes summaries only
+            rows = keep.reshape(-1).nonzero().squeeze(1)  # row-major: sample, then position
+            tables["tokens"] = (self._token_rows(step, x, rows), {SUMMARISED_KEY: SUMMARISED_VALUE})
+            if x.sampler_experts is not None:
+                tables["routing"] = (self._routing_rows(step, x, rows), {SUMMARISED_KEY: SUMMARISED_VALUE})
+        # Everything is checked before the first write: bad input leaves no shard behind.
+        written = {}
+        for kind, (table, metadata) in tables.items():
+            written[kind] = self.dir / f"{kind}-step{step:06d}.parquet"
+            _write(table, written[kind], metadata)
+        return written
+
+    def _checked(self, step, sampler_logprobs, trainer_logprobs, mask, token_ids, sampler_experts,
+                 trainer_experts, sampler_version, trainer_version, sample_ids) -> StepTensors:
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"step: expected an int >= 0, got {step!r}")
+        s = _tensor(sampler_logprobs, "sampler_logprobs")
+        if s.ndim != 2:
+            raise ValueError(f"sampler_logprobs: expected shape [B, T], got {list(s.shape)}")
+        device = s.device
+        B, T = s.shape
+        t = _tensor(trainer_logprobs, "trainer_logprobs", device)
+        _expect_shape(t, (B, T), "trainer_logprobs")
+        m = _tensor(mask, "mask", device)
+        _expect_shape(m, (B, T), "mask")
+        m = m if m.dtype == torch.bool else m != 0
+        # float64 before any arithmetic: bf16/fp32 widen exactly, and every sum is then a float64 sum. The step's
+        # [B, T] blocks go into buffers kept from step to step (none in the lake layout, which keeps no workspace).
+        work = getattr(self, "work", None)
+        s, t = _float64(s, work, "input_s"), _float64(t, work, "input_t")
+
+        def block(name: str) -> torch.Tensor | None:
+            return work.get(name, (B, T), torch.float64, device) if work is not None else None
+        for name, values in (("sampler_logprobs", s), ("trainer_logprobs", t)):
+            if _all_logprobs(values, m, block("input_check")):
+                continue
+            bad = m & ~(torch.isfinite(values) & (values <= 0))  # which token: only for the message
+            if bad.any():
+                b, p = divmod(int(bad.reshape(-1).nonzero()[0]), T)
+                raise ValueError(f"{name}[{b}, {p}] = {float(values[b, p])!r}: a log-probability must be "
+                                 f"finite and <= 0 (mask the token out if it is padding)")
+        if sample_ids is None:
+            samples = torch.arange(B, dtype=torch.int64, device=device)
+        else:
+            samples = _tensor(sample_ids, "sample_ids", device).to(torch.int64)
+            _expect_shape(samples, (B,), "sample_ids")
+            if torch.unique(samples).numel() != B:
+                raise ValueError("sample_ids: expected distinct ids, got duplicates")
+        ids = None
+        if token_ids is not None:
+            ids = _tensor(token_ids, "token_ids", device)
+            _expect_shape(ids, (B, T), "token_ids")
+        versions = {name: _per_token(value, B, T, name, device) if value is not None else None
+                    for name, value in (("sampler_version", sampler_version), ("trainer_version", trainer_version))}
+        if trainer_experts is not None and sampler_experts is None:
+            raise ValueError("trainer_experts: given without sampler_experts (SCHEMA.md: sampler side is required)")
+        se = te = None
+        if sampler_experts is not None:
+            se = _tensor(sampler_experts, "sampler_experts", device)
+            if se.ndim != 4 or tuple(se.shape[:2]) != (B, T):
+                raise ValueError(f"sampler_experts: expected shape [{B}, {T}, L, K], got {list(se.shape)}")
+            _check_experts(se, m, "sampler_experts")
+            if trainer_experts is not None:
+                te = _tensor(trainer_experts, "trainer_experts", device)
+                _expect_shape(te, tuple(se.shape), "trainer_experts")
+                _check_experts(te, m, "trainer_experts")
+        return StepTensors(s, t, m, samples, ids, versions["sampler_version"], versions["trainer_version"],
+                           se, te)
+
+    def _token_rows(self, step: int, x: StepTensors, rows: torch.Tensor) -> pa.Table:
+        n = len(rows)
+        T = x.mask.shape[1]
+        columns = {
+            "run": pa.repeat(pa.scalar(self.run, pa.string()), n),
+            "step": pa.array(np.full(n, step, dtype=np.int64)),
+            "sample": pa.array(_host(x.samples[rows // T])),
+            "pos": pa.array(_host((rows % T).to(torch.int32))),
+        }
+        if x.token_ids is not None:
+            columns["token_id"] = pa.array(_host(x.token_ids.reshape(-1)[rows].to(torch.int32)))
+        columns["sampler_logprob"] = pa.array(_host(x.s.reshape(-1)[rows]))
+        columns["trainer_logprob"] = pa.array(_host(x.t.reshape(-1)[rows]))
+        for name, value in (("sampler_version", x.sampler_version), ("trainer_version", x.trainer_version)):
+            if value is not None:
+                columns[name] = pa.array(_host(value.reshape(-1)[rows]))
+        return pa.table(columns)
+
+    def _routing_rows(self, step: int, x: StepTensors, rows: torch.Tensor) -> pa.Table:
+        B, T, L, K = x.sampler_experts.shape
+
+        def experts(e):  # [kept tokens, L, K] on the host
+            return _host(e.reshape(B * T, L, K)[rows].to(torch.int32))
+
+        te = x.trainer_experts
+        keys = {"step": np.full(len(rows), step, dtype=np.int64), "sample": _host(x.samples[rows // T]),
+                "pos": _host((rows % T).to(torch.int32))}
+        cols = routing_columns(keys, experts(x.sampler_experts), experts(te) if te is not None else None)
+        n = len(cols["layer"])
+        cols["run"] = pa.repeat(pa.scalar(self.run, pa.string()), n)
+        cols.setdefault("trainer_experts", pa.nulls(n, pa.list_(pa.int32())))
+        return pa.table({c: cols[c] for c in ("run", "step", "sample", "pos", "layer", "sampler_experts",
+                                              "trainer_experts")})
+
+
+def _check_experts(e: torch.Tensor, mask: torch.Tensor, name: str) -> None:
+    """Refuse a negative id in a trained token's top-k: expert load counts index by id. (Repeated ids within a
+    top-k are left to ingest, which refuses the routing rows it is given.)"""
+    bad = (e < 0).any(-1) & mask[..., None]  # [B, T, L]
+    if bad.any():
+        b, p, layer = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{name}[{b}, {p}, {layer}] = {e[b, p, layer].tolist()}: expert ids are 0-based (>= 0)")
