@@ -21,7 +21,7 @@ import math
 from typing import Callable, Mapping, Sequence
 
 from analysis.summaries import schema as S
-from analysis.summaries.sql import clamp_sql
+from analysis.summaries.sql import clamp_log_ratio_sql
 
 ESS_CAP = 2.0  # the ESS clamp of the masking methods (analysis.metrics.corrections.ESS_CAP)
 NEVER_BELOW, NEVER_ABOVE = -1, S.N_BANDS  # band ids no band is below / above
@@ -79,7 +79,7 @@ def _band_sums(i: int, method: str) -> str:
 def seq_ctes(methods: Sequence[str], where: str) -> str:
     """CTEs ending in `seq`: one row per sequence of the summary rows matching `where` (a sequence's rows of every
     file merged) with n_tok, sum_d, mean_d, min_r and, per method i, the token-rule sums of `_band_sums`."""
-    cd_min = clamp_sql("min_d", f"-{S.CLAMP}::DOUBLE", f"{S.CLAMP}::DOUBLE")
+    cd_min = clamp_log_ratio_sql("min_d")
     return f"""sq AS (SELECT run, step, sample, sum(n_tokens)::BIGINT AS n_tok, fsum(sum_d) AS sum_d,
                           min(min_d) AS min_d
                    FROM summary_seq WHERE {where} GROUP BY run, step, sample HAVING sum(n_tokens) > 0),

@@ -10,6 +10,7 @@ import math
 from typing import Sequence
 
 from analysis.summaries import schema as S
+from analysis.summaries.sql import clamp_log_ratio_sql, clamp_sql, ratio_sql
 
 # METRICS.md v2 token columns, in the order the tables return them
 TOKEN_COLUMNS = (
@@ -45,9 +46,7 @@ def token_sql(keys: Sequence[str]) -> str:
     """Select-list of the token columns over a merged relation with TOKEN_SUMS (aliased m) and the cap/clip
     counts of `threshold_sql` (aliased h): everything but the sequence columns."""
     n = "m.n_tokens::DOUBLE"
-    c = float(S.CLAMP)
-    r_of = lambda d: f"exp(CASE WHEN {d} < -{c} THEN -{c} WHEN {d} > {c} THEN {c} ELSE {d} END)"
-    w_of = lambda d: f"(CASE WHEN {r_of(d)} < 1.0 / $cap THEN 1.0 / $cap WHEN {r_of(d)} > $cap THEN $cap ELSE {r_of(d)} END)"
+    w_of = lambda d: clamp_sql(ratio_sql(d), "1.0 / $cap", "$cap")
     # the moments around p = 0 or around p = 1, whichever the sampler's mean probability is nearer
     near0 = f"(m.sum_ps <= 0.5 * {n})"
     pick = lambda p, q: f"(CASE WHEN {near0} THEN {p} ELSE {q} END)"
@@ -70,9 +69,9 @@ def token_sql(keys: Sequence[str]) -> str:
         f"""CASE WHEN exp(m.min_s) = exp(m.max_s) OR exp(m.min_t) = exp(m.max_t) OR {vx} <= 0 OR {vy} <= 0
                  THEN NULL ELSE greatest(-1.0, least(1.0, {cov} / sqrt({vx} * {vy}))) END AS prob_pearson""",
         f"1.0 + m.sum_rm1 / {n} AS ratio_mean",
-        f"CASE WHEN {r_of('m.min_d')} = {r_of('m.max_d')} THEN 0.0 ELSE sqrt(greatest({var_r}, 0.0)) END AS ratio_std",
-        f"{r_of('m.min_d')} AS ratio_min",
-        f"{r_of('m.max_d')} AS ratio_max",
+        f"CASE WHEN {ratio_sql('m.min_d')} = {ratio_sql('m.max_d')} THEN 0.0 ELSE sqrt(greatest({var_r}, 0.0)) END AS ratio_std",
+        f"{ratio_sql('m.min_d')} AS ratio_min",
+        f"{ratio_sql('m.max_d')} AS ratio_max",
         f"m.sum_rm1_sq / {n} + 2.0 * m.sum_rm1 / {n} AS chi2_token",
         f"h.n_high / {n} AS ratio_frac_high",
         f"h.n_low / {n} AS ratio_frac_low",
@@ -121,8 +120,7 @@ def sequence_sql(keys: Sequence[str], where: str, length_bucket: str | None = No
     """Per group of `keys` (a subset of run, step, and `bucket` with length_bucket): the sequence columns over
     whole sequences (a sequence's rows from every file merged first). length_bucket: SQL of the
     bucket of a sequence's response length `length` (= 1 + its max pos)."""
-    c = float(S.CLAMP)
-    cs = f"(CASE WHEN sum_d < -{c} THEN -{c} WHEN sum_d > {c} THEN {c} ELSE sum_d END)"
+    cs = clamp_log_ratio_sql("sum_d")
     u = f"exp(2.0 * {cs})"
     expm1_2cs = f"(CASE WHEN {u} = 1.0 THEN 2.0 * {cs} ELSE ({u} - 1.0) * 2.0 * {cs} / ln({u}) END)"
     return f"""SELECT {', '.join(keys)}, count(*) AS n_sequences,

@@ -120,8 +120,7 @@ def token_terms_sql(src: str) -> str:
     expm1(−cd) = −(r − 1)/r, expm1(|cd|) is one of the two, exp t − exp s = exp s · (r − 1) while Δ is not
     clamped (no cancellation), and 1 − exp t = (1 − exp s) − (exp t − exp s).
     """
-    c = float(S.CLAMP)
-    cd = clamp_sql("(t - s)", f"-{c}::DOUBLE", f"{c}::DOUBLE")
+    cd = clamp_log_ratio_sql("(t - s)")
     small = f"abs(d) < {S.SERIES_BELOW}::DOUBLE"
     return f"""
     SELECT *, (CASE WHEN {small} THEN {series_k3_sql('d')}
