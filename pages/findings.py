@@ -179,8 +179,8 @@ def gates_tab() -> None:
         st.dataframe(table, hide_index=True, key="findings_gates",
                      column_config={"passed": st.column_config.CheckboxColumn("pass"),
                                     "value": st.column_config.NumberColumn("value", format="%.4g")})
-        st.caption("Published bands and CI gates (DIAGNOSIS.md), each with its source: prime-rl adds a model at mean "
-                   "mismatch KL < 0.015 over 20 steps; NeMo RL gates mult_prob_error < 1.05 / 1.1; slime's CI "
+        st.caption("Published bands and CI gates (docs/DIAGNOSIS.md), each with its source: prime-rl adds a model at "
+                   "mean mismatch KL < 0.015 over 20 steps; NeMo RL gates mult_prob_error < 1.05 / 1.1; slime's CI "
                    "log_ratio_abs_mean ≤ 0.1; verl's rollout-correction warning bands.")
 
 

@@ -1,4 +1,4 @@
-"""The published bands and CI gates of DIAGNOSIS.md, checked per run.
+"""The published bands and CI gates of docs/DIAGNOSIS.md ("Published bands and gates"), checked per run.
 
 Each band names the metric it reads, its rule, how serious breaking it is (a framework's CI gate or a
 "severe" band: alert; a documented warning band: warn) and its source, so a user can judge the threshold.

@@ -1,8 +1,8 @@
 """Findings: what carries a run's mismatch, the numbers that show it, where to see them, and what to try.
 
 Every kind is detected from the data by a stated rule (RULES, also shown with each finding); the advice and
-its source come from DIAGNOSIS.md. The measurements come from the other analysis modules (metrics, buckets,
-routing, corrections, decomposition, gates), one query per table for all the runs asked.
+its source come from docs/DIAGNOSIS.md ("Cause signatures"). The measurements come from the other analysis
+modules (metrics, buckets, routing, corrections, decomposition, gates), one query per table for all the runs asked.
 
 Ranking: severity (alert, warn, info), then causes before symptoms (KINDS order: staleness first because stale
 weights also flip routers and shift every bucket; band violations and noise floors describe consequences),
@@ -55,13 +55,13 @@ RULES = {
     "rising_trend": f"≥ {TREND_MIN_STEPS} steps, median kl_k3 of the last third ≥ {TREND_RATIO:g}× the first third, "
                     f"and Spearman(step, kl_k3) ≥ {TREND_RANK_CORR:g}",
     "step0_mismatch": f"kl_k3 ≥ {KL_FLOOR:g} at the run's first step, whose tokens all have lag 0 (or no versions)",
-    "band_violation": "a published band or CI gate of DIAGNOSIS.md that the run's value breaks",
+    "band_violation": "a published band or CI gate of docs/DIAGNOSIS.md that the run's value breaks",
     "noise_floor": "a correction's band (at its default parameters) reaches less far from Δ = 0 than the measured "
                    "p99 of what it acts on (warn: less than the p50)",
     "healthy": f"no warn or alert finding (every cause rule needs kl_k3 ≥ {KL_FLOOR:g})",
 }
 
-# DIAGNOSIS.md: what to try, and where that advice comes from
+# docs/DIAGNOSIS.md, "Cause signatures": what to try, and where that advice comes from
 ACTIONS = {
     "staleness": ("Reduce the maximum staleness (off-policy steps) or use a staleness-aware / decoupled correction; "
                   "this is asynchronous off-policyness, not numerics",
@@ -81,7 +81,8 @@ ACTIONS = {
                        "slime true-on-policy docs; vLLM × TorchTitan blog 2025-11-10"),
     "noise_floor": ("Widen the band beyond the measured p99, or use a token-level weight (TIS) instead of masking",
                     "verl-omni RFC #280"),
-    "healthy": ("Nothing to fix; keep logging both sides to catch a drift early", "DIAGNOSIS.md bands"),
+    "healthy": ("Nothing to fix; keep logging both sides to catch a drift early",
+                "docs/DIAGNOSIS.md, 'Published bands and gates'"),
 }
 
 # Evidence views: page URL stems (ui/nav.py) and their query-bound tabs/widgets
