@@ -3,7 +3,8 @@
 Routes with st.navigation over pages/ (one file per page), draws the shared sidebar, and opens the database
 once per process (DRIFT_DB, default data/drift.duckdb). An empty database gets the demo runs unless
 DRIFT_NO_DEMO=1; DRIFT_READ_ONLY=1 turns the app into a viewer. With an [auth] section in the secrets, nothing but a
-sign-in screen shows until the user has signed in (ui/auth.py; docs/hosting.md).
+sign-in screen shows until the user has signed in (ui/auth.py; docs/hosting.md). Every DRIFT_* setting is checked
+before anything is drawn (analysis/settings.py): a bad value is an error on the page, and nothing else.
 """
 from pathlib import Path
 

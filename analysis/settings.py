@@ -127,7 +127,8 @@ MAX_TENSOR_FILE = Setting("DRIFT_MAX_TENSOR_FILE_MB", MIB, 2048 * MiB,
                           "a `.pt` / `.safetensors` file (read whole) at most", "2048")
 NO_DEMO = Setting("DRIFT_NO_DEMO", BOOL, False, "an empty database stays empty instead of getting the demo runs")
 READ_ONLY = Setting("DRIFT_READ_ONLY", BOOL, False, "viewer mode: no upload, delete, config edit or lab run on any "
-                    "page; the database is opened read-only")
+                    "page; an existing database is opened read-only (read-write for the live watcher only, with "
+                    "`DRIFT_WATCH_DIRS`)")
 NO_WARM = Setting("DRIFT_NO_WARM", BOOL, False, "the app does not start `python -m analysis warm` (compiles the "
                   "ingest kernels in a low-priority child) when it opens a writable database")
 PREFETCH = Setting("DRIFT_PREFETCH", BOOL, True, "the app computes the default views of the other tabs and pages "
