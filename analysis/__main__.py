@@ -8,6 +8,8 @@ import logging
 import os
 import sys
 
+from analysis import settings
+
 
 def _db_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", default=None, help="DuckDB file (default: $DRIFT_DB or data/drift.duckdb)")
@@ -63,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:  # a bad DRIFT_* value stops every command before it does anything
+        settings.check()
+    except settings.SettingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if argv and argv[0] == "lab":  # the lab owns its options; torch is imported only on this path
         from analysis.lab.cli import main as lab_main
         return lab_main(argv[1:])
@@ -76,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     from analysis.store import Store, StoreError, default_db_path
     if args.command == "warm":  # no database either
         from analysis.ingest.warm import warm
-        if os.environ.get("DRIFT_WARM_NICE") and hasattr(os, "nice"):  # the app's child gives way to its pages
-            os.nice(int(os.environ["DRIFT_WARM_NICE"]))
+        nice = settings.WARM_NICE.read()
+        if nice is not None and hasattr(os, "nice"):  # the app's child gives way to its pages
+            os.nice(nice)
         warm()
         return 0
     if args.command == "summarize":  # reads a lake and writes files: no database
@@ -117,9 +125,9 @@ def _ingest(db, args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     # An internal error is one "error" line; its traceback (logged by ingest) only with DRIFT_DEBUG=1.
-    logging.basicConfig(level=logging.DEBUG if os.environ.get("DRIFT_DEBUG") else logging.CRITICAL,
+    logging.basicConfig(level=logging.DEBUG if settings.DEBUG.read() else logging.CRITICAL,
                         format="%(levelname)s %(name)s: %(message)s")
-    store = open_store(db, memory_limit=os.environ.get("DRIFT_MEMORY_LIMIT") or INGEST_MEMORY_LIMIT)
+    store = open_store(db, memory_limit=settings.MEMORY_LIMIT.read() or INGEST_MEMORY_LIMIT)
     gc.freeze()  # the imports' objects: the load's cycle collections no longer walk them (0.13 -> 0.07 s on 40M tokens)
     bar = TerminalProgress()
     if bar.enabled:

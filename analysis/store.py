@@ -3,7 +3,6 @@ serialises writes, and turns DuckDB errors into the project's own `StoreError`."
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import weakref
@@ -15,14 +14,11 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from analysis import key_runs, migrations, schema
+from analysis import key_runs, migrations, schema, settings
 from analysis.summaries import schema as summary_schema
 
 if TYPE_CHECKING:  # DuckDB's .pl() imports polars where a result is read: a load never needs its ~0.2 s import
     import polars as pl
-
-DEFAULT_DB = Path(__file__).resolve().parent.parent / "data" / "drift.duckdb"
-
 
 # Which runs have routing, and the trainer's side of it. Every routing row is counted in expert_load by the same
 # ingest transaction, so its few rows answer this without scanning millions of routing rows.
@@ -34,7 +30,7 @@ class StoreError(Exception):
 
 
 def default_db_path() -> Path:
-    return Path(os.environ.get("DRIFT_DB") or DEFAULT_DB)
+    return settings.DB.read()
 
 
 def _ddl() -> list[str]:
@@ -94,8 +90,8 @@ class Store:
         self.path = Path(path) if path is not None else default_db_path()
         self.read_only = read_only
         config: dict[str, Any] = {}
-        memory_limit = memory_limit or os.environ.get("DRIFT_MEMORY_LIMIT")
-        threads = threads or os.environ.get("DRIFT_THREADS")
+        memory_limit = memory_limit or settings.MEMORY_LIMIT.read()
+        threads = threads or settings.THREADS.read()
         if memory_limit:
             config["memory_limit"] = str(memory_limit)
         if threads:

@@ -17,6 +17,7 @@ from streamlit.testing.v1 import AppTest, app_test
 import browser_util as bu
 from test_pages import PAGES, TIMEOUT, _NavigationOnly, errors, texts
 
+from analysis.settings import SettingError
 from ui import access
 from ui.auth import AllowList
 
@@ -191,11 +192,16 @@ def test_allow_list(env, user, admitted):
 
 
 # -- upload cap ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("value, mib", [(None, 1024), ("64", 64), ("0.5", 0.5), ("0", 1024), ("-3", 1024),
-                                        ("lots", 1024), ("inf", 1024), ("nan", 1024)])
+@pytest.mark.parametrize("value, mib", [(None, 1024), ("", 1024), ("64", 64), ("0.5", 0.5)])
 def test_max_upload_bytes_from_env(value, mib):
     env = {} if value is None else {"DRIFT_MAX_UPLOAD_MB": value}
     assert access.max_upload_bytes(env) == int(mib * access.MiB)
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "lots", "inf", "nan"])
+def test_a_max_upload_that_is_no_positive_number_is_an_error_not_a_lifted_cap(value):
+    with pytest.raises(SettingError, match=f"^DRIFT_MAX_UPLOAD_MB='{value}': expected a positive number of MiB$"):
+        access.max_upload_bytes({"DRIFT_MAX_UPLOAD_MB": value})
 
 
 def test_upload_refusal_counts_the_whole_upload():

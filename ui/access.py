@@ -3,12 +3,11 @@ delete, config edit, lab runs) and the upload size cap. One place decides, so a 
 without touching the pages."""
 from __future__ import annotations
 
-import os
 from typing import Mapping, Sequence
 
-_TRUE = {"1", "true", "yes", "on"}
-MiB = 1 << 20
-DEFAULT_MAX_UPLOAD_MB = 1024
+from analysis import settings
+
+MiB = settings.MiB
 
 VIEWER_MESSAGE = ("This Driftscope is in viewer mode (DRIFT_READ_ONLY=1): uploads, deletions, config edits and "
                   "lab runs are switched off. Run your own copy to load data: `streamlit run app.py`.")
@@ -16,7 +15,7 @@ VIEWER_MESSAGE = ("This Driftscope is in viewer mode (DRIFT_READ_ONLY=1): upload
 
 def read_only() -> bool:
     """True when the app must not change the database."""
-    return os.environ.get("DRIFT_READ_ONLY", "").strip().lower() in _TRUE
+    return settings.READ_ONLY.read()
 
 
 def writable() -> bool:
@@ -25,21 +24,13 @@ def writable() -> bool:
 
 def demo_disabled() -> bool:
     """DRIFT_NO_DEMO=1: an empty database stays empty (tests of empty states, deployments without demo)."""
-    return os.environ.get("DRIFT_NO_DEMO", "").strip().lower() in _TRUE
+    return settings.NO_DEMO.read()
 
 
 def max_upload_bytes(environ: Mapping[str, str] | None = None) -> int:
-    """The most one upload (all files picked for one Load, summed) may hold: DRIFT_MAX_UPLOAD_MB, default 1024.
-
-    A value that is not a positive number falls back to the default rather than lifting the cap."""
-    env = os.environ if environ is None else environ
-    try:
-        mb = float(env.get("DRIFT_MAX_UPLOAD_MB", DEFAULT_MAX_UPLOAD_MB))
-    except ValueError:
-        mb = DEFAULT_MAX_UPLOAD_MB
-    if not mb > 0 or mb == float("inf"):
-        mb = DEFAULT_MAX_UPLOAD_MB
-    return int(mb * MiB)
+    """The most one upload (all files picked for one Load, summed) may hold, in bytes: DRIFT_MAX_UPLOAD_MB, default
+    1024. A value that is not a positive number is a SettingError (the app refuses to start), never a lifted cap."""
+    return settings.MAX_UPLOAD.read(environ)
 
 
 def _mib(n: int) -> str:

@@ -2,7 +2,6 @@
 section; DRIFT_ALLOWED_EMAILS / DRIFT_ALLOWED_DOMAIN then restrict who gets in after signing in."""
 from __future__ import annotations
 
-import os
 import re
 import sys
 from dataclasses import dataclass
@@ -10,6 +9,8 @@ from pathlib import Path
 from typing import Mapping
 
 import streamlit as st
+
+from analysis import settings
 
 # What st.login needs in [auth] (or in each [auth.<provider>] for the last three), per the st.login docs.
 SHARED_KEYS = ("redirect_uri", "cookie_secret")
@@ -33,11 +34,9 @@ class AllowList:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "AllowList":
         """DRIFT_ALLOWED_EMAILS="a@x.org, b@y.com", DRIFT_ALLOWED_DOMAIN="x.org" (both comma-separated, any case)."""
-        env = os.environ if environ is None else environ
-
-        def items(name: str) -> frozenset[str]:
-            return frozenset(p.strip().lower().lstrip("@") for p in env.get(name, "").split(",") if p.strip())
-        return cls(items("DRIFT_ALLOWED_EMAILS"), items("DRIFT_ALLOWED_DOMAIN"))
+        def items(setting: settings.Setting) -> frozenset[str]:
+            return frozenset(p.lower().lstrip("@") for p in setting.read(environ))
+        return cls(items(settings.ALLOWED_EMAILS), items(settings.ALLOWED_DOMAIN))
 
     def admits(self, user: Mapping) -> bool:
         """True when the signed-in `user` (st.user's claims) may use the app.

@@ -21,21 +21,20 @@ The "Follow live runs" toggle pauses it for the session; the watcher itself goes
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-
+from analysis import settings
 from analysis.ingest import watch
 
 log = logging.getLogger("driftscope.live")
 
-WATCH_DIRS_ENV = "DRIFT_WATCH_DIRS"
-INTERVAL_ENV = "DRIFT_WATCH_INTERVAL"
-DEFAULT_INTERVAL = 0.5
+WATCH_DIRS_ENV = settings.WATCH_DIRS.name
+INTERVAL_ENV = settings.WATCH_INTERVAL.name
+DEFAULT_INTERVAL = settings.WATCH_INTERVAL.default
 SETTLE_S = 1.0  # the least time a file keeps its size and time before it is read
 FOLLOW_KEY = "live_follow"
 DRAWN = "_live_drawn_version"  # the data version the page on screen was drawn from
@@ -43,19 +42,13 @@ DRAWN = "_live_drawn_version"  # the data version the page on screen was drawn f
 
 def watch_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
     """The folders the host allows the app to follow: DRIFT_WATCH_DIRS, os.pathsep-separated; nothing else."""
-    env = os.environ if environ is None else environ
-    return [Path(p).expanduser() for p in env.get(WATCH_DIRS_ENV, "").split(os.pathsep) if p.strip()]
+    return list(settings.WATCH_DIRS.read(environ))
 
 
 def interval(environ: Mapping[str, str] | None = None) -> float:
     """Seconds between polls of the folders and between refreshes of the page (DRIFT_WATCH_INTERVAL, 0.2–60).
     A poll of a folder of 2,000 files costs 0.04–0.1 s of one core (benchmarks/RESULTS-live.md)."""
-    env = os.environ if environ is None else environ
-    try:
-        value = float(env.get(INTERVAL_ENV, DEFAULT_INTERVAL))
-    except ValueError:
-        value = DEFAULT_INTERVAL
-    return min(60.0, max(0.2, value)) if value == value else DEFAULT_INTERVAL
+    return min(60.0, max(0.2, settings.WATCH_INTERVAL.read(environ)))
 
 
 @dataclass

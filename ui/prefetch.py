@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import atexit
 import importlib
-import os
 import sys
 import threading
 import time
 from typing import Callable
 
+from analysis import settings
 from analysis.findings import decomposition
 from analysis.findings import ranking as findings
 from analysis.metrics import (
@@ -94,7 +94,7 @@ _lock = threading.Lock()
 
 
 def enabled() -> bool:
-    return os.environ.get("DRIFT_PREFETCH", "1").strip().lower() not in {"0", "false", "no", "off"}
+    return settings.PREFETCH.read()
 
 
 def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | None = None) -> list[Call]:

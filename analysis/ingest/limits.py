@@ -1,10 +1,11 @@
 """Caps that keep memory bounded whatever the input (overridable by environment for hosted use)."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-MiB = 1 << 20
+from analysis import settings
+
+MiB = settings.MiB
 
 # A file larger than this gets a transaction of its own (batches.py), as before batching: its own load is long enough
 # that a commit does not matter, and a refusal of a later file never makes it load twice. It is also hashed while it
@@ -12,22 +13,19 @@ MiB = 1 << 20
 ALONE_BYTES = 8 << 20
 
 
-def _env_mib(name: str, default_mib: int) -> int:
-    return int(float(os.environ.get(name, default_mib)) * MiB)
-
-
 @dataclass(frozen=True)
 class Limits:
-    max_line_bytes: int = 64 * MiB          # one JSON line (one sequence) at most
-    max_decompressed_bytes: int = 4096 * MiB  # a .gz stream, decompressed
-    max_tensor_file_bytes: int = 2048 * MiB  # .pt / .safetensors are read whole
+    max_line_bytes: int = settings.MAX_LINE.default                # one JSON line (one sequence) at most
+    max_decompressed_bytes: int = settings.MAX_DECOMPRESSED.default  # a .gz stream, decompressed
+    max_tensor_file_bytes: int = settings.MAX_TENSOR_FILE.default    # .pt / .safetensors are read whole
     batch_rows: int = 491_520               # rows per read batch (4 DuckDB row groups)
 
     @classmethod
     def from_env(cls) -> "Limits":
-        return cls(max_line_bytes=_env_mib("DRIFT_MAX_LINE_MB", 64),
-                   max_decompressed_bytes=_env_mib("DRIFT_MAX_DECOMPRESSED_MB", 4096),
-                   max_tensor_file_bytes=_env_mib("DRIFT_MAX_TENSOR_FILE_MB", 2048))
+        """The caps the DRIFT_MAX_*_MB settings ask for."""
+        return cls(max_line_bytes=settings.MAX_LINE.read(),
+                   max_decompressed_bytes=settings.MAX_DECOMPRESSED.read(),
+                   max_tensor_file_bytes=settings.MAX_TENSOR_FILE.read())
 
 
 def human_size(n: int) -> str:

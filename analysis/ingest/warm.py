@@ -21,6 +21,8 @@ import threading
 
 import numpy as np
 
+from analysis import settings
+
 _started = threading.Event()
 
 
@@ -67,11 +69,11 @@ def compiled() -> bool | None:
 def start_in_background() -> subprocess.Popen | None:
     """`python -m analysis warm` in a child process at low priority, once per process (None: already started, or
     DRIFT_NO_WARM=1). Its output is dropped: a failure here only means the first ingest compiles the kernels."""
-    if _started.is_set() or os.environ.get("DRIFT_NO_WARM") == "1":
+    if _started.is_set() or settings.NO_WARM.read():
         return None
     _started.set()
     child = subprocess.Popen([sys.executable, "-m", "analysis", "warm"], stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
-                             env=os.environ | {"DRIFT_WARM_NICE": "10"}, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+                             env=os.environ | {settings.WARM_NICE.name: "10"}, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     threading.Thread(target=child.wait, name="warm-reaper", daemon=True).start()  # no zombie left behind
     return child
