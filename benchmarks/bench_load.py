@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-import browser_util as bu  # noqa: E402
+from helpers import browser as bu  # noqa: E402  (tests/helpers)
 
 WORK = ROOT / "benchmarks" / "work"
 RESULTS = ROOT / "benchmarks" / "RESULTS-load.md"

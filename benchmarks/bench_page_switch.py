@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-import browser_util as bu  # noqa: E402
+from helpers import browser as bu  # noqa: E402  (tests/helpers)
 
 
 def main() -> int:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import duckdb  # noqa: E402
 
-import browser_util as bu  # noqa: E402
+from helpers import browser as bu  # noqa: E402  (tests/helpers)
 
 WORK = ROOT / "benchmarks" / "work"
 RESULTS = ROOT / "benchmarks" / "RESULTS-pages.md"
