@@ -214,9 +214,9 @@ def test_modules_import_helpers_never_another_test_module_or_conftest():
     conftest) would run that module's imports, and tie the two, for a helper. The helpers import no test either."""
     files = sorted(TESTS.glob("test_*.py")) + sorted((TESTS / "helpers").glob("*.py")) + [TESTS / "conftest.py"]
     assert len(files) > 60
-    bad = {f.relative_to(ROOT).as_posix(): sorted(m for m in imported_modules(f)
-                                                  if m.split(".")[0].startswith("test_") or m.split(".")[0] == "conftest")
-           for f in files}
+    tops = {f: {m: m.split(".")[0] for m in imported_modules(f)} for f in files}
+    bad = {f.relative_to(ROOT).as_posix(): sorted(m for m, top in mods.items() if top.startswith("test_")
+                                                  or top == "conftest") for f, mods in tops.items()}
     assert {f: m for f, m in bad.items() if m} == {}
 
 
@@ -225,3 +225,15 @@ def test_the_import_check_sees_a_test_module_imported_inside_a_function(tmp_path
     planted.write_text("from helpers.data import metrics_load\n\ndef test_x():\n    from test_pages import PAGES\n"
                        "    import conftest\n")
     assert {"test_pages", "test_pages.PAGES", "conftest", "helpers.data"} <= imported_modules(planted)
+
+
+def test_benchmark_scripts_share_code_through_the_harness_only():
+    """A benchmark script imports benchmarks/harness.py and benchmarks/inputs/, never another script (which
+    would run that script's imports and tie the two), and the test helpers only through the harness."""
+    bench = ROOT / "benchmarks"
+    scripts = {p.stem for p in bench.glob("*.py")} - {"harness"}
+    files = sorted(bench.glob("*.py")) + sorted((bench / "inputs").glob("*.py"))
+    bad = {f.relative_to(ROOT).as_posix(): sorted(m for m in imported_modules(f)
+                                                  if m.split(".")[0] in scripts | {"helpers"} or "browser_util" in m)
+           for f in files}
+    assert {f: m for f, m in bad.items() if m} == {"benchmarks/harness.py": ["helpers", "helpers.browser"]}
