@@ -12,7 +12,8 @@ counted: exception boxes, error alerts, pages that never got idle (timeouts), an
 --db demo (default): a fresh database in benchmarks/work/ that the app fills with the demo runs. --db large: a
 copy of benchmarks/work/pages_large.duckdb (bench_pages.py) or of the metrics database (benchmarks/inputs/
 metrics_db.py), 5-6M tokens; the copy keeps other benchmarks' files unlocked. --viewer runs the server in viewer
-mode (DRIFT_READ_ONLY=1, the hosted setup for an untrusted audience). Results are appended to benchmarks/RESULTS-load.md.
+mode (DRIFT_READ_ONLY=1, the hosted setup for an untrusted audience). Results are appended to
+benchmarks/RESULTS-load.md.
 """
 from __future__ import annotations
 
