@@ -12,7 +12,7 @@ Two inputs, each summed into fresh accumulators per call (`Accumulators.add`, nu
 - long, flat probabilities: the same tokens with bench_scale.py's values (s uniform in [−5, 0], so no
   probability bucket holds more than ~1/4 of them; Δ uniform in ±0.01) and no lag.
 
-The other commit's kernel.py is loaded from `git show` under another module name (bench_logger.module_at; its
+The other commit's kernel.py is loaded from `git show` under another module name (harness.module_at; its
 own numba cache, in a temporary folder), so both run in the same process on the same arrays; each is called once
 before timing (a first call compiles or loads it). The rows of both are compared (max relative difference), and per input the
 min and median of `--rounds` calls are reported, with the ratio of the mins. Results are appended to
@@ -21,22 +21,12 @@ benchmarks/RESULTS-kernel.md.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from harness import ROOT, alternate, module_at, record
 
-from analysis.summaries import kernel as current  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_logger import module_at  # noqa: E402
+from analysis.summaries import kernel as current
 
 RESULTS = ROOT / "benchmarks" / "RESULTS-kernel.md"
 AGAINST = "60a0fdc"  # main before the vectorised terms and run reductions
@@ -85,10 +75,10 @@ def max_rel_diff(a: dict, b: dict) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--against", default=AGAINST, help="the commit whose kernel is timed beside this checkout's")
     ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--no-write", action="store_true", help="print only; do not append to RESULTS-kernel.md")
     args = ap.parse_args()
     kernels = {"this checkout": current,
                args.against: module_at(args.against, "analysis/summaries/kernel.py", f"kernel_{args.against}")}
@@ -98,30 +88,14 @@ def main() -> None:
             return k.Accumulators.zeros(n_seq, n_lag).add(**kw)
         rows = {label: k.tables(run(k), np.arange(n_seq), 0, n_lag) for label, k in kernels.items()}  # warm
         diff = max_rel_diff(*rows.values())
-        times = {label: [] for label in kernels}
-        for _ in range(args.rounds):
-            for label, k in kernels.items():  # alternate: a busy moment hits both alike
-                t0 = time.perf_counter()
-                run(k)
-                times[label].append(time.perf_counter() - t0)
+        times = alternate({label: lambda k=k: run(k) for label, k in kernels.items()}, args.rounds)
         n = tokens(kw)
-        best = {label: min(v) for label, v in times.items()}
-        for label, v in times.items():
-            lines.append(f"- {name}, {label}: min {best[label] * 1e3:.1f} ms, median {np.median(v) * 1e3:.1f} ms "
-                         f"for {n:,} tokens ({n / best[label] / 1e6:.2f}M tokens/s)")
-        lines.append(f"- {name}: {best[args.against] / best['this checkout']:.2f}x the speed of {args.against} "
-                     f"(ratio of the mins); rows differ by at most {diff:.1e} (relative)")
-    header = (f"## {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S')}Z\n\n"
-              f"Command: `python benchmarks/bench_kernel.py --against {args.against} --rounds {args.rounds}`  \n"
-              f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-              f"one thread, load average at the end {os.getloadavg()[0]:.1f}\n\n")
-    text = header + "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        if not RESULTS.exists():
-            RESULTS.write_text(RESULTS_INTRO)
-        with RESULTS.open("a") as fp:
-            fp.write("\n" + text)
+        for label, t in times.items():
+            lines.append(f"- {name}, {label}: min {t.best * 1e3:.1f} ms, median {t.median * 1e3:.1f} ms "
+                         f"for {n:,} tokens ({n / t.best / 1e6:.2f}M tokens/s)")
+        lines.append(f"- {name}: {times[args.against].best / times['this checkout'].best:.2f}x the speed of "
+                     f"{args.against} (ratio of the mins); rows differ by at most {diff:.1e} (relative)")
+    record(RESULTS, "\n".join(lines), RESULTS_INTRO, note="One thread.", write=not args.no_write)
 
 
 RESULTS_INTRO = """# The summary kernel alone (benchmarks/bench_kernel.py)

@@ -14,25 +14,21 @@ counts, on both engines (slope: cost per partition; intercept: fixed cost), (e) 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
-import platform
-import resource
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import numpy as np
+import pyarrow as pa
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
+import harness
+from harness import ROOT, append_result, fresh_db, header
 
-from analysis.lake.layout import write_file  # noqa: E402
+from analysis.lake.layout import write_file
 
-WORK = ROOT / "benchmarks" / "work" / "lake"
+WORK = harness.WORK / "lake"
 RESULTS = ROOT / "benchmarks" / "RESULTS-lake.md"
 RUN, LEN, RANKS = "bench", 500, 2
 ROUTED_TOKENS, LAYERS, K, EXPERTS = 500_000, 32, 8, 64
@@ -99,16 +95,10 @@ def lake_for(tokens: int, partitions: int, routed: int, rebuild: bool) -> Path:
 
 def timed(cmd: list[str]) -> tuple[float, float]:
     """(wall, CPU) seconds of a whole process (imports, Ray start-up and shutdown included); it must succeed.
-    CPU is user + system time of the process and the descendants it waited for (Ray's raylet and workers),
-    which other processes on shared cores inflate far less than wall time."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode:
-        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    CPU is user + system time of the process and the descendants it waited for (not Ray's workers), which other
+    processes on shared cores inflate far less than wall time."""
+    r = harness.timed(cmd)
+    return r["seconds"], r["cpu_seconds"]
 
 
 def run_three(lake: Path) -> dict[str, tuple[float, float]]:
@@ -118,9 +108,7 @@ def run_three(lake: Path) -> dict[str, tuple[float, float]]:
         shutil.rmtree(out, ignore_errors=True)
         walls[engine] = timed([sys.executable, "-m", "analysis", "summarize", str(lake), "--out", str(out),
                                "--engine", engine])
-    db = WORK / f"ingest-{os.getpid()}.duckdb"
-    for p in (db, Path(f"{db}.wal")):
-        p.unlink(missing_ok=True)
+    db = fresh_db(WORK / f"ingest-{os.getpid()}.duckdb")
     walls["ingest"] = timed([sys.executable, "-m", "analysis", "ingest", str(lake), "--db", str(db)])
     db.unlink(missing_ok=True)
     shutil.rmtree(out, ignore_errors=True)
@@ -154,7 +142,7 @@ def main() -> None:
     ap.add_argument("--overhead", type=int, nargs=2, default=[50, 400], metavar=("LO", "HI"),
                     help="partition counts of the tiny lakes that measure the per-partition overhead")
     ap.add_argument("--routed", type=int, default=ROUTED_TOKENS, help="tokens that also get routing rows")
-    ap.add_argument("--rebuild", action="store_true")
+    ap.add_argument("--rebuild", action="store_true", help="build the lakes again even if they exist")
     ap.add_argument("--no-write", action="store_true", help="print, do not append to RESULTS-lake.md")
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
@@ -197,6 +185,7 @@ def main() -> None:
 
 
 _started: set[int] = set()
+INTRO = "# Lake summarize benchmarks (benchmarks/bench_lake.py)\n"
 
 
 def record(args, lines: list[str], last: bool = False) -> None:
@@ -204,27 +193,18 @@ def record(args, lines: list[str], last: bool = False) -> None:
     entry's header first, then the lines, and the load average when the run ends."""
     if args.no_write:
         return
-    import duckdb
     import ray
-    out = []
-    if not _started:
+    out, first = [], not _started
+    if first:
         _started.add(1)
-        out += [f"## {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S')}", "",
-                f"Command: `python benchmarks/bench_lake.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
-                f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-                f"duckdb {duckdb.__version__}, ray {ray.__version__}, load average at the start "
-                f"{os.getloadavg()[0]:.1f} (other processes share the CPUs)  ",
-                f"Data: {args.tokens:,} tokens (sequences of {LEN}), routing for {args.routed:,} of them "
-                f"({args.routed * LAYERS:,} rows: {LAYERS} layers, top-{K} of {EXPERTS}, 3% flips), each step one "
-                "partition of 2 rank files; wall and CPU seconds of whole processes, one run each", ""]
+        out.append(header({"ray": ray.__version__}, note=(
+            f"Data: {args.tokens:,} tokens (sequences of {LEN}), routing for {args.routed:,} of them "
+            f"({args.routed * LAYERS:,} rows: {LAYERS} layers, top-{K} of {EXPERTS}, 3% flips), each step one "
+            "partition of 2 rank files; wall and CPU seconds of whole processes, one run each")))
     out += lines
     if last:
-        out += ["", f"Load average at the end: {os.getloadavg()[0]:.1f}", ""]
-    new = not RESULTS.exists()
-    with open(RESULTS, "a") as f:
-        if new:
-            f.write("# Lake summarize benchmarks (benchmarks/bench_lake.py)\n\n")
-        f.write("\n".join(out) + "\n")
+        out += ["", f"Load average at the end: {os.getloadavg()[0]:.1f}"]
+    append_result(RESULTS, "\n".join(out), INTRO, new_entry=first)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Measure what decides how a live run's writer (the folder watcher) and the app's readers share one DuckDB file.
 
-    python benchmarks/bench_live.py [--tokens 1000000] [--files 2000] [--seconds 6]
+    python benchmarks/bench_live.py [--tokens 1000000] [--files 2000] [--seconds 6] [--no-write]
 
 On a database of --tokens tokens (built in benchmarks/work/, git-ignored):
   (a) poll cost: analysis.ingest.watch.scan over --files files, against a bare os.listdir of the same folder;
@@ -16,9 +16,7 @@ Results are appended to benchmarks/RESULTS-live.md.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -28,19 +26,17 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import duckdb
+import numpy as np
 
-import duckdb  # noqa: E402
-import numpy as np  # noqa: E402
+from harness import ROOT, WORK, best_of_pairs, record, repeat
 
-from analysis import schema  # noqa: E402
-from analysis.ingest import ingest_paths  # noqa: E402
-from analysis.ingest.watch import scan  # noqa: E402
-from analysis.record.logger import DriftLogger  # noqa: E402
-from analysis.store import Store  # noqa: E402
+from analysis import schema
+from analysis.ingest import ingest_paths
+from analysis.ingest.watch import scan
+from analysis.record.logger import DriftLogger
+from analysis.store import Store
 
-WORK = ROOT / "benchmarks" / "work"
 RESULTS = ROOT / "benchmarks" / "RESULTS-live.md"
 QUERY = "SELECT run, count(*), max(step), avg(trainer_logprob - sampler_logprob) FROM tokens GROUP BY run"
 
@@ -93,23 +89,15 @@ def write_steps(folder: Path, n: int) -> list[Path]:
     return out
 
 
-def best(fn, repeat: int = 5) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 def poll_cost(n_files: int) -> str:
     folder = Path(tempfile.mkdtemp(dir=WORK))
     for i in range(n_files):
         (folder / f"tokens-step{i:06d}.parquet").write_bytes(b"x")
-    t_scan, t_list = best(lambda: scan([folder])), best(lambda: os.listdir(folder))
+    scans, listings, _ = best_of_pairs(lambda: scan([folder]), lambda: os.listdir(folder), 5)
+    t_scan, t_list = scans.best, listings.best
     shutil.rmtree(folder)
     return (f"- (a) poll of {n_files:,} files: scan {t_scan * 1e3:.1f} ms ({t_scan / n_files * 1e6:.1f} µs a file) vs "
-            f"bare os.listdir {t_list * 1e3:.1f} ms -> {t_scan / t_list:.0f}x a listing, best of 5")
+            f"bare os.listdir {t_list * 1e3:.1f} ms -> {t_scan / t_list:.0f}x a listing, best of 5, alternating")
 
 
 def holding_conflict(db: Path, tries: int = 20) -> str:
@@ -130,14 +118,14 @@ def holding_conflict(db: Path, tries: int = 20) -> str:
 
 def short_lived(db: Path, files: list[Path], seconds: float) -> str:
     con = duckdb.connect(str(db), read_only=True)
-    warm = best(lambda: con.execute(QUERY).fetchall())
+    warm = repeat(lambda: con.execute(QUERY).fetchall(), 5).best
     con.close()
 
     def open_query_close():
         c = duckdb.connect(str(db), read_only=True)
         c.execute(QUERY).fetchall()
         c.close()
-    cold = best(open_query_close)
+    cold = repeat(open_query_close, 5).best
     writer = subprocess.Popen([sys.executable, "-c", SHORT_LIVED_WRITER, str(ROOT), str(db)]
                               + [str(f) for f in files] + ["0.2"])
     ok = failed = 0
@@ -194,10 +182,11 @@ def in_app(db: Path, files: list[Path], seconds: float) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=1_000_000)
-    ap.add_argument("--files", type=int, default=2000)
-    ap.add_argument("--seconds", type=float, default=6.0)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=1_000_000, help="tokens in the database the readers query")
+    ap.add_argument("--files", type=int, default=2000, help="files in the folder a poll scans")
+    ap.add_argument("--seconds", type=float, default=6.0, help="how long each shared-file phase runs")
+    ap.add_argument("--no-write", action="store_true", help="print only; do not append to RESULTS-live.md")
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=WORK) as tmp:
@@ -210,21 +199,10 @@ def main() -> None:
             half = steps[: len(steps) // 2] if name == "c" else steps[len(steps) // 2:]
             lines.append(fn(db) if name == "b" else fn(db, half, args.seconds))
             print(lines[-1], flush=True)
-    load = os.getloadavg()[0]
-    entry = (f"\n## {dt.datetime.now().isoformat(timespec='seconds')}\n\n"
-             f"Command: `python benchmarks/bench_live.py --tokens {args.tokens} --files {args.files} "
-             f"--seconds {args.seconds:g}`  \n"
-             f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, duckdb "
-             f"{duckdb.__version__}, load average at the end {load:.1f} (other processes share the CPUs)  \n"
-             f"Data: {args.tokens:,} tokens in the database; steps of 2,048 tokens written with DriftLogger\n\n"
-             + "\n".join(lines) + "\n")
-    if not RESULTS.exists():
-        RESULTS.write_text("# Live runs: writer and readers sharing one DuckDB file (benchmarks/bench_live.py)\n\n"
-                           "Each entry is one run of the command shown; the ratios compare the two sides measured "
-                           "in the same run.\n")
-    with open(RESULTS, "a") as fp:
-        fp.write(entry)
-    print(entry)
+    intro = ("# Live runs: writer and readers sharing one DuckDB file (benchmarks/bench_live.py)\n\n"
+             "Each entry is one run of the command shown; the ratios compare the two sides measured in the same run.")
+    record(RESULTS, "\n".join(lines), intro, write=not args.no_write,
+           note=f"Data: {args.tokens:,} tokens in the database; steps of 2,048 tokens written with DriftLogger")
 
 
 if __name__ == "__main__":

@@ -10,34 +10,31 @@ each of the page's other tabs (`page › tab`) from the click on the tab. Errors
 counted: exception boxes, error alerts, pages that never got idle (timeouts), and tracebacks in the server's log.
 
 --db demo (default): a fresh database in benchmarks/work/ that the app fills with the demo runs. --db large: a
-copy of benchmarks/work/pages_large.duckdb (bench_pages.py) or bench_metrics.duckdb (bench_metrics.py), 5-6M
-tokens; the copy keeps other benchmarks' files unlocked. --viewer runs the server in viewer mode (DRIFT_READ_ONLY=1,
-the hosted setup for an untrusted audience). Results are appended to benchmarks/RESULTS-load.md.
+copy of benchmarks/work/pages_large.duckdb (bench_pages.py) or of the metrics database (benchmarks/inputs/
+metrics_db.py), 5-6M tokens; the copy keeps other benchmarks' files unlocked. --viewer runs the server in viewer
+mode (DRIFT_READ_ONLY=1, the hosted setup for an untrusted audience). Results are appended to
+benchmarks/RESULTS-load.md.
 """
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import multiprocessing as mp
 import os
-import platform
 import random
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+import harness
+from harness import ROOT, WORK, fresh_db, record
+from inputs import metrics_db
 
-import browser_util as bu  # noqa: E402
+bu = harness.browser()
 
-WORK = ROOT / "benchmarks" / "work"
 RESULTS = ROOT / "benchmarks" / "RESULTS-load.md"
-LARGE_SOURCES = [WORK / "pages_large.duckdb", WORK / "bench_metrics.duckdb"]
+LARGE_SOURCES = [metrics_db.PAGES_LARGE, metrics_db.DB]
 
 
 def _errors_on_page(page) -> list[str]:
@@ -98,9 +95,7 @@ def prepare_db(choice: str) -> tuple[Path, dict, str]:
     """(database path, environment, description)."""
     WORK.mkdir(parents=True, exist_ok=True)
     if choice == "demo":
-        db = WORK / "load_demo.duckdb"
-        for p in (db, db.with_name(db.name + ".wal")):
-            p.unlink(missing_ok=True)  # the app loads the demo runs into the empty database on start
+        db = fresh_db(WORK / "load_demo.duckdb")  # the app loads the demo runs into the empty database on start
         return db, {"DRIFT_NO_DEMO": ""}, "demo runs (data/demo, loaded by the app on start)"
     if choice == "large":
         src = next((p for p in LARGE_SOURCES if p.exists()), None)
@@ -157,8 +152,8 @@ def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else float("nan")
 
 
-def render(cmd: str, desc: str, size: str, env: dict, warmup: float, results: list[dict], wall: float,
-           log_tracebacks: int, load: tuple[float, float, float], phase: tuple[float, float]) -> str:
+def render(desc: str, size: str, env: dict, warmup: float, results: list[dict], wall: float,
+           log_tracebacks: int, phase: tuple[float, float]) -> str:
     times: dict[str, list[float]] = {view: [] for view in bu.view_names()}
     errors: list[str] = []
     for r in results:
@@ -168,11 +163,7 @@ def render(cmd: str, desc: str, size: str, env: dict, warmup: float, results: li
             errors += [f"session {r['session']}, {label}: {e}" for e in errs]
     every = [t for ts in times.values() for t in ts]
     n_visits = sum(len(r["visits"]) for r in results)
-    lines = [f"## {dt.datetime.now():%Y-%m-%d %H:%M} — `{cmd}`", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; load average "
-             f"at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (the server, {len(results)} Chromiums and "
-             "other engineers' jobs share the cores).", "",
-             f"- Database: {desc}: {size}. Server env: "
+    lines = [f"- Database: {desc}: {size}. Server env: "
              + (", ".join(f"{k}={v or '(empty)'}" for k, v in sorted(env.items())) or "none") + ".",
              f"- Warm-up visit (server started → Overview idle, alone): {warmup:.2f} s. Per-session first load once "
              f"all {len(results)} opened together: "
@@ -248,15 +239,9 @@ def main() -> int:
             wall = max(r["wall"] for r in results)
     size = db_size(db)
     tracebacks = log.read_text(errors="replace").count("Traceback")
-    cmd = " ".join(["python benchmarks/bench_load.py"] + sys.argv[1:])
-    report = render(cmd, desc, size, env, warmup, results, wall, tracebacks, os.getloadavg(), phase)
-    print(report)
-    if not args.no_write:
-        new = not RESULTS.exists()
-        with open(RESULTS, "a", encoding="utf-8") as f:
-            if new:
-                f.write(HEADER)
-            f.write("\n" + report)
+    report = render(desc, size, env, warmup, results, wall, tracebacks, phase)
+    record(RESULTS, report, HEADER, write=not args.no_write,
+           note=f"The server and {len(results)} Chromiums share the cores.")
     return 0
 
 

@@ -22,24 +22,17 @@ Results are appended to benchmarks/RESULTS-logger.md.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import functools
-import importlib.util
-import os
-import platform
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
+from harness import ROOT, alternate, module_at, record
 
-from analysis.record.logger import DriftLogger  # noqa: E402
+from analysis.record.logger import DriftLogger
 
 RESULTS = ROOT / "benchmarks" / "RESULTS-logger.md"
 BASELINE_COMMIT = "b7f1e2a"  # main before this change: DriftLogger writes all token rows, no summaries
@@ -47,22 +40,9 @@ ENGINES = ("torch", "kernel")
 SAMPLES = (0.0, 0.001, 0.01, 1.0)
 
 
-def module_at(commit: str, path: str, name: str):
-    """The module `path` as it was at `commit`, imported from `git show` under `name`."""
-    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:{path}"],
-                         check=True, capture_output=True, text=True).stdout
-    file = Path(tempfile.mkdtemp()) / f"{name}.py"
-    file.write_text(src)
-    spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def baseline_logger():
     """DriftLogger as it was at BASELINE_COMMIT."""
-    return module_at(BASELINE_COMMIT, "analysis/record/logger.py", "baseline_logger").DriftLogger
+    return module_at(BASELINE_COMMIT, "analysis/logger.py", "baseline_logger").DriftLogger  # its path then
 
 
 def time_summarise(repeat: int, steps: int, data: dict) -> dict[str, tuple[float, float]]:
@@ -78,14 +58,14 @@ def time_summarise(repeat: int, steps: int, data: dict) -> dict[str, tuple[float
                for engine in ENGINES}
     for run in writers.values():  # warm: the kernel's first call loads (or compiles) it
         run()
-    best = {name: (float("inf"), float("inf")) for name in writers}
-    for _ in range(repeat):
-        for name, run in writers.items():
-            t0, c0 = time.perf_counter(), time.process_time()
-            for _ in range(steps):
-                run()
-            best[name] = min(best[name], (time.perf_counter() - t0, time.process_time() - c0))
-    return best
+
+    def rounds(run) -> tuple[float, float]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            run()
+        return time.perf_counter() - t0, time.process_time() - c0
+    runs = alternate({name: lambda run=run: rounds(run) for name, run in writers.items()}, repeat)
+    return {name: min(r.outs) for name, r in runs.items()}
 
 
 def torch_engine_logger(out: Path, rate: float) -> DriftLogger:
@@ -131,12 +111,12 @@ def time_round(make_logger, step_data: dict, steps: int, out: Path) -> tuple[flo
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=4_000_000, help="positions per step (B × T, before padding)")
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--steps", type=int, default=5, help="steps logged per round")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds per configuration; the best counts")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--no-write", action="store_true", help="print only; do not append to RESULTS-logger.md")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     data = make_step(args.tokens)
@@ -146,14 +126,13 @@ def main() -> None:
     configs["token_sample=0, torch engine (the CPU path before the kernel)"] = lambda out: torch_engine_logger(out, 0.0)
     for rate in SAMPLES:
         configs[f"token_sample={rate:g}"] = lambda out, rate=rate: DriftLogger(out, "bench", token_sample=rate)
-    best = {name: (float("inf"), float("inf")) for name in configs}
     t0 = time.perf_counter()
     DriftLogger(tempfile.mkdtemp(), "warm", token_sample=0.0).log_step(0, **make_step(2000))  # loads the kernel
     first_call = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(args.repeat):
-            for name, make in configs.items():  # alternate: a busy moment hits every configuration alike
-                best[name] = min(best[name], time_round(make, data, args.steps, Path(tmp) / "out"))
+        runs = alternate({name: lambda make=make: time_round(make, data, args.steps, Path(tmp) / "out")
+                          for name, make in configs.items()}, args.repeat)  # a busy moment hits every one alike
+        best = {name: min(r.outs) for name, r in runs.items()}
         sizes = {}
         for name, make in configs.items():
             out = Path(tmp) / "size"
@@ -173,25 +152,9 @@ def main() -> None:
                      f"per CPU-second), {first[0] / secs:.2f}x the torch engine's rate (CPU: {first[1] / cpu:.2f}x)")
     lines.append(f"\nFirst kernel use in this process (import + load from numba's cache, or compile): "
                  f"{first_call:.1f} s")
-    header = (f"## {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S')}Z\n\n"
-              f"Command: `python benchmarks/bench_logger.py --tokens {args.tokens} --steps {args.steps} "
-              f"--repeat {args.repeat} --threads {args.threads}`  \n"
-              f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-              f"torch {torch.__version__}, torch threads={args.threads}, load average at the end "
-              f"{os.getloadavg()[0]:.1f} (other processes share the CPUs)  \n"
-              f"Data: {args.steps} steps × {n // args.steps:,} trained tokens (fp32 log-probs, no routing), "
-              f"best of {args.repeat} rounds, alternating\n\n")
-    record(header + "\n".join(lines) + "\n", write=not args.no_write)
-
-
-def record(text: str, write: bool = True) -> None:
-    """Print an entry and append it to RESULTS-logger.md (the logger benchmarks share it)."""
-    print(text)
-    if write:
-        if not RESULTS.exists():
-            RESULTS.write_text(RESULTS_INTRO)
-        with RESULTS.open("a") as fp:
-            fp.write("\n" + text)
+    record(RESULTS, "\n".join(lines), RESULTS_INTRO, {"torch": torch.__version__}, write=not args.no_write,
+           note=f"torch threads={args.threads}; data: {args.steps} steps × {n // args.steps:,} trained tokens "
+                f"(fp32 log-probs, no routing), best of {args.repeat} rounds, alternating")
 
 
 RESULTS_INTRO = """# DriftLogger benchmarks (benchmarks/bench_logger.py, benchmarks/sim_1b.py)

@@ -5,9 +5,9 @@
 
 Inputs: `--logged` steps of `--tokens` tokens written by DriftLogger (benchmarks/sim_1b.py: sequences of 4,096,
 token_sample 0.001, the worst sequence and the 256 top tokens of each step kept), completed to `--steps` steps
-with copies of their files (step column rewritten; sim_1b's --replicate), so the files are those of a
+with copies of their files (step column rewritten; sim_1b's --logged), so the files are those of a
 `steps` x `tokens` run: one summary file (~0.55 MB) and one sampled tokens file (~85 KB) per step. They are made
-once per shape under benchmarks/work/many/ (git-ignored) in child processes.
+once per shape under benchmarks/work/many/ (git-ignored) in a child process.
 
 Then, per repeat and in alternating order, `python -m analysis ingest FOLDER --db fresh.duckdb` from this
 checkout and from `--code` (e.g. a `git archive main` copy): wall, CPU (user + system) and peak RSS of that
@@ -24,11 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_scale import timed  # noqa: E402
+import harness
+from harness import ROOT, alternate, fresh_db, timed
 
-WORK = ROOT / "benchmarks" / "work" / "many"
+WORK = harness.WORK / "many"
 
 
 def make_logs(steps: int, logged: int, tokens: int, token_sample: float) -> Path:
@@ -37,22 +36,17 @@ def make_logs(steps: int, logged: int, tokens: int, token_sample: float) -> Path
     folder = work / "sim-1b"
     if (work / "DONE").exists():
         return folder
-    sim = [sys.executable, str(ROOT / "benchmarks" / "sim_1b.py"), "--tokens", str(tokens), "--token-sample",
-           str(token_sample), "--work", str(work)]
-    subprocess.run(sim + ["--steps", str(logged), "--log-only"], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
-                    f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import sim_1b; "
-                    f"sim_1b.set_work(Path({str(work)!r})); sim_1b.replicate({steps})"], check=True)
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sim_1b.py"), "--tokens", str(tokens), "--token-sample",
+                    str(token_sample), "--work", str(work), "--steps", str(steps), "--logged", str(logged),
+                    "--log-only"], check=True, stdout=subprocess.DEVNULL)
     (work / "DONE").touch()
     return folder
 
 
 def ingest(folder: Path, db: Path, code: Path) -> dict:
     """`python -m analysis ingest` of the folder from checkout `code`: wall, CPU and peak RSS of that child alone
-    (bench_scale.timed), and the files it loaded."""
-    for p in (db, Path(f"{db}.wal")):
-        p.unlink(missing_ok=True)
-    r = timed([sys.executable, "-m", "analysis", "ingest", str(folder), "--db", str(db)], cwd=code)
+    (harness.timed), and the files it loaded."""
+    r = timed([sys.executable, "-m", "analysis", "ingest", str(folder), "--db", str(fresh_db(db))], cwd=code)
     r["files"] = sum(line.startswith("loaded ") for line in r.pop("stdout").splitlines())
     return r
 
@@ -84,13 +78,13 @@ def same_rows(a: Path, b: Path) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=1000)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=1000, help="steps of the run (two files each)")
     ap.add_argument("--logged", type=int, default=20, help="steps really logged; the others are copies")
-    ap.add_argument("--tokens", type=int, default=999_424)
-    ap.add_argument("--token-sample", type=float, default=0.001)
+    ap.add_argument("--tokens", type=int, default=999_424, help="tokens per step")
+    ap.add_argument("--token-sample", type=float, default=0.001, help="DriftLogger's token_sample")
     ap.add_argument("--code", type=Path, help="another checkout: its ingest is timed too, side by side")
-    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=1, help="ingests per side, alternating; the best counts")
     a = ap.parse_args()
     t0 = time.perf_counter()
     folder = make_logs(a.steps, min(a.logged, a.steps), a.tokens, a.token_sample)
@@ -100,19 +94,19 @@ def main() -> None:
           f"python {platform.python_version()}, {os.cpu_count()} cpus, load "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     sides = {"this": ROOT} | ({"other": a.code.resolve()} if a.code else {})
-    best: dict[str, dict[str, float]] = {}
-    for r in range(a.repeat):
-        for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
-            res = ingest(folder, folder.parent / f"{name}.duckdb", sides[name])
-            if res["files"] != len(files):
-                raise SystemExit(f"{name}: {res['files']} of {len(files)} files loaded")
-            ms = res["seconds"] / len(files) * 1000
-            print(f"repeat {r + 1} {name:>5} ({sides[name]}): {res['seconds']:.2f} s wall ({ms:.1f} ms per file), "
-                  f"{res['cpu_seconds']:.2f} s cpu ({res['cpu_seconds'] / len(files) * 1000:.1f} ms per file), "
-                  f"peak RSS {res['peak_rss_mb']:.0f} MB, load {os.getloadavg()[0]:.2f}", flush=True)
-            b = best.setdefault(name, {})
-            for key in ("seconds", "cpu_seconds", "peak_rss_mb"):
-                b[key] = min(b.get(key, float("inf")), res[key]) if key != "peak_rss_mb" else max(b.get(key, 0), res[key])
+
+    def one(name: str) -> dict:
+        res = ingest(folder, folder.parent / f"{name}.duckdb", sides[name])
+        if res["files"] != len(files):
+            raise SystemExit(f"{name}: {res['files']} of {len(files)} files loaded")
+        ms = res["seconds"] / len(files) * 1000
+        print(f"{name:>5} ({sides[name]}): {res['seconds']:.2f} s wall ({ms:.1f} ms per file), "
+              f"{res['cpu_seconds']:.2f} s cpu ({res['cpu_seconds'] / len(files) * 1000:.1f} ms per file), "
+              f"peak RSS {res['peak_rss_mb']:.0f} MB, load {os.getloadavg()[0]:.2f}", flush=True)
+        return res
+    runs = alternate({name: lambda name=name: one(name) for name in sides}, a.repeat)
+    best = {name: {"seconds": min(o["seconds"] for o in r.outs), "cpu_seconds": min(o["cpu_seconds"] for o in r.outs),
+                   "peak_rss_mb": max(o["peak_rss_mb"] for o in r.outs)} for name, r in runs.items()}
     if "other" in best:
         differ = same_rows(folder.parent / "this.duckdb", folder.parent / "other.duckdb")
         print("databases: " + ("the same rows in every table" if not differ else "DIFFER in " + ", ".join(differ)))

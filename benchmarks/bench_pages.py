@@ -1,40 +1,41 @@
 """Time each dashboard page in a real browser: from clicking its link in the sidebar (or one of its tabs) to idle
 (script finished, every plotly chart drawn), on the demo database and on a large one (≥ 5M tokens).
 
-    python benchmarks/bench_pages.py [--only demo|large|scale] [--rounds 2] [--prefetch on|off] [--think S] [--no-write]
+    python benchmarks/bench_pages.py [--only demo|large|scale] [--rounds 2] [--prefetch on|off] [--think S]
+                                     [--profile] [--no-write]
+    python benchmarks/bench_pages.py --switch PAGE PAGE [--db PATH] [--clicks 12] [--settle 45]
 
-The large database reuses benchmarks/work/bench_metrics.duckdb (5M tokens, 8M routing rows, built with DuckDB
-SQL by bench_metrics.py; built here through it when missing) and adds a second run (the first 10 steps,
-1M tokens, renamed) so that Compare has two runs. `--only scale` measures the run-scale database instead:
-bench_summaries.py's (40M tokens over 400 steps, 16M routing rows, with summaries) plus the same second run. Round 1 is cold (each page's first visit: every query runs);
-later rounds are warm (the app's per-data-version cache answers). With --prefetch on (the app's default) the
-app computes the other pages' default views in the background after each page; --think S waits S seconds on
-each page before the next click, as a reader would. Results go to benchmarks/RESULTS-pages.md.
+The large database is the metrics database (benchmarks/inputs/metrics_db.py: 5M tokens, 8M routing rows, built
+with DuckDB SQL when missing) plus a second run (its first 10 steps, 1M tokens, renamed) so that Compare has two
+runs. `--only scale` measures the run-scale database instead: the summaries database (inputs/summaries_db.py:
+40M tokens over 400 steps, 16M routing rows, with summaries) plus the same second run. Round 1 is cold (each
+page's first visit: every query runs); later rounds are warm (the app's per-data-version cache answers). With
+--prefetch on (the app's default) the app computes the other pages' default views in the background after each
+page; --think S waits S seconds on each page before the next click, as a reader would. Results go to
+benchmarks/RESULTS-pages.md.
+
+--switch times warm switches between two pages instead (see `switch`), printing each click's seconds and their
+median; only medians taken one after the other (two checkouts, before and after a change) compare.
 """
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
 import shutil
 import statistics
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import duckdb
 
-import duckdb  # noqa: E402
+import harness
+from harness import ROOT, WORK, fresh_db, record
+from inputs import metrics_db, summaries_db
 
-import browser_util as bu  # noqa: E402
+bu = harness.browser()
 
-WORK = ROOT / "benchmarks" / "work"
 RESULTS = ROOT / "benchmarks" / "RESULTS-pages.md"
-LARGE = WORK / "pages_large.duckdb"
+LARGE = metrics_db.PAGES_LARGE
 DEMO = WORK / "pages_demo.duckdb"
 LARGE_VERSION = "3"  # 3: run codes in the stored rows
 SCALE = WORK / "pages_scale.duckdb"
@@ -43,23 +44,18 @@ TARGET_S = {"demo": 2.0, "large": 2.0, "scale": 1.0}  # scale: issue 12, every f
 
 
 def build_large() -> None:
-    import bench_metrics
-
-    if not bench_metrics.is_built(bench_metrics.DB):
-        bench_metrics.build(bench_metrics.DB)
+    """The large database: the metrics database (inputs/metrics_db.py) plus the second run."""
+    source = metrics_db.ensure()
     if not _current(LARGE, LARGE_VERSION):
-        _with_second_run(bench_metrics.DB, LARGE, LARGE_VERSION)
+        _with_second_run(source, LARGE, LARGE_VERSION)
 
 
 def build_scale() -> None:
-    """The run-scale database: bench_summaries.py's (40M tokens over 400 steps, 16M routing rows, summaries)
-    plus the second run."""
-    import bench_summaries
-
-    if not bench_summaries.is_built(bench_summaries.DB):
-        bench_summaries.build(bench_summaries.DB)
+    """The run-scale database: the summaries database (inputs/summaries_db.py: 40M tokens over 400 steps, 16M
+    routing rows, summaries) plus the second run."""
+    source, _ = summaries_db.ensure()
     if not _current(SCALE, SCALE_VERSION):
-        _with_second_run(bench_summaries.DB, SCALE, SCALE_VERSION)
+        _with_second_run(source, SCALE, SCALE_VERSION)
 
 
 def _current(path: Path, version: str) -> bool:
@@ -168,6 +164,28 @@ def profile(db: Path) -> list[tuple[str, float]]:
         store.close()
 
 
+def switch(db: Path, a: str, b: str, clicks: int, settle: float) -> list[float]:
+    """Seconds of each warm switch between pages `a` and `b` (sidebar labels): the per-click cost of the app itself
+    once every query is cached (sidebar, page script, Streamlit's run bookkeeping, the browser's drawing). The app
+    opens on `db` with its prefetch on, computes for `settle` seconds (every page's default view, the lab's
+    import), both pages are visited twice untimed, then `clicks` clicks alternate between them."""
+    from playwright.sync_api import sync_playwright
+
+    titles = {label: title for label, title, _ in bu.PAGES}
+    with bu.streamlit_server(db, timeout=300) as url, sync_playwright() as p:
+        browser = bu.launch_chromium(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url)
+        bu.wait_idle(page, "Overview", timeout_ms=600_000)
+        time.sleep(settle)
+        for label in (a, b, a, b):
+            bu.goto_page(page, label, titles[label], 300_000)
+        seconds = [bu.goto_page(page, label, titles[label], 300_000)
+                   for label in (a if i % 2 == 0 else b for i in range(clicks))]
+        browser.close()
+    return seconds
+
+
 def sizes(db: Path) -> tuple[int, int, int]:
     con = duckdb.connect(str(db), read_only=True)
     try:
@@ -187,12 +205,27 @@ def main() -> int:
     ap.add_argument("--think", type=float, default=0.0, help="seconds spent on each page before the next click")
     ap.add_argument("--profile", action="store_true", help="also time each analysis call on the large database")
     ap.add_argument("--no-write", action="store_true", help="print only; do not append to RESULTS-pages.md")
+    ap.add_argument("--switch", nargs=2, metavar="PAGE", choices=[label for label, _, _ in bu.PAGES],
+                    help="instead: time warm switches between two pages (sidebar labels) on --db; prints the "
+                         "seconds of each click and their median, writes nothing")
+    ap.add_argument("--db", type=Path, help="with --switch: the database (default: the large one, built when missing)")
+    ap.add_argument("--clicks", type=int, default=12, help="with --switch: timed clicks (default 12)")
+    ap.add_argument("--settle", type=float, default=45.0,
+                    help="with --switch: seconds the app computes in the background before the clicks (default 45)")
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
+    if args.switch:
+        if args.db is None:
+            build_large()
+        a, b = args.switch
+        seconds = switch(args.db or LARGE, a, b, args.clicks, args.settle)
+        print(" ".join(f"{s:.2f}" for s in seconds))
+        print(f"median {statistics.median(seconds):.3f} s over {len(seconds)} clicks ({a} <-> {b})")
+        return 0
     results = {}
     prefetch = "1" if args.prefetch == "on" else "0"
     if args.only in (None, "demo"):
-        DEMO.unlink(missing_ok=True)  # the app loads the demo runs into the empty database on start
+        fresh_db(DEMO)  # the app loads the demo runs into the empty database on start
         print("demo database")
         results["demo"] = measure(DEMO, args.rounds, {"DRIFT_NO_DEMO": "", "DRIFT_PREFETCH": prefetch}, args.think)
         results["demo"]["size"] = sizes(DEMO)
@@ -211,24 +244,13 @@ def main() -> int:
         results["scale"]["size"] = sizes(SCALE)
         if args.profile:
             results["scale"]["profile"] = profile(SCALE)
-    report = render(results, args)
-    print(report)
-    if not args.no_write:
-        with open(RESULTS, "a", encoding="utf-8") as f:
-            f.write(report + "\n")
+    record(RESULTS, render(results), "# Page speed in a real browser", write=not args.no_write,
+           note="Other jobs may share the cores.")
     return 0
 
 
-def render(results: dict, args) -> str:
-    load = os.getloadavg()
-    cmd = "python benchmarks/bench_pages.py" + (f" --only {args.only}" if args.only else "") + \
-        (" --profile" if args.profile else "") + \
-        (f" --rounds {args.rounds}" if args.rounds != 2 else "") + f" --prefetch {args.prefetch}" + \
-        (f" --think {args.think:g}" if args.think else "")
-    lines = [f"## {dt.datetime.now():%Y-%m-%d %H:%M} — `{cmd}`", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-             f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (other jobs share the cores).",
-             ""]
+def render(results: dict) -> str:
+    lines = []
     for name, r in results.items():
         n_tok, n_rout, n_runs = r["size"]
         lines.append(f"- **{name}**: {n_tok:,} tokens, {n_rout:,} routing rows, {n_runs} runs; "

@@ -35,52 +35,13 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-WORK = ROOT / "benchmarks" / "work" / "scale"
-SEQ_LEN = 500
-
-
-def make_inputs(n_tokens: int, steps: int, routing_tokens: int, layers: int) -> list[Path]:
-    """tokens.parquet (and routing.parquet when routing_tokens > 0), written once per shape."""
-    import duckdb
-
-    out = WORK / f"t{n_tokens}_s{steps}_r{routing_tokens}_l{layers}"
-    done = out / "DONE"
-    files = [out / "tokens.parquet"] + ([out / "routing.parquet"] if routing_tokens else [])
-    if done.exists():
-        return files
-    out.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect()
-    con.execute("SET preserve_insertion_order = true")
-    per_step = n_tokens // steps
-    # t = s + small noise (kept <= 0); token i of the run is token (i % per_step) of step i // per_step
-    con.execute(f"""COPY (
-        SELECT 'bench' AS run, (i // {per_step})::BIGINT AS step, ((i % {per_step}) // {SEQ_LEN})::BIGINT AS sample,
-               (i % {SEQ_LEN})::INTEGER AS pos, (hash(i) % 50000)::INTEGER AS token_id, s AS sampler_logprob,
-               least(0.0, s + (random() - 0.5) * 0.02) AS trainer_logprob
-        FROM (SELECT i, -(random() * 5) AS s FROM range({per_step * steps}) t(i)))
-        TO '{files[0]}' (FORMAT parquet)""")
-    if routing_tokens:
-        per_r = routing_tokens // steps  # the first per_r tokens of every step carry routing
-        con.execute(f"""COPY (
-            WITH base AS (
-                SELECT 'bench' AS run, (j // {per_r})::BIGINT AS step, ((j % {per_r}) // {SEQ_LEN})::BIGINT AS sample,
-                       (j % {SEQ_LEN})::INTEGER AS pos, l::INTEGER AS layer,
-                       list_transform(range(8), lambda e: (e * 8 + hash(j, l, e) % 8)::INTEGER) AS se,
-                       hash(j, l, 7) % 100 < 3 AS flip
-                FROM range({per_r * steps}) t(j), range({layers}) u(l))
-            SELECT run, step, sample, pos, layer, se AS sampler_experts,
-                   CASE WHEN flip THEN list_transform(range(8), lambda e:
-                        CASE WHEN e = 0 THEN ((se[1] + 1) % 8)::INTEGER ELSE se[e + 1] END)
-                        ELSE se END AS trainer_experts
-            FROM base ORDER BY step, sample, pos, layer) TO '{files[1]}' (FORMAT parquet)""")
-    con.close()
-    done.touch()
-    return files
+import harness
+from harness import ROOT, timed
+from inputs.scale_files import WORK
+from inputs.scale_files import make as make_inputs
 
 
 CTAS = """
@@ -186,30 +147,8 @@ def floor(files: list[Path], code: Path | None = None, pairs: int = 3) -> None:
               f"{(ins['cpu_seconds'] + extra) / 2 / ctas['seconds']:.2f}x ctas wall", flush=True)
 
 
-def timed(cmd: list[str], cwd: Path | None = None) -> dict:
-    """Run cmd as a child; wall seconds, CPU seconds and peak RSS (MB) of that child alone (os.wait4), and its
-    stdout. Its output goes to temporary files, not pipes: a pipe nobody reads while waiting fills up after a few
-    hundred lines (one per ingested file) and stalls the child."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=cwd)
-        _, status, ru = os.wait4(p.pid, 0)
-        wall = time.perf_counter() - t0
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read().decode(), err.read().decode()
-    code = os.waitstatus_to_exitcode(status)
-    if code:
-        raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({code}):\n{stdout[-4000:]}\n{stderr[-4000:]}")
-    return {"seconds": wall, "cpu_seconds": ru.ru_utime + ru.ru_stime, "peak_rss_mb": ru.ru_maxrss / 1024,
-            "stdout": stdout}
-
-
 def fresh_db(name: str) -> Path:
-    db = WORK / f"{name}.duckdb"
-    for p in (db, Path(f"{db}.wal")):
-        p.unlink(missing_ok=True)
-    return db
+    return harness.fresh_db(WORK / f"{name}.duckdb")
 
 
 def run_side(which: str, files: list[Path], code: Path | None = None) -> dict:
@@ -280,7 +219,7 @@ def main() -> None:
     # inputs with DuckDB in this process would inflate every side's peak RSS measured below
     shape = [a.tokens, a.steps, a.routing_tokens, a.layers]
     subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
-                    f"import bench_scale; bench_scale.make_inputs(*{shape!r})"], check=True)
+                    f"from inputs import scale_files; scale_files.make(*{shape!r})"], check=True)
     files = make_inputs(*shape)  # already built: only the paths
     print(f"inputs: {', '.join(f'{f.name} {f.stat().st_size / 2**20:.0f} MiB' for f in files)} "
           f"({time.perf_counter() - t0:.1f} s to prepare)")

@@ -1,11 +1,11 @@
 """The ingest summaries hook alone (analysis.ingest.summarise: _add_tokens and _add_routing), CPU seconds, this
 checkout against another (`--code`), side by side on the same inputs.
 
-    python benchmarks/bench_summary_hook.py --code /work/main [--tokens 4000000] [--steps 40]
+    python benchmarks/bench_summary_hook.py --code OTHER_CHECKOUT [--tokens 4000000] [--steps 40]
                                             [--routing-tokens 400000] [--repeat 3]
 
-Uses bench_scale.py's inputs (one tokens and one routing Parquet file, built with DuckDB under
-benchmarks/work/scale/ and kept). Each checkout, in its own child process: `ingest` both files into a fresh
+Uses bench_scale.py's inputs (benchmarks/inputs/scale_files.py: one tokens and one routing Parquet file, built with
+DuckDB under benchmarks/work/scale/ and kept). Each checkout, in its own child process: `ingest` both files into a fresh
 database (its own code), then per repeat delete every summary row and run that checkout's hook again inside a
 transaction, timing the process CPU (user + system, every DuckDB thread) and wall time of the token part and the
 routing part. Reports the best repeat of each side and the ratio.
@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import harness
+from harness import ROOT, timed
+from inputs import scale_files
 
 CHILD = r"""
 import json, resource, sys, time
@@ -58,29 +59,22 @@ print(json.dumps(out))
 
 
 def side(code: Path, files: list[Path], repeat: int, name: str) -> list[dict]:
-    from bench_scale import fresh_db
-    db = fresh_db(f"hook-{name}")
-    res = subprocess.run([sys.executable, "-c", CHILD, str(code), str(db), str(repeat), *map(str, files)],
-                         capture_output=True, text=True, cwd=code)
+    db = harness.fresh_db(scale_files.WORK / f"hook-{name}.duckdb")
+    res = timed([sys.executable, "-c", CHILD, str(code), str(db), str(repeat), *map(str, files)], cwd=code)
     db.unlink(missing_ok=True)
-    if res.returncode:
-        raise SystemExit(f"{name} failed:\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return json.loads(res["stdout"].strip().splitlines()[-1])
 
 
 def main() -> None:
-    import os
-
-    from bench_scale import make_inputs
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--code", type=Path, required=True, help="the other checkout (e.g. main)")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--code", type=Path, required=True, help="the other checkout (e.g. a `git archive main` copy)")
     ap.add_argument("--tokens", type=int, default=4_000_000)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--routing-tokens", type=int, default=400_000)
     ap.add_argument("--layers", type=int, default=32)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each side's hook; the best counts")
     a = ap.parse_args()
-    files = make_inputs(a.tokens, a.steps, a.routing_tokens, a.layers)
+    files = scale_files.make(a.tokens, a.steps, a.routing_tokens, a.layers)
     print(f"{a.tokens:,} tokens / {a.steps} steps + {a.routing_tokens * a.layers:,} routing rows; "
           f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     best = {}

@@ -1,13 +1,15 @@
 """A 1B-token run simulated through DriftLogger, then ingested: wall time of ingest, bytes on disk, exact curves.
 
     python benchmarks/sim_1b.py [--steps 1000] [--tokens 1000000] [--seq-len 4096] [--token-sample 0.001]
-                                [--log-only | --ingest-only] [--no-write]
+                                [--logged N] [--log-only | --ingest-only] [--no-write]
 
 Logging: `steps` steps of `tokens` trained tokens each (sequences of `seq-len`, no padding), fp32 log-probs drawn
 cheaply with torch (s ~ −Exp(1.5), Δ ~ N(0, 0.02) with a 0.5% tail ×20, staleness 0 or 1 per sequence), written
 by DriftLogger(token_sample=...) into benchmarks/work/sim1b/ (git-ignored). Logging resumes where a previous
 call stopped (a step whose summary file exists is skipped). While logging, the exact per-step Σ Δ and Σ k3 are
-computed independently (float64 torch sums over every token) and kept in truth.json.
+computed independently (float64 torch sums over every token) and kept in truth.json. With `--logged N` only the
+first N steps are logged and the others are copies of their files (step column rewritten), for a run longer
+than the machine can log in the time it has.
 
 Ingest: `python -m analysis ingest` as a whole process into a fresh database, timed; then the per-step curves
 the app draws (summaries.read.token_table by step) are compared with truth.json at rel 1e-9.
@@ -16,29 +18,24 @@ Results are appended to benchmarks/RESULTS-logger.md.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import math
-import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-import torch  # noqa: E402
-from bench_logger import record  # noqa: E402  (benchmarks/ is the script's folder)
+import harness
+from harness import ROOT, fresh_db, record, timed
 
-from analysis.record.logger import DriftLogger  # noqa: E402
-from analysis.record.logger import _write as write_parquet  # noqa: E402  (the logger's encoding)
-from analysis.record.token_sample import WORST_SEQUENCES  # noqa: E402  (the product default)
+from analysis.record.logger import DriftLogger
+from analysis.record.logger import _write as write_parquet  # (the logger's encoding)
+from analysis.record.token_sample import WORST_SEQUENCES  # (the product default)
 
-WORK = ROOT / "benchmarks" / "work" / "sim1b"
+WORK = harness.WORK / "sim1b"
+RESULTS = ROOT / "benchmarks" / "RESULTS-logger.md"
 RUN = "sim-1b"
 
 
@@ -67,7 +64,8 @@ def truth(data: dict) -> dict:
             "log_ratio_abs_mean": float(d.abs().sum()) / d.numel()}
 
 
-def log(args) -> float:
+def log(args, steps: int) -> float:
+    """Log steps 0 .. steps-1 (those not logged yet); returns the seconds spent in log_step."""
     WORK.mkdir(parents=True, exist_ok=True)
     truth_file = WORK / "truth.json"
     known = json.loads(truth_file.read_text()) if truth_file.exists() else {}
@@ -75,7 +73,7 @@ def log(args) -> float:
                          token_sample=args.token_sample, worst_sequences=args.worst_sequences,
                          top_tokens=args.top_tokens)
     spent = 0.0
-    for step in range(args.steps):
+    for step in range(steps):
         if (logger.dir / f"summary-step{step:06d}.parquet").exists() and str(step) in known:
             continue
         data = step_data(step, args.tokens, args.seq_len)
@@ -83,7 +81,7 @@ def log(args) -> float:
         logger.log_step(step, **data)
         spent += time.perf_counter() - t0
         known[str(step)] = truth(data)
-        if step % 10 == 0 or step == args.steps - 1:
+        if step % 10 == 0 or step == steps - 1:
             truth_file.write_text(json.dumps(known))
             print(f"step {step}: {spent:.1f} s in log_step so far", flush=True)
     truth_file.write_text(json.dumps(known))
@@ -143,14 +141,9 @@ def parts(step: int = 0) -> tuple[dict[str, int], dict[str, int]]:
     return out, kept
 
 
-def ingest_and_check(args) -> tuple[float, int, float]:
-    db = WORK / "sim.duckdb"
-    for f in (db, db.with_name(db.name + ".wal")):
-        f.unlink(missing_ok=True)
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "analysis", "ingest", str(WORK / RUN), "--db", str(db)], check=True,
-                   cwd=ROOT, stdout=subprocess.DEVNULL)
-    wall = time.perf_counter() - t0
+def ingest_and_check(args) -> tuple[dict, int, float]:
+    db = fresh_db(WORK / "sim.duckdb")
+    ingest = timed([sys.executable, "-m", "analysis", "ingest", str(WORK / RUN), "--db", str(db)])
     from analysis.metrics import read
     from analysis.store import Store
     known = json.loads((WORK / "truth.json").read_text())
@@ -167,60 +160,60 @@ def ingest_and_check(args) -> tuple[float, int, float]:
     assert len(curves) == args.steps and worst < 1e-9, (len(curves), worst)
     cov = read.coverage(store, [RUN]).row(0, named=True)
     store.close()
-    print(f"ingest {wall:.1f} s; curves for {len(curves)} steps in {curve_time:.2f} s, max rel diff {worst:.1e}; "
-          f"coverage {cov}")
-    return wall, db.stat().st_size, worst
+    print(f"ingest {ingest['seconds']:.1f} s; curves for {len(curves)} steps in {curve_time:.2f} s, max rel diff "
+          f"{worst:.1e}; coverage {cov}")
+    return ingest, db.stat().st_size, worst
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--tokens", type=int, default=1_000_000)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=1000, help="steps of the run")
+    ap.add_argument("--tokens", type=int, default=1_000_000, help="trained tokens per step (whole sequences)")
     ap.add_argument("--seq-len", type=int, default=4096)
-    ap.add_argument("--token-sample", type=float, default=0.001)
+    ap.add_argument("--token-sample", type=float, default=0.001, help="DriftLogger's token_sample")
     ap.add_argument("--worst-sequences", type=int, default=WORST_SEQUENCES)
     ap.add_argument("--top-tokens", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--log-only", action="store_true")
-    ap.add_argument("--ingest-only", action="store_true")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--logged", type=int, default=None,
+                    help="log only the first LOGGED steps and complete the run to --steps with copies of them")
+    ap.add_argument("--log-only", action="store_true", help="write the logs, do not ingest them")
+    ap.add_argument("--ingest-only", action="store_true", help="ingest the logs written before")
     ap.add_argument("--replicate", action="store_true",
                     help="with --ingest-only: complete the run to --steps with copies of the steps logged so far")
     ap.add_argument("--work", type=Path, default=WORK, help="folder of the logs and the database (git-ignored)")
-    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--no-write", action="store_true", help="print only; do not append to RESULTS-logger.md")
     args = ap.parse_args()
     set_work(args.work)
     args.tokens = args.tokens // args.seq_len * args.seq_len
     torch.set_num_threads(args.threads)
-    spent = None if args.ingest_only else log(args)
+    to_log = min(args.logged or args.steps, args.steps)
+    spent = None if args.ingest_only else log(args, to_log)
+    logged = replicate(args.steps) if args.replicate or to_log < args.steps else args.steps
     if args.log_only:
         return
-    logged = replicate(args.steps) if args.replicate else args.steps
     size = sizes()
     step_parts, kept = parts()
-    wall, db_size, worst = ingest_and_check(args)
+    ingest, db_size, worst = ingest_and_check(args)
     total = args.steps * args.tokens
-    lines = [f"## {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S')}Z — simulated run\n",
-             f"Command: `python benchmarks/sim_1b.py --steps {args.steps} --tokens {args.tokens} --seq-len "
-             f"{args.seq_len} --token-sample {args.token_sample} --worst-sequences {args.worst_sequences} "
-             f"--top-tokens {args.top_tokens}`  ",
-             f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, torch threads={args.threads}, load average "
-             f"at the end {os.getloadavg()[0]:.1f}  ",
-             f"Data: {total:,} tokens ({args.steps} steps × {args.tokens:,}, sequences of {args.seq_len})"
-             + (f"; steps {logged}..{args.steps - 1} are copies of steps 0..{logged - 1} (step column rewritten)"
-                if logged < args.steps else "") + "\n"]
+    lines = []
     if spent is not None:
-        lines.append(f"- logging: {spent:.1f} s in log_step ({total / spent / 1e6:.1f}M tokens/s)")
+        lines.append(f"- logging: {spent:.1f} s in log_step ({to_log * args.tokens / spent / 1e6:.1f}M tokens/s)")
     lines += [f"- files: {sum(size.values()) / 1e6:.1f} MB in all ("
               + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(size.items())) + ")",
               "- step 0's summary tables written alone: " + ", ".join(f"{k} {v / 1e3:.1f} KB"
                                                                   for k, v in step_parts.items()),
               "- step 0's token rows: " + ", ".join(f"{k} {v:,}" for k, v in kept.items())
               + " (n_kept counts each token once)",
-              f"- `python -m analysis ingest` (whole process, fresh database): {wall:.1f} s; database "
+              f"- `python -m analysis ingest` (whole process, fresh database): {ingest['seconds']:.1f} s, "
+              f"{ingest['cpu_seconds']:.1f} s CPU, peak RSS {ingest['peak_rss_mb']:.0f} MB; database "
               f"{db_size / 1e6:.1f} MB",
               f"- per-step curves (summaries.read.token_table by step) against every token's exact sums: "
               f"max rel diff {worst:.1e} over {args.steps} steps (n_tokens equal)"]
-    record("\n".join(lines) + "\n", write=not args.no_write)
+    note = (f"torch threads={args.threads}; data: {total:,} tokens ({args.steps} steps × {args.tokens:,}, sequences "
+            f"of {args.seq_len})" + (f"; steps {logged}..{args.steps - 1} are copies of steps 0..{logged - 1} (step "
+                                     "column rewritten)" if logged < args.steps else ""))
+    record(RESULTS, "\n".join(lines), "# DriftLogger benchmarks (benchmarks/bench_logger.py, benchmarks/sim_1b.py)",
+           {"torch": torch.__version__}, note=note, write=not args.no_write)
 
 
 if __name__ == "__main__":

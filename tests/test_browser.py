@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-import browser_util as bu
+from helpers import browser as bu
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHROMIUM} is not installed")]

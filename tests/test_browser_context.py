@@ -11,10 +11,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-import browser_util as bu
 from analysis.ingest import ingest_paths
 from analysis.store import Store
-from context_fixtures import make_sequences, write_openrlhf_jsonl, write_sequence_jsonl
+
+from helpers import browser as bu
+from helpers.context import make_sequences, write_openrlhf_jsonl, write_sequence_jsonl
 
 pytestmark = pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHROMIUM} is not installed")
 

@@ -1,13 +1,13 @@
 """The Findings page in a real browser (headless Chromium) on the bundled demo: finding cards, the waterfall, the
 correction simulator, the gates, and a card's link that opens its evidence view (tab and grouping) on the Token
-drift page. Saves findings.png and findings-<tab>.png where browser_util.screenshot_dir says."""
+drift page. Saves findings.png and findings-<tab>.png where helpers.browser.screenshot_dir says."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-import browser_util as bu
+from helpers import browser as bu
 
 pytestmark = pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHROMIUM} is not installed")
 

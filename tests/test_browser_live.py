@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
-from test_watch import step_arrays
 
 from analysis.record.logger import DriftLogger
 
-import browser_util as bu
+from helpers import browser as bu
+from helpers.logger import step_arrays
 
 pytestmark = pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHROMIUM} is not installed")
 

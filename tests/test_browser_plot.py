@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import browser_util as bu
 from ui import plot
+
+from helpers import browser as bu
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHROMIUM} is not installed")]
@@ -109,7 +110,7 @@ def test_each_figure_is_drawn_once_and_redrawn_in_place(tmp_path):
 
 
 # A finished page whose chart component mounts a moment after the script stopped, as a cold server's did once
-# (tests/browser_util._IDLE_JS); a chart in a closed tab (hidden) does not count as on screen.
+# (tests/helpers/browser.py, _IDLE_JS); a chart in a closed tab (hidden) does not count as on screen.
 LATE_CHART = """<div data-testid="stApp" data-test-script-state="notRunning"><h1>Late</h1>
 <div role="tabpanel" hidden><div class="drift-chart"><div class="main-svg"></div></div></div></div>
 <script>setTimeout(() => {

@@ -6,12 +6,12 @@ import math
 import numpy as np
 import polars as pl
 import pytest
-from test_metrics_reference import assert_close, assert_frame_matches, ratio, ref_grouped
 
 from analysis.metrics import buckets
 from analysis.metrics import token as metrics
 
-from conftest import metrics_make_tokens
+from helpers.data import metrics_make_tokens
+from helpers.reference import assert_close, assert_frame_matches, ratio, ref_grouped
 
 CONTRACT = ["run", "bucket", "bucket_lo", "bucket_hi", "label", "n_tokens", "kl_k1", "kl_k3", "log_ratio_abs_mean",
             "log_ratio_abs_max", "ratio_frac_high", "ratio_frac_low", "clip_frac", "prob_abs_diff_mean"]

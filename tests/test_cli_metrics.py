@@ -14,7 +14,7 @@ import pytest
 
 from analysis.metrics import report
 
-from conftest import metrics_load, metrics_make_routing, metrics_make_tokens
+from helpers.data import metrics_load, metrics_make_routing, metrics_make_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow  # each test starts `python -m analysis` in a subprocess

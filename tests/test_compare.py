@@ -8,7 +8,7 @@ from analysis.metrics import compare, report
 from analysis.metrics.routing import routing_metrics
 from analysis.metrics.token import token_metrics
 
-from conftest import metrics_make_routing, metrics_make_tokens
+from helpers.data import metrics_make_routing, metrics_make_tokens
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from analysis.ingest import ingest_paths
 from analysis.metrics import context, drilldown
 from analysis.store import Store
 
-from context_fixtures import make_sequences, write_sequence_jsonl
+from helpers.context import make_sequences, write_sequence_jsonl
 
 
 def _store(tmp_path, seqs, run="ctx") -> Store:

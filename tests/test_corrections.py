@@ -8,18 +8,13 @@ import math
 import numpy as np
 import polars as pl
 import pytest
-from test_metrics_reference import assert_close
 
 from analysis.__main__ import main
 from analysis.metrics import corrections as C
 
-from conftest import metrics_make_tokens
-
-DEFAULTS = {"tis": {"C": 2.0}, "icepop": {"alpha": 0.5, "beta": 5.0}, "geo_rs": {"lo": 0.999, "hi": 1.001},
-            "seq_rs": {"lo": 0.5, "hi": 2.0}, "veto": {"tau": 1e-4}}
-CHOICES = [("tis", {}), ("tis", {"C": 1.3}), ("icepop", {}), ("icepop", {"alpha": 0.8, "beta": 1.25}),
-           ("geo_rs", {}), ("geo_rs", {"lo": 0.95, "hi": 1.05}), ("seq_rs", {}), ("seq_rs", {"lo": 0.2, "hi": 3.0}),
-           ("veto", {}), ("veto", {"tau": 0.05})]
+from helpers.corrections import CHOICES, DEFAULTS, check, ref_corrections, seq_table_keys
+from helpers.data import metrics_make_tokens
+from helpers.reference import assert_close
 
 
 def write_sequences(path, tokens: pl.DataFrame, seed: int, rewards: bool = True):
@@ -50,76 +45,9 @@ def load(tmp_path, tokens, seed=3, rewards=True, sub="db"):
     return store
 
 
-def ref_corrections(tokens: pl.DataFrame, seqs: dict, method: str, params: dict, keys: list[str]) -> dict:
-    """Per group of `keys`: every Corrections column, by loops over sequences and tokens."""
-    p = {**DEFAULTS[method], **params}
-    out = {}
-    for key, g in tokens.group_by(keys, maintain_order=True):
-        masked_tok, weight, w_ess_kept, n_seq, seq_masked = [], [], [], 0, []
-        adv_pos, adv_neg = [0, 0], [0, 0]  # [masked tokens, tokens]
-        for (run, step, sample), q in g.group_by(["run", "step", "sample"], maintain_order=True):
-            d = q["trainer_logprob"].to_numpy() - q["sampler_logprob"].to_numpy()
-            r = np.exp(np.clip(d, -20, 20))
-            if method == "tis":
-                m = np.zeros(len(d), bool)
-            elif method == "icepop":
-                m = (r < p["alpha"]) | (r > p["beta"])
-            else:
-                if method == "geo_rs":
-                    g_ = math.exp(float(np.mean(d)))
-                    out_ = g_ < p["lo"] or g_ > p["hi"]
-                elif method == "seq_rs":
-                    x = math.exp(min(max(float(np.sum(d)), -20.0), 20.0))
-                    out_ = x < p["lo"] or x > p["hi"]
-                else:
-                    out_ = bool(np.any(r < p["tau"]))
-                m = np.full(len(d), out_)
-            masked_tok += list(m)
-            if method == "tis":
-                weight += list(np.minimum(r, p["C"]))
-                w_ess_kept += list(np.minimum(r, p["C"]))
-            else:
-                weight += list(np.where(m, 0.0, r))
-                w_ess_kept += list(np.clip(r[~m], 0.5, 2.0))
-            n_seq += 1
-            reward, adv = seqs[(run, step, sample)]
-            seq_masked.append((bool(m.any()), reward))
-            if adv is not None and adv > 0:
-                adv_pos[0] += int(m.sum()); adv_pos[1] += len(m)
-            if adv is not None and adv < 0:
-                adv_neg[0] += int(m.sum()); adv_neg[1] += len(m)
-        n = len(masked_tok)
-        w = np.array(w_ess_kept)
-        mr = [rw for sm, rw in seq_masked if sm and rw is not None]
-        kr = [rw for sm, rw in seq_masked if not sm and rw is not None]
-        out[tuple(key)] = {
-            "n_tokens": n, "n_sequences": n_seq,
-            "masked_token_frac": sum(masked_tok) / n,
-            "masked_seq_frac": sum(sm for sm, _ in seq_masked) / n_seq,
-            "weight_mean": float(np.mean(weight)),
-            "ess_after": float(w.sum() ** 2 / (len(w) * np.sum(w * w))) if len(w) else None,
-            "masked_reward_mean": float(np.mean(mr)) if mr else None,
-            "kept_reward_mean": float(np.mean(kr)) if kr else None,
-            "masked_adv_pos_frac": adv_pos[0] / adv_pos[1] if adv_pos[1] else None,
-            "masked_adv_neg_frac": adv_neg[0] / adv_neg[1] if adv_neg[1] else None,
-        }
-    return out
-
-
 def seq_table(store) -> dict:
     return {(r, s, q): (rw, adv) for r, s, q, rw, adv in
             store.rows("SELECT run, step, sample, reward, advantage FROM sequences")}
-
-
-def check(df: pl.DataFrame, ref: dict, keys: list[str], method: str, params: dict):
-    assert df.height == len(ref)
-    assert set(df["method"]) == {method}
-    assert json.loads(df["params"][0]) == {**DEFAULTS[method], **params}
-    assert list(json.loads(df["params"][0])) == list(DEFAULTS[method])  # METRICS.md's order
-    for row in df.iter_rows(named=True):
-        key = tuple(row[k] for k in keys)
-        for col, want in ref[key].items():
-            assert_close(row[col], want, f"{method} {params} {key} {col}")
 
 
 @pytest.fixture(scope="module")
@@ -197,10 +125,6 @@ def test_no_rewards_gives_null_reward_columns(tmp_path):
             assert df[col].null_count() == df.height, (method, col)
         check(df, ref_corrections(tokens, {k: (None, None) for k in seq_table_keys(tokens)}, method, params,
                                   ["run", "step"]), ["run", "step"], method, params)
-
-
-def seq_table_keys(tokens):
-    return set(tokens.select("run", "step", "sample").unique().iter_rows())
 
 
 def test_identical_logprobs_mask_nothing_with_defaults(tmp_path):

@@ -12,8 +12,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from test_corrections import CHOICES, check, ref_corrections, seq_table_keys
-from test_metrics_reference import assert_close
 
 from analysis.ingest import ingest_paths
 from analysis.metrics import corrections as C
@@ -21,7 +19,9 @@ from analysis.record.logger import DriftLogger
 from analysis.store import Store
 from analysis.summaries import schema as S
 
-from conftest import metrics_make_tokens
+from helpers.corrections import CHOICES, check, ref_corrections, seq_table_keys
+from helpers.data import metrics_make_tokens
+from helpers.reference import assert_close
 
 SUMMARISED = [(m, p) for m, p in CHOICES if not C.reads_tokens(m, p)]
 

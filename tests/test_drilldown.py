@@ -4,9 +4,10 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
-from test_metrics_reference import assert_close, ratio, ref_routing_rows
 
 from analysis.metrics import drilldown
+
+from helpers.reference import assert_close, ratio, ref_routing_rows
 
 
 def test_worst_sequences_match_numpy(metrics_data):

@@ -14,7 +14,8 @@ from analysis.ingest import ingest_paths
 from analysis.ingest.keys import StepCounts, TableKeys, expert_load, run_codes
 from analysis.ingest.limits import Limits
 from analysis.store import Store, Writer
-from test_ingest_roundtrip import check_derived, make_logs
+
+from helpers.ingest import check_derived, make_logs
 
 
 def _routing(seed: int, steps: int, tokens: int, layers: int, k: int, experts: int, shuffle: bool = False):

@@ -17,7 +17,7 @@ from analysis.findings import gates
 from analysis.findings import ranking as F
 from analysis.metrics import token as metrics
 
-from conftest import metrics_load
+from helpers.data import metrics_load
 
 ROOT = Path(__file__).resolve().parent.parent
 CAUSES = {"staleness", "routing_flips", "low_probability_tokens", "long_sequences", "spikes", "rising_trend"}

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from analysis.ingest import ingest_paths
-from framework_fixtures import TOKEN_COLS, expected, primerl_record, stored, write_primerl, write_primerl_single_file
+
+from helpers.frameworks import TOKEN_COLS, expected, primerl_record, stored, write_primerl, write_primerl_single_file
 
 
 def test_step_folders_round_trip(tmp_path, store):

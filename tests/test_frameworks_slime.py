@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from analysis.ingest import ingest_paths
-from framework_fixtures import ROUTING_COLS, TOKEN_COLS, expected, stored, write_slime
+
+from helpers.frameworks import ROUTING_COLS, TOKEN_COLS, expected, stored, write_slime
 
 
 def test_dump_folder_round_trip(tmp_path, store):

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from analysis.ingest import ingest_paths
-from framework_fixtures import PAD_ID, ROUTING_COLS, TOKEN_COLS, expected, stored, write_verl
+
+from helpers.frameworks import PAD_ID, ROUTING_COLS, TOKEN_COLS, expected, stored, write_verl
 
 
 def test_step_dumps_round_trip(tmp_path, store):

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest, app_test
 
-import browser_util as bu
-from test_pages import PAGES, TIMEOUT, _NavigationOnly, errors, texts
-
 from analysis.settings import SettingError
 from ui import access
 from ui.auth import AllowList
+
+from helpers import browser as bu
+from helpers.apptest import PAGES, TIMEOUT, NavigationOnly, errors, texts
 
 APP = str(bu.ROOT / "app.py")
 AUTH = {"redirect_uri": "http://localhost:8501/oauth2callback", "cookie_secret": "test-cookie-secret",
@@ -32,7 +32,7 @@ WRITE_KEYS = {"data_load", "data_run_name", "data_cfg_save", "data_cfg_text", "d
 
 @pytest.fixture(autouse=True)
 def _app_env(monkeypatch):
-    monkeypatch.setattr(app_test, "PagesManager", _NavigationOnly)
+    monkeypatch.setattr(app_test, "PagesManager", NavigationOnly)
     monkeypatch.setenv("DRIFT_NO_DEMO", "1")
     monkeypatch.setenv("DRIFT_PREFETCH", "0")
     for name in ("DRIFT_READ_ONLY", "DRIFT_ALLOWED_EMAILS", "DRIFT_ALLOWED_DOMAIN", "DRIFT_MAX_UPLOAD_MB",

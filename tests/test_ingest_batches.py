@@ -10,11 +10,12 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_logger_summaries import make_step
 
 from analysis.ingest import batches, ingest_paths, load
 from analysis.record.logger import DriftLogger
 from analysis.store import Store, Writer
+
+from helpers.logger import make_step
 
 FILE_TABLES = ("tokens", "routing", "sequences", "expert_load", "summary_step", "summary_seq", "summary_hist",
                "summary_bucket", "summary_layer", "summary_sample", "summary_skip")

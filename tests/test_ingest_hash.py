@@ -12,7 +12,8 @@ import pytest
 
 from analysis.ingest import batches, hashing, ingest_paths, load
 from analysis.store import Store
-from conftest import metrics_make_tokens
+
+from helpers.data import metrics_make_tokens
 
 
 @pytest.fixture

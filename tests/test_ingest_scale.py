@@ -14,7 +14,8 @@ from analysis.ingest.errors import BadValue
 from analysis.ingest.limits import Limits
 from analysis.ingest.progress import TerminalProgress
 from analysis.store import Store
-from test_ingest_roundtrip import check_derived, make_logs
+
+from helpers.ingest import check_derived, make_logs
 
 
 def _tokens(lo: int, n: int, with_id: bool = False) -> pa.Table:

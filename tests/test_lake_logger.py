@@ -15,7 +15,7 @@ from analysis.lake.layout import list_partitions  # noqa: E402
 from analysis.record.logger import DriftLogger  # noqa: E402
 from analysis.store import Store  # noqa: E402
 
-import lake_util as lu  # noqa: E402
+from helpers import lake as lu  # noqa: E402
 
 B, T, L, K, E = 4, 9, 3, 2, 8
 

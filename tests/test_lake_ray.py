@@ -10,7 +10,6 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-import lake_util as lu  # noqa: E402
 from analysis.ingest import ingest_paths  # noqa: E402
 from analysis.lake import partial  # noqa: E402
 from analysis.lake.engines import Failed, ray_init, run_ray  # noqa: E402
@@ -18,12 +17,14 @@ from analysis.lake.layout import list_partitions  # noqa: E402
 from analysis.lake.task import summarize_partition  # noqa: E402
 from analysis.store import Store  # noqa: E402
 
+from helpers import lake as lu  # noqa: E402
+
 TESTS = str(Path(__file__).resolve().parent)
 
 
 @pytest.fixture(scope="module")
 def local_ray():
-    # workers import this module (for the crashing tasks below) and lake_util from tests/
+    # workers import this module (for the crashing tasks below) and helpers.lake from tests/
     before = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS, before) if p)
     try:

@@ -22,8 +22,10 @@ from analysis.metrics import token as metrics
 from analysis.store import Store
 from analysis.summaries import schema as S
 
-import browser_util as bu
-import lake_util as lu
+from helpers import ROOT
+from helpers import browser as bu
+from helpers import lake as lu
+from helpers.data import metrics_make_tokens
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +199,7 @@ def test_the_app_shows_a_summarized_lake(tmp_path, monkeypatch):
 
     from analysis.metrics import sampled
 
-    tokens = lu.metrics_make_tokens(seed=5, runs=("s",), steps=(3,), n_seq=40, max_len=30)
+    tokens = metrics_make_tokens(seed=5, runs=("s",), steps=(3,), n_seq=40, max_len=30)
     write_file(str(tmp_path / "lake"), "s", 3, "tokens", 0, tokens.to_arrow())
     assert main(["summarize", str(tmp_path / "lake"), "--out", str(tmp_path / "out"), "--token-sample", "0.1"]) == 0
     assert main(["ingest", str(tmp_path / "out"), "--db", str(tmp_path / "s.duckdb")]) == 0
@@ -211,7 +213,7 @@ def test_the_app_shows_a_summarized_lake(tmp_path, monkeypatch):
     monkeypatch.setenv("DRIFT_DB", str(tmp_path / "s.duckdb"))
     monkeypatch.setenv("DRIFT_NO_DEMO", "1")
     monkeypatch.setenv("DRIFT_PREFETCH", "0")
-    at = AppTest.from_file(str(lu.ROOT / "app.py"), default_timeout=120)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
     at.run()
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]

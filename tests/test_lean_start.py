@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.ingest import lean
-from test_ingest_roundtrip import make_logs
+
+from helpers.ingest import make_logs
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest, app_test
-from test_pages import TIMEOUT, _NavigationOnly
-from test_watch import step_arrays
 
 from analysis.record.logger import DriftLogger
 from analysis.settings import SettingError
@@ -18,14 +16,16 @@ from analysis.store import Store
 from ui import live
 from ui.auth import md_escape
 
-import browser_util as bu
+from helpers import browser as bu
+from helpers.apptest import TIMEOUT, NavigationOnly
+from helpers.logger import step_arrays
 
 APP = str(bu.ROOT / "app.py")
 
 
 @pytest.fixture(autouse=True)
 def _app_env(monkeypatch):
-    monkeypatch.setattr(app_test, "PagesManager", _NavigationOnly)
+    monkeypatch.setattr(app_test, "PagesManager", NavigationOnly)
     monkeypatch.setenv("DRIFT_NO_DEMO", "1")
     monkeypatch.setenv("DRIFT_PREFETCH", "0")
     monkeypatch.setenv(live.INTERVAL_ENV, "0.2")

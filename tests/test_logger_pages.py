@@ -8,9 +8,6 @@ import numpy as np
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest, app_test
-from test_logger_summaries import make_step, reference_store
-from test_metrics_reference import assert_close, ratio
-from test_pages import APP, TIMEOUT, _NavigationOnly, open_tab
 
 from analysis.ingest import ingest_paths
 from analysis.metrics import drilldown, read
@@ -18,6 +15,10 @@ from analysis.metrics import token as metrics
 from analysis.metrics.sampled import count_text, sample_label, share_text
 from analysis.record.logger import DriftLogger
 from analysis.store import Store
+
+from helpers.apptest import APP, TIMEOUT, NavigationOnly, open_tab
+from helpers.logger import make_step, reference_store
+from helpers.reference import assert_close, ratio
 
 
 def logged(tmp_path, token_sample: float, steps=(0, 1, 2), run="sampled") -> Store:
@@ -80,7 +81,7 @@ def test_share_text(share, text):
 
 def open_page(tmp_path, monkeypatch, page: str) -> AppTest:
     """The app in AppTest on the database `logged` wrote, switched to `page`."""
-    monkeypatch.setattr(app_test, "PagesManager", _NavigationOnly)
+    monkeypatch.setattr(app_test, "PagesManager", NavigationOnly)
     monkeypatch.setenv("DRIFT_NO_DEMO", "1")
     monkeypatch.setenv("DRIFT_PREFETCH", "0")
     monkeypatch.setenv("DRIFT_DB", str(tmp_path / "sampled.duckdb"))

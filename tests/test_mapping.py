@@ -12,7 +12,7 @@ from analysis.ingest import mapping
 from analysis.metrics import drilldown
 from analysis.store import Store
 
-from context_fixtures import OPENRLHF_MAP, make_sequences, openrlhf_record, write_openrlhf_jsonl
+from helpers.context import OPENRLHF_MAP, make_sequences, openrlhf_record, write_openrlhf_jsonl
 
 
 def _cli(db, *args) -> int:

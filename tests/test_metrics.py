@@ -6,11 +6,11 @@ import math
 import numpy as np
 import polars as pl
 import pytest
-from test_metrics_reference import assert_frame_matches, ratio, ref_grouped
 
 from analysis.metrics import token as metrics
 
-from conftest import metrics_make_tokens
+from helpers.data import metrics_make_tokens
+from helpers.reference import assert_frame_matches, ratio, ref_grouped
 
 CONTRACT_COLUMNS = ["n_tokens", "n_sequences", "kl_k1", "kl_k2", "kl_k3", "log_ratio_abs_mean",
                     "log_ratio_abs_max", "prob_abs_diff_mean", "prob_abs_diff_max", "prob_pearson", "ratio_mean",

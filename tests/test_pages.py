@@ -8,41 +8,17 @@ import shutil
 from pathlib import Path
 
 import pytest
-from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest, app_test
 
-import browser_util as bu
+from helpers import browser as bu
+from helpers.apptest import APP, PAGES, TIMEOUT, NavigationOnly, errors, open_tab, texts
 
 pytestmark = pytest.mark.slow  # AppTest runs whole pages: about 14 s of CPU for the file
-
-APP = str(bu.ROOT / "app.py")
-TIMEOUT = 60  # seconds per script run: DuckDB pages on a loaded 2-core machine
-
-PAGES = {  # page file -> its title
-    "pages/findings.py": "Findings",
-    "pages/overview.py": "Overview",
-    "pages/token_drift.py": "Token drift",
-    "pages/routing.py": "Routing",
-    "pages/sequences.py": "Sequences",
-    "pages/compare.py": "Compare runs",
-    "pages/data.py": "Data",
-    "pages/lab.py": "Drift lab",
-}
-
-
-class _NavigationOnly(PagesManager):
-    """AppTest resets PagesManager.uses_pages_directory before every run; with a pages/ folder next to app.py
-    it then takes the v1 path from the second run on and runs the page script without app.py (no sidebar).
-    A real server keeps the flag that st.navigation set, so pin it the same way here."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        PagesManager.uses_pages_directory = False
 
 
 @pytest.fixture(autouse=True)
 def _app_env(monkeypatch):
-    monkeypatch.setattr(app_test, "PagesManager", _NavigationOnly)
+    monkeypatch.setattr(app_test, "PagesManager", NavigationOnly)
     monkeypatch.setenv("DRIFT_NO_DEMO", "1")
     monkeypatch.setenv("DRIFT_PREFETCH", "0")  # no background work between tests (one test turns it on)
     monkeypatch.delenv("DRIFT_READ_ONLY", raising=False)
@@ -73,14 +49,6 @@ def open_app(monkeypatch, db: Path, page: str | None = None) -> AppTest:
         at.switch_page(page).run()
         assert not at.exception, at.exception
     return at
-
-
-def errors(at: AppTest) -> list[str]:
-    return [e.value for e in at.error]
-
-
-def texts(elements) -> str:
-    return "\n".join(str(e.value) for e in elements)
 
 
 charts = bu.app_charts  # the charts drawn
@@ -161,11 +129,6 @@ def test_overview_metric_picker_smoothing_and_configs(monkeypatch, shared_db):
 
 
 # -- token drift --------------------------------------------------------------------------------------
-def open_tab(at, key: str, label: str):
-    at.session_state[key] = label  # what clicking the tab does (on_change="rerun": the page reruns)
-    return at.run()
-
-
 def test_token_drift_groupings_and_run_choice(monkeypatch, shared_db):
     at = open_app(monkeypatch, shared_db, "pages/token_drift.py")
     assert [t.label for t in at.tabs] == ["Distribution", "One run in detail", "Where the mismatch lives",
@@ -608,11 +571,11 @@ def frame_with(at: AppTest, column: str):
 
 @pytest.fixture(scope="module")
 def context_db(tmp_path_factory):
-    """Sequence JSON Lines with prompts, responses, rewards and advantages (tests/context_fixtures.py)."""
+    """Sequence JSON Lines with prompts, responses, rewards and advantages (tests/helpers/context.py)."""
     from analysis.ingest import ingest_paths
     from analysis.store import Store
 
-    from context_fixtures import make_sequences, write_sequence_jsonl
+    from helpers.context import make_sequences, write_sequence_jsonl
 
     root = tmp_path_factory.mktemp("context")
     seqs = make_sequences(31, steps=3, per_step=6)
@@ -669,7 +632,7 @@ def test_data_mapping_form_loads_and_refuses(monkeypatch, tmp_path):
 
     from ui import mapping_form
 
-    from context_fixtures import make_sequences, openrlhf_record
+    from helpers.context import make_sequences, openrlhf_record
 
     seqs = make_sequences(32, steps=2, per_step=2)
     data = "".join(json.dumps(openrlhf_record(q)) + "\n" for q in seqs).encode()

@@ -7,7 +7,11 @@ import numpy as np
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
-from test_metrics_reference import (
+
+from analysis.metrics import routing
+
+from helpers.data import metrics_make_routing, metrics_make_tokens
+from helpers.reference import (
     assert_close,
     assert_frame_matches,
     ratio,
@@ -15,10 +19,6 @@ from test_metrics_reference import (
     ref_routing_rows,
     ref_token_flips,
 )
-
-from analysis.metrics import routing
-
-from conftest import metrics_make_routing, metrics_make_tokens
 
 LAYER_COLUMNS = ["run", "step", "layer", "n_tokens", "flip_rate", "top1_flip_rate", "overlap",
                  "load_max_vio_sampler", "load_max_vio_trainer"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -15,7 +14,8 @@ import pytest
 from analysis.ingest import ingest_paths, load
 from analysis.ingest.limits import Limits
 from analysis.store import Store, Writer
-from test_ingest_roundtrip import make_logs
+
+from helpers.ingest import make_logs
 
 FLIP_STEP = ("n_routed", "n_any_flip", "sum_flipped_layers", "sum_abs_d_flip", "sum_abs_d_noflip")
 

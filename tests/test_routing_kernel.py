@@ -10,7 +10,8 @@ import pytest
 
 from analysis.ingest import ingest_paths, keys, routing_kernel
 from analysis.store import Store
-from test_ingest_roundtrip import check_derived, make_logs
+
+from helpers.ingest import check_derived, make_logs
 
 
 def _matrix(seed, n, k, experts, repeat_p=0.0, negative_p=0.0):

@@ -12,12 +12,8 @@ import pyarrow.parquet as pq
 from analysis import schema
 from analysis.ingest import ingest_paths
 from analysis.store import Store
-from test_ingest_roundtrip import check_derived, make_logs
 
-# The packed table and its twin for files not in key order (schema.KEY_RUN) as one
-PACKED = f"(SELECT * FROM {schema.ROUTING_PACKED_STORE} UNION ALL SELECT * FROM {schema.ROUTING_PACKED_LOOSE})"
-# Every stored routing table as one (the packed ones lack the wide table's list and weight columns)
-STORED = f"(SELECT * FROM {schema.ROUTING_STORE} UNION ALL BY NAME SELECT * FROM {PACKED})"
+from helpers.ingest import PACKED, STORED, check_derived, make_logs
 
 
 def _load(tmp_path, rows, tokens):

@@ -6,15 +6,14 @@ from __future__ import annotations
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
-from test_ingest_roundtrip import make_logs
-from test_routing_storage import PACKED
-from test_routing_storage import STORED as BOTH_ROUTING
-from test_token_storage import NARROW
 
 from analysis import schema
 from analysis.ingest import ingest_paths
 from analysis.metrics import report
 from analysis.store import Store
+
+from helpers.ingest import NARROW, PACKED, make_logs
+from helpers.ingest import STORED as BOTH_ROUTING
 
 
 def _logs(run, seed, **kw):

@@ -151,11 +151,11 @@ def test_the_command_line_stops_on_a_bad_value_with_one_line_and_exit_2(command,
 @pytest.mark.slow  # AppTest runs app.py
 def test_the_app_shows_a_bad_value_and_stops_before_drawing(monkeypatch, tmp_path):
     from streamlit.testing.v1 import AppTest, app_test
-    from test_pages import TIMEOUT, _NavigationOnly
+    from helpers.apptest import TIMEOUT, NavigationOnly
 
     from ui.auth import md_escape
 
-    monkeypatch.setattr(app_test, "PagesManager", _NavigationOnly)
+    monkeypatch.setattr(app_test, "PagesManager", NavigationOnly)
     monkeypatch.setenv("DRIFT_DB", str(tmp_path / "drift.duckdb"))
     monkeypatch.setenv("DRIFT_MAX_UPLOAD_MB", "lots")
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()

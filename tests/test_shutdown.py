@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-import browser_util as bu
 from analysis import schema
 from analysis.store import Store
 from ui import prefetch
+
+from helpers import browser as bu
 
 pytestmark = pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHROMIUM} is not installed")
 

@@ -8,10 +8,7 @@ from collections import defaultdict
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from test_metrics_reference import ref_routing_by_layer, ref_token_flips
 
 from analysis.ingest import ingest_paths, open_store
 from analysis.metrics import buckets, distributions, read, report
@@ -19,7 +16,8 @@ from analysis.metrics import token as metrics
 from analysis.store import Store
 from analysis.summaries import schema as S
 
-from conftest import metrics_make_routing, metrics_make_tokens
+from helpers.data import load_files, metrics_make_routing, metrics_make_tokens, write_parquet
+from helpers.reference import assert_frames_close, ref_routing_by_layer, ref_token_flips
 
 L = np.longdouble  # 64-bit mantissa on x86: the reference carries 3 more digits than the code under test
 RTOL = 1e-12
@@ -101,41 +99,9 @@ def assert_table(df: pl.DataFrame, ref: dict[tuple, dict], keys: list[str], scal
             close(row[col], want, f"{key} {col}", scale[key] if col in ("kl_k1",) else 0.0)
 
 
-def assert_frames_close(x: pl.DataFrame, y: pl.DataFrame) -> None:
-    """Same columns, keys and counts; floats equal at rel 1e-12 (summation order may differ)."""
-    assert x.columns == y.columns and x.height == y.height
-    for col in x.columns:
-        if x[col].dtype == pl.Float64:
-            for u, v in zip(x[col].to_list(), y[col].to_list()):
-                assert (u is None and v is None) or math.isclose(u, v, rel_tol=RTOL, abs_tol=1e-16), col
-        else:
-            assert x[col].to_list() == y[col].to_list(), col
-
-
 def _abs_scale(tokens: pl.DataFrame, keys: list[str]) -> dict[tuple, float]:
     g = tokens.group_by(keys).agg((pl.col("trainer_logprob") - pl.col("sampler_logprob")).abs().mean().alias("m"))
     return {tuple(r[k] for k in keys): r["m"] for r in g.iter_rows(named=True)}
-
-
-def _write(path, df: pl.DataFrame, metadata: dict | None = None) -> None:
-    table = df.to_arrow()
-    if metadata:
-        table = table.replace_schema_metadata(metadata)
-    pq.write_table(table, path)
-
-
-def _load(tmp_path, name: str, parts: list[tuple[str, pl.DataFrame]]) -> Store:
-    """A fresh store loaded from `parts` [(file name, frame)], one file each."""
-    folder = tmp_path / name
-    folder.mkdir()
-    paths = []
-    for fname, df in parts:
-        _write(folder / fname, df)
-        paths.append(folder / fname)
-    store = Store(tmp_path / f"{name}.duckdb")
-    bad = [o.line() for o in ingest_paths(store, paths) if o.status != "loaded"]
-    assert not bad, bad
-    return store
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +112,7 @@ def data(tmp_path_factory):
     both = metrics_make_routing(tokens.filter(pl.col("run") != "c"), seed=102, layers=4)
     sampler_only = metrics_make_routing(tokens.filter(pl.col("run") == "c"), seed=103, layers=4, trainer=False)
     tmp = tmp_path_factory.mktemp("summaries")
-    store = _load(tmp, "one", [("tokens.parquet", tokens), ("routing_ab.parquet", both),
+    store = load_files(tmp, "one", [("tokens.parquet", tokens), ("routing_ab.parquet", both),
                                ("routing_c.parquet", sampler_only)])
     yield store, tokens, both, pl.concat([both, sampler_only.with_columns(
         trainer_experts=pl.lit(None, pl.List(pl.Int32)))])
@@ -221,7 +187,7 @@ def test_identical_logprobs_single_token_and_empty_range(tmp_path):
     s = [-0.1, -1.0, -3.0, -0.5]
     same = pl.DataFrame({"run": ["e"] * 4, "step": [0, 0, 0, 1], "sample": [0, 0, 1, 0], "pos": [0, 1, 0, 0],
                          "sampler_logprob": s, "trainer_logprob": s})
-    store = _load(tmp_path, "same", [("t.parquet", same)])
+    store = load_files(tmp_path, "same", [("t.parquet", same)])
     for by in ("step", "run"):
         for row in report.metrics_table(store, ["e"], by=by).iter_rows(named=True):
             for col in ("kl_k1", "kl_k2", "kl_k3", "kl_k3_reverse", "log_ratio_abs_mean", "log_ratio_abs_max",
@@ -256,8 +222,8 @@ def test_a_step_split_across_files_equals_one_file(tmp_path, data):
     files = [(f"tokens{i}.parquet", tokens.filter(((part == i) & ~split_seq) | (split_seq if i == 2 else pl.lit(False))))
              for i in range(3)]
     rfiles = [(f"routing{i}.parquet", both.filter((pl.col("pos") % 2) == i)) for i in range(2)]
-    one = _load(tmp_path, "whole", [("tokens.parquet", tokens), ("routing.parquet", both)])
-    many = _load(tmp_path, "split", files + rfiles)
+    one = load_files(tmp_path, "whole", [("tokens.parquet", tokens), ("routing.parquet", both)])
+    many = load_files(tmp_path, "split", files + rfiles)
     for table in ("summary_step", "summary_seq", "summary_seq_band", "summary_hist", "summary_bucket",
                   "summary_bucket_band", "summary_layer"):
         a, b = _summary_rows(one, table), _summary_rows(many, table)
@@ -285,7 +251,7 @@ def test_fine_bins_count_values_on_the_edges_exactly(tmp_path):
     assert np.array_equal(t - s, d)
     toks = pl.DataFrame({"run": "x", "step": 0, "sample": np.arange(len(d)) // 5, "pos": np.arange(len(d)) % 5,
                          "sampler_logprob": s, "trainer_logprob": t})
-    store = _load(tmp_path, "edges", [("t.parquet", toks)])
+    store = load_files(tmp_path, "edges", [("t.parquet", toks)])
     hist = store.sql("SELECT bin, sum(n_tokens)::BIGINT AS n FROM summary_hist GROUP BY bin ORDER BY bin")
     E = np.array(S.D_EDGES)
     k = np.searchsorted(E, d, side="left")  # #{E < d}
@@ -338,9 +304,9 @@ def test_routing_layers_of_a_token_in_two_files_are_refused(tmp_path, data):
     rt = both.filter((pl.col("run") == "a") & (pl.col("step") == 0))
     folder = tmp_path / "split_layers"
     folder.mkdir()
-    _write(folder / "t.parquet", tok)
-    _write(folder / "r1.parquet", rt.filter(pl.col("layer") < 2))
-    _write(folder / "r2.parquet", rt.filter(pl.col("layer") >= 2))
+    write_parquet(folder / "t.parquet", tok)
+    write_parquet(folder / "r1.parquet", rt.filter(pl.col("layer") < 2))
+    write_parquet(folder / "r2.parquet", rt.filter(pl.col("layer") >= 2))
     store = Store(tmp_path / "sl.duckdb")
     out = {o.name: o for o in ingest_paths(store, [folder / "t.parquet", folder / "r1.parquet"])}
     assert all(o.status == "loaded" for o in out.values())
@@ -358,7 +324,7 @@ def test_summarised_token_files_are_stored_but_not_summarised_again(tmp_path, da
     tok = tokens.filter(pl.col("run") == "a")
     folder = tmp_path / "flagged"
     folder.mkdir()
-    _write(folder / "sample.parquet", tok, {S.SUMMARISED_KEY: S.SUMMARISED_VALUE})
+    write_parquet(folder / "sample.parquet", tok, {S.SUMMARISED_KEY: S.SUMMARISED_VALUE})
     store = Store(tmp_path / "f.duckdb")
     assert ingest_paths(store, [folder / "sample.parquet"])[0].status == "loaded"
     assert store.scalar("SELECT count(*) FROM tokens") == tok.height
@@ -369,7 +335,7 @@ def test_summarised_token_files_are_stored_but_not_summarised_again(tmp_path, da
 
 def test_runs_coverage_and_delete_run(tmp_path, data):
     _, tokens, both, _ = data
-    store = _load(tmp_path, "cov", [("t.parquet", tokens.filter(pl.col("run") != "c")), ("r.parquet", both)])
+    store = load_files(tmp_path, "cov", [("t.parquet", tokens.filter(pl.col("run") != "c")), ("r.parquet", both)])
     runs = store.runs()
     want = tokens.filter(pl.col("run") != "c").group_by("run").agg(
         n_tokens=pl.len(), n_steps=pl.col("step").n_unique(),
@@ -396,7 +362,7 @@ def test_pearson_keeps_its_digits_whether_probabilities_sit_near_0_or_1(tmp_path
     t = np.minimum(s + rng.normal(0, 1e-3, n), 0.0)
     toks = pl.DataFrame({"run": "p", "step": 0, "sample": np.arange(n) // 50, "pos": np.arange(n) % 50,
                          "sampler_logprob": s, "trainer_logprob": t})
-    store = _load(tmp_path, "pearson", [("t.parquet", toks)])
+    store = load_files(tmp_path, "pearson", [("t.parquet", toks)])
     got = report.metrics_table(store, ["p"], by="run").row(0, named=True)["prob_pearson"]
     want = ref_v2(s, t, list(toks["sample"]), 2.0, 0.2)["prob_pearson"]
     assert 0.9 < want < 1.0
@@ -407,7 +373,7 @@ def test_pearson_keeps_its_digits_whether_probabilities_sit_near_0_or_1(tmp_path
 def test_a_database_loaded_before_summaries_is_summarised_when_opened(tmp_path, data):
     _, tokens, both, _ = data
     tok, rt = tokens.filter(pl.col("run") == "a"), both.filter(pl.col("run") == "a")
-    store = _load(tmp_path, "legacy", [("t.parquet", tok), ("r.parquet", rt)])
+    store = load_files(tmp_path, "legacy", [("t.parquet", tok), ("r.parquet", rt)])
     want = {by: report.metrics_table(store, ["a"], by=by) for by in ("step", "run", "layer")}
     for table in S.TABLES:  # as a database written before summaries existed
         store.cursor().execute(f"DELETE FROM {table}")

@@ -7,11 +7,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
-from test_logger_summaries import make_step
 
 from analysis.ingest import ingest_paths, summary_files
 from analysis.record.logger import DriftLogger
 from analysis.store import Store
+
+from helpers.logger import make_step
 
 TABLES = ("summary_step", "summary_seq", "summary_seq_band", "summary_hist", "summary_bucket", "summary_bucket_band",
           "summary_layer", "expert_load", "summary_sample")

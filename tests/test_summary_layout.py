@@ -7,7 +7,6 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_summaries import _load, assert_frames_close
 
 from analysis import schema
 from analysis.ingest import ingest_paths, summary_files
@@ -16,7 +15,8 @@ from analysis.store import Store, StoreError
 from analysis.summaries import schema as S
 from analysis.summaries import sql as compute
 
-from conftest import metrics_make_routing, metrics_make_tokens
+from helpers.data import load_files, metrics_make_routing, metrics_make_tokens
+from helpers.reference import assert_frames_close
 
 # the layout-1 tables as that version created them (schema.py before the band split moved out)
 _SUMS = ", ".join(f"{c.name} {c.sql_type}" for c in S.TOKEN_SUMS)
@@ -82,7 +82,7 @@ def loaded(tmp_path_factory):
 
 def test_layout2_rows_one_per_sequence_and_bucket(tmp_path, loaded):
     _, parts = loaded
-    store = _load(tmp_path, "v2", parts)
+    store = load_files(tmp_path, "v2", parts)
     # wide rows carry no band: one per (run, step, sample, file) resp. (run, step, dim, bucket, file)
     assert store.scalar("SELECT count(*) FROM (SELECT run, step, sample, file_id FROM summary_seq "
                         "GROUP BY ALL HAVING count(*) > 1)") == 0
@@ -104,7 +104,7 @@ def test_layout2_rows_one_per_sequence_and_bucket(tmp_path, loaded):
 
 def test_a_layout1_database_opens_with_the_same_metrics(tmp_path, loaded):
     _, parts = loaded
-    store = _load(tmp_path, "v1", parts)
+    store = load_files(tmp_path, "v1", parts)
     want = _views(store)
     cur = store.cursor()
     for table in ("summary_seq", "summary_bucket", "summary_seq_band", "summary_bucket_band"):

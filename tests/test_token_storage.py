@@ -8,16 +8,15 @@ import math
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
-from test_ingest_roundtrip import make_logs
 
 from analysis import schema
 from analysis.ingest import ingest_paths
 from analysis.metrics import report
 from analysis.store import Store
 
+from helpers.ingest import NARROW, make_logs
+
 NARROW_ONLY = ("token", "sampler_version", "trainer_version")
-# The narrow table and its twin for files not in key order (schema.KEY_RUN) as one
-NARROW = f"(SELECT * FROM {schema.TOKEN_STORE} UNION ALL SELECT * FROM {schema.TOKEN_STORE_LOOSE})"
 
 
 def _write(tmp_path, name, tokens, drop=()):

@@ -191,3 +191,49 @@ def test_the_layer_rule_fails_on_a_planted_cycle(tmp_path):
     assert "analysis.summaries -> analysis.ingest (via analysis.summaries.finalise -> analysis.ingest.summarise)" \
         in layer_breaks(graph)
     assert pure_breaks(graph, tmp_path) == ["analysis.summaries.finalise -> analysis.ingest.summarise"]
+
+
+# -- the tests' own imports ------------------------------------------------------------------------------
+TESTS = ROOT / "tests"
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports (inside functions too), as written: `from a.b import c` gives a.b and a.b.c."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def test_modules_import_helpers_never_another_test_module_or_conftest():
+    """What several test modules share lives in tests/helpers/; a test module importing another one (or
+    conftest) would run that module's imports, and tie the two, for a helper. The helpers import no test either."""
+    files = sorted(TESTS.glob("test_*.py")) + sorted((TESTS / "helpers").glob("*.py")) + [TESTS / "conftest.py"]
+    assert len(files) > 60
+    tops = {f: {m: m.split(".")[0] for m in imported_modules(f)} for f in files}
+    bad = {f.relative_to(ROOT).as_posix(): sorted(m for m, top in mods.items() if top.startswith("test_")
+                                                  or top == "conftest") for f, mods in tops.items()}
+    assert {f: m for f, m in bad.items() if m} == {}
+
+
+def test_the_import_check_sees_a_test_module_imported_inside_a_function(tmp_path):
+    planted = tmp_path / "test_planted.py"
+    planted.write_text("from helpers.data import metrics_load\n\ndef test_x():\n    from test_pages import PAGES\n"
+                       "    import conftest\n")
+    assert {"test_pages", "test_pages.PAGES", "conftest", "helpers.data"} <= imported_modules(planted)
+
+
+def test_benchmark_scripts_share_code_through_the_harness_only():
+    """A benchmark script imports benchmarks/harness.py and benchmarks/inputs/, never another script (which
+    would run that script's imports and tie the two), and the test helpers only through the harness."""
+    bench = ROOT / "benchmarks"
+    scripts = {p.stem for p in bench.glob("*.py")} - {"harness"}
+    files = sorted(bench.glob("*.py")) + sorted((bench / "inputs").glob("*.py"))
+    bad = {f.relative_to(ROOT).as_posix(): sorted(m for m in imported_modules(f)
+                                                  if m.split(".")[0] in scripts | {"helpers"} or "browser_util" in m)
+           for f in files}
+    assert {f: m for f, m in bad.items() if m} == {"benchmarks/harness.py": ["helpers", "helpers.browser"]}

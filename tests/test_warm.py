@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""
     from analysis.store import Store
     from analysis.summaries import kernel as K
     from analysis.ingest.warm import warm
-    from test_logger_summaries import make_step
+    from helpers.logger import make_step
 
     kernels = [K.accumulate, R.set_masks, R.compare, R.count_experts]  # the entry points (helpers are linked in)
     def compiled():

@@ -16,6 +16,8 @@ from analysis.ingest.watch import FolderWatcher, followable, scan
 from analysis.record.logger import DriftLogger
 from analysis.store import Store
 
+from helpers.logger import step_arrays
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -25,12 +27,6 @@ class Clock:
 
     def __call__(self):
         return self.t
-
-
-def step_arrays(step: int, B: int = 2, T: int = 3):
-    rng = np.random.default_rng(step)
-    s = -rng.exponential(1.0, (B, T))
-    return s, np.minimum(s + rng.normal(0, 0.05, (B, T)), 0.0), np.ones((B, T), dtype=np.int64)
 
 
 def token_rows(df_path: Path) -> pl.DataFrame:

@@ -1,7 +1,7 @@
-"""A real trainer process (tests/live_writer.py: DriftLogger, one step a second) and a real watcher process
-(`python -m analysis watch`), killed with SIGKILL half-way and restarted: every step lands exactly once, the file
-written in place slowly is never read half-written, the corrupt file is reported and skipped while the next
-steps load, and the database holds exactly the values the writer wrote."""
+"""A real trainer process (tests/helpers/live_writer.py: DriftLogger, one step a second) and a real watcher
+process (`python -m analysis watch`), killed with SIGKILL half-way and restarted: every step lands exactly once,
+the file written in place slowly is never read half-written, the corrupt file is reported and skipped while the
+next steps load, and the database holds exactly the values the writer wrote."""
 from __future__ import annotations
 
 import queue
@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-import live_writer as lw
 from analysis.store import Store
+
+from helpers import live_writer as lw
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 6
@@ -81,7 +82,7 @@ def expected_tokens() -> pl.DataFrame:
 
 def test_a_killed_and_restarted_watcher_loads_every_step_of_a_live_run_exactly_once(tmp_path):
     logs, db = tmp_path / "logs", tmp_path / "drift.duckdb"
-    writer = Proc([sys.executable, str(ROOT / "tests" / "live_writer.py"), str(logs), str(STEPS), "1.0", "--extras"])
+    writer = Proc([sys.executable, lw.__file__, str(logs), str(STEPS), "1.0", "--extras"])
     first = second = None
     try:
         writer.wait_for("0")

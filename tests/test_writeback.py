@@ -13,7 +13,8 @@ import pytest
 
 from analysis.ingest import batches, ingest_paths, load, writeback
 from analysis.store import Store
-from conftest import metrics_make_tokens
+
+from helpers.data import metrics_make_tokens
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc (Linux)")
 

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import polars as pl
 
-from conftest import metrics_make_routing, metrics_make_tokens  # noqa: F401 (tests use both through here)
+from helpers.data import metrics_make_routing, metrics_make_tokens
 
 RANKS = 2
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def make_rows(seed: int = 11, steps=(0, 5)) -> tuple[pl.DataFrame, pl.DataFrame]:

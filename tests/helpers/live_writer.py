@@ -1,6 +1,6 @@
-"""A stand-in trainer for the live tests: `python tests/live_writer.py OUT STEPS PERIOD [--extras]` writes one step
-every PERIOD seconds with DriftLogger (tokens and routing shards, renamed into place) and prints the step once its
-files are in place. With --extras it also drops, after step 1, a complete but corrupt Parquet file and, after
+"""A stand-in trainer for the live tests: `python tests/helpers/live_writer.py OUT STEPS PERIOD [--extras]` writes
+one step every PERIOD seconds with DriftLogger (tokens and routing shards, renamed into place) and prints the step
+once its files are in place. With --extras it also drops, after step 1, a complete but corrupt Parquet file and, after
 step 2, a JSON Lines file written in place slowly, in pieces that end mid-line (a reader that takes it before it
 is complete gets a refusal or a partial load, both of which the test detects).
 
@@ -63,5 +63,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     main(sys.argv[1:])

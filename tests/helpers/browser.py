@@ -1,4 +1,4 @@
-"""Helpers shared by the page tests, the browser test and the page benchmark: a small seeded fixture
+"""Helpers shared by the page tests, the browser tests and the page benchmarks: a small seeded fixture
 database built through the real ingest path, a `streamlit run` subprocess, and a headless Chromium that
 waits until a page has finished running and its charts are drawn."""
 from __future__ import annotations
@@ -16,7 +16,9 @@ from typing import Iterator
 import numpy as np
 import polars as pl
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT
+from helpers.data import routing_frame
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -68,12 +70,7 @@ def fixture_routing(tokens: pl.DataFrame, seed: int, layers: int = 4, k: int = 2
     for i in np.flatnonzero(flip):
         unused = np.setdiff1d(np.arange(n_experts), S[i])
         T[i, rng.integers(0, k)] = rng.choice(unused)
-    rep = keys[np.repeat(np.arange(keys.height), layers)]
-    df = rep.with_columns(layer=pl.Series(np.tile(np.arange(layers, dtype=np.int32), keys.height)),
-                          sampler_experts=pl.Series(S.tolist(), dtype=pl.List(pl.Int32)))
-    if trainer:
-        df = df.with_columns(trainer_experts=pl.Series(T.tolist(), dtype=pl.List(pl.Int32)))
-    return df
+    return routing_frame(keys, layers, S, T if trainer else None)
 
 
 def write_fixture_logs(folder: Path) -> list[Path]:

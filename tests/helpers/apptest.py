@@ -1,0 +1,45 @@
+"""The app under streamlit's AppTest: its script, the pages with their titles, a pages manager that keeps
+st.navigation's routing across runs, and what a test reads off a run (errors, texts) or does (open a tab)."""
+from __future__ import annotations
+
+from streamlit.runtime.pages_manager import PagesManager
+from streamlit.testing.v1 import AppTest
+
+from helpers import ROOT
+
+APP = str(ROOT / "app.py")
+TIMEOUT = 60  # seconds per script run: DuckDB pages on a loaded 2-core machine
+
+PAGES = {  # page file -> its title
+    "pages/findings.py": "Findings",
+    "pages/overview.py": "Overview",
+    "pages/token_drift.py": "Token drift",
+    "pages/routing.py": "Routing",
+    "pages/sequences.py": "Sequences",
+    "pages/compare.py": "Compare runs",
+    "pages/data.py": "Data",
+    "pages/lab.py": "Drift lab",
+}
+
+
+class NavigationOnly(PagesManager):
+    """AppTest resets PagesManager.uses_pages_directory before every run; with a pages/ folder next to app.py
+    it then takes the v1 path from the second run on and runs the page script without app.py (no sidebar).
+    A real server keeps the flag that st.navigation set, so pin it the same way here."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        PagesManager.uses_pages_directory = False
+
+
+def errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def texts(elements) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+def open_tab(at, key: str, label: str):
+    at.session_state[key] = label  # what clicking the tab does (on_change="rerun": the page reruns)
+    return at.run()
