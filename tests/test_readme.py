@@ -102,7 +102,7 @@ def test_layout_names_every_module_of_analysis_and_ui():
 def drift_names_in_code() -> set[str]:
     """Every DRIFT_* name in the code that reads settings (a name ending in `_` is a prefix, not a variable)."""
     paths = [*(ROOT / "analysis").rglob("*.py"), *(ROOT / "ui").rglob("*.py"), ROOT / "app.py",
-             ROOT / "tests" / "browser_util.py"]
+             ROOT / "tests" / "helpers" / "browser.py"]
     names = set()
     for path in paths:
         names.update(n for n in re.findall(r"\bDRIFT_[A-Z0-9_]+\b", path.read_text(encoding="utf-8"))
