@@ -322,3 +322,33 @@ def test_cli_as_and_its_errors(metrics_store_from, capsys):
     assert "kl_type: expected k1, k2 or k3" in capsys.readouterr().err
     assert main(["metrics", "--db", db, "--as", "verl", "--by", "layer"]) == 1
     assert "--as takes --by step or --by run" in capsys.readouterr().err
+
+
+# -- our own version 3 columns (METRICS.md "More token columns"), r = e^clamp(Δ, ±20), plain means ------------
+
+@pytest.mark.parametrize("by", ["step", "run"])
+@pytest.mark.parametrize("cap", [2.0, 1.5])
+def test_our_v3_columns(data, by, cap):
+    from analysis.metrics.frameworks.ours import V3_COLUMNS, more_token_columns
+    store, tokens = data
+    refs = []
+    for _, S, T, M in batches(tokens, by):
+        n = M.sum(-1)
+        mb = M > 0
+        d = (T - S)[mb]
+        cd = np.clip(d, -20, 20)
+        r = np.exp(cd)
+        w = np.clip(r, 1 / cap, cap)
+        k3 = r - 1 - d
+        seq_mpe = (np.exp(np.abs(np.clip(T - S, -20, 20))) * M).sum(-1) / n
+        refs.append({"training_ppl": np.exp(-(T * M).sum(-1) / n).mean(),
+                     "sampler_ppl": np.exp(-(S * M).sum(-1) / n).mean(),
+                     "log_ppl_abs_diff": np.abs(((S - T) * M).sum(-1) / n).mean(),
+                     "ratio_std_clamped": w.std(), "ratio_abs_dev_mean": np.abs(r - 1).mean(),
+                     "js_divergence": np.log(np.cosh(d / 2)).mean(),
+                     "seq_mult_prob_error_max": seq_mpe.max(), "seq_mult_prob_error_mean": seq_mpe.mean(),
+                     "seq_mult_prob_error_min": seq_mpe.min(), "kl_k3_std": k3.std(ddof=1),
+                     "kl_k3_median": float(np.median(k3))})
+    ours = more_token_columns(store, ["a"], by=by, cap=cap)
+    assert ours.columns == (["run", "step"] if by == "step" else ["run"]) + list(V3_COLUMNS)
+    compare(ours, refs, by)
