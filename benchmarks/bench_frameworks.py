@@ -16,29 +16,19 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_summaries import DB, RUN, build, is_built  # noqa: E402
+from bench_summaries import DB, RUN, best, build, is_built  # noqa: E402
 
 from analysis.metrics import report  # noqa: E402
 from analysis.metrics.frameworks import FRAMEWORKS, framework_table  # noqa: E402
 from analysis.store import Store  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS-frameworks.md"
-
-
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def main() -> None:
