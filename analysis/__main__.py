@@ -36,6 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "1.2, 1.5, 2, 3, 5, 10 exactly, other values are computed from the token rows)")
     p.add_argument("--clip", type=float, default=0.2, help="PPO clip range epsilon (default 0.2; summaries answer "
                    "0.1, 0.2, 0.28, 0.3, 0.5, other values use the token rows)")
+    p.add_argument("--as", dest="framework", default=None, metavar="FRAMEWORK",
+                   choices=("verl", "verl-actor", "nemo", "prime-rl", "slime"),
+                   help="the metrics a framework logs, named and computed as it does (verl, verl-actor, nemo, "
+                        "prime-rl, slime; docs/METRICS.md)")
+    p.add_argument("--param", action="append", default=[], metavar="K=V",
+                   help="with --as: a framework parameter, e.g. --param micro_batch_seqs=2 (repeatable)")
     p = sub.add_parser("watch", help="load what is in the folders, then each new complete file, until Ctrl-C")
     p.add_argument("paths", nargs="+", metavar="DIR")
     p.add_argument("--run", default=None, help="run name for files that carry none (overrides the file's)")
@@ -158,7 +164,19 @@ def _metrics(store, args) -> int:
         print(f"error: no run named {', '.join(map(repr, missing))} in {store.path} "
               f"(runs: {', '.join(store.run_names()) or 'none'})", file=sys.stderr)
         return 1
-    df = report.metrics_table(store, runs, by=args.by, cap=args.cap, clip=args.clip)
+    if args.framework is not None or args.param:
+        from analysis.metrics.frameworks import framework_table, parse_param_args
+        try:
+            if args.framework is None:
+                raise ValueError("--param needs --as FRAMEWORK")
+            if args.by == "layer":
+                raise ValueError("--as takes --by step or --by run")
+            df = framework_table(store, runs, args.framework, by=args.by, params=parse_param_args(args.param))
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+    else:
+        df = report.metrics_table(store, runs, by=args.by, cap=args.cap, clip=args.clip)
     sys.stdout.write(df.write_csv() if args.format == "csv" else df.write_json())
     if args.format == "json":
         sys.stdout.write("\n")

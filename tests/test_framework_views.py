@@ -1,0 +1,354 @@
+"""`metrics --as FRAMEWORK`: every column against a numpy reference written from the framework's cited lines.
+
+The references work on padded [B, L] arrays with a mask, as the frameworks' tensors are, and follow each line
+literally in float64 (their masked means' + 1e-8, their clamps, their reducers). Data: equal- and unequal-length
+sequences, tokens with |Δ| > 20 and with r < 1e-4, per step and per run; |Δ| ≥ 0.01 elsewhere so that the
+literal e^Δ − 1 − Δ of the references keeps its digits.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+
+from analysis.metrics.frameworks import framework_table, resolve_params
+
+RTOL, ATOL = 1e-9, 1e-13
+
+
+def make_tokens(seed: int, equal: bool, steps=(0, 1, 2), n_seq=6) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for step in steps:
+        for sample in range(n_seq):
+            n = 16 if equal else int(rng.integers(1, 41))
+            d = rng.normal(0.0, 0.5, n)
+            d = np.where(np.abs(d) < 0.01, np.copysign(0.01, d), d)
+            if sample == 1:
+                d[0] = -10.0                  # r = 4.5e-5 < 1e-4
+            if sample == 2 and step != 1:
+                d[-1] = 23.0 if step == 0 else -25.0   # |Δ| > 20
+            s = -rng.exponential(1.5, n) - np.maximum(d, 0.0) - 0.05   # keeps t = s + Δ < 0
+            t = s + d
+            rows.append(pl.DataFrame({"run": "a", "step": step, "sample": sample, "pos": np.arange(n),
+                                      "sampler_logprob": s, "trainer_logprob": t}))
+    return pl.concat(rows)
+
+
+@pytest.fixture(scope="module", params=["equal", "unequal"])
+def data(request, tmp_path_factory):
+    from conftest import metrics_load
+    tokens = make_tokens(11 if request.param == "equal" else 12, request.param == "equal")
+    store = metrics_load(tmp_path_factory.mktemp(f"fw_{request.param}"), tokens)
+    yield store, tokens
+    store.close()
+
+
+def batches(tokens: pl.DataFrame, by: str):
+    """(key, S, T, M) per group: [B, L] sampler and trainer log-probs, zero-padded, and the mask."""
+    keys = ["run", "step"] if by == "step" else ["run"]
+    for key, g in tokens.sort("run", "step", "sample", "pos").group_by(keys, maintain_order=True):
+        seqs = [(x["sampler_logprob"].to_numpy(), x["trainer_logprob"].to_numpy())
+                for _, x in g.group_by(["step", "sample"], maintain_order=True)]
+        L = max(len(s) for s, _ in seqs)
+        S, T, M = (np.zeros((len(seqs), L)) for _ in range(3))
+        for i, (s, t) in enumerate(seqs):
+            S[i, :len(s)], T[i, :len(t)], M[i, :len(s)] = s, t, 1.0
+        yield key, S, T, M
+
+
+def compare(ours: pl.DataFrame, refs: list[dict], by: str):
+    assert ours.height == len(refs)
+    for row, ref in zip(ours.iter_rows(named=True), refs):
+        for name, value in ref.items():
+            assert name in row, f"missing column {name}"
+            if isinstance(value, float) and math.isnan(value):
+                assert row[name] is None or math.isnan(row[name]), name
+                continue
+            np.testing.assert_allclose(row[name], value, rtol=RTOL, atol=ATOL, err_msg=f"{name} ({by})")
+        extra = set(row) - set(ref) - {"run", "step", "n_tokens", "n_sequences"}
+        assert not extra, f"columns without a reference: {sorted(extra)}"
+
+
+# -- verl @ b178a3cd: verl/trainer/ppo/rollout_corr_helper.py (RC), verl/utils/debug/metrics.py -----------------
+
+def v_mean(x, m, axis=None):  # verl/utils/torch_functional.py:266-301
+    return (np.where(m > 0, x, 0.0) * m).sum(axis=axis) / (m.sum(axis=axis) + 1e-8)
+
+
+def ref_offpolicy(old, roll, m):  # RC:834-940
+    mlt = v_mean(old, m, -1)
+    out = {"training_ppl": np.exp(-mlt).mean(), "training_log_ppl": (-mlt).mean(),
+           "kl": v_mean(roll - old, m)}
+    lr = old - roll
+    out["k3_kl"] = v_mean(np.exp(lr) - lr - 1, m)
+    mlr = v_mean(roll, m, -1)
+    out |= {"rollout_ppl": np.exp(-mlr).mean(), "rollout_log_ppl": (-mlr).mean()}
+    lpd = mlr - mlt
+    out |= {"log_ppl_diff": lpd.mean(), "log_ppl_abs_diff": np.abs(lpd).mean(), "log_ppl_diff_max": lpd.max(),
+            "log_ppl_diff_min": lpd.min(), "ppl_ratio": np.exp(lpd).mean()}
+    rho = np.exp(np.clip(lr, -20, 20))
+    out["chi2_token"] = v_mean(rho ** 2, m) - 1.0
+    lrs = (np.where(m > 0, lr, 0) * m).sum(-1)
+    out["chi2_seq"] = np.exp(2.0 * np.clip(lrs, -20, 20)).mean() - 1.0
+    return out
+
+
+def ref_is(lr, m, level, C):  # RC:481-713
+    out = {}
+    if level == "token":
+        w = np.exp(np.clip(lr, -20, 20)) * m
+        out["rollout_is_mean"] = v_mean(w, m)
+        out["rollout_is_ratio_fraction_high"] = v_mean((w > C).astype(float), m)
+        out["rollout_is_ratio_fraction_low"] = v_mean((w < 1 / C).astype(float), m)
+        out["rollout_is_max"] = np.where(m > 0, w, -np.inf).max()
+        out["rollout_is_min"] = np.where(m > 0, w, np.inf).min()
+    else:
+        lrs = (np.where(m > 0, lr, 0) * m).sum(-1)[:, None]
+        w = np.exp(np.clip(lrs, -20, 20)) * np.ones_like(lr) * m
+        out["rollout_is_max"] = math.exp(min(lrs.max(), 20.0))
+        out["rollout_is_min"] = math.exp(lrs.min())
+        out["rollout_is_mean"] = v_mean(w, m)
+        out["rollout_is_ratio_fraction_high"] = (lrs > math.log(C)).mean()
+        out["rollout_is_ratio_fraction_low"] = (lrs < math.log(1 / C)).mean()
+    wc = np.clip(w, 1 / C, C)
+    mc = v_mean(wc, m)
+    out["rollout_is_std"] = math.sqrt(max(v_mean(wc ** 2, m) - mc ** 2, 0.0)) if m.sum() > 1 else 0.0
+    out["rollout_is_eff_sample_size"] = 1.0 / v_mean((wc / (mc + 1e-8)) ** 2, m)
+    sm = v_mean(w, m, -1)
+    out |= {"rollout_is_seq_mean": sm.mean(), "rollout_is_seq_std": sm.std(ddof=1) if sm.size > 1 else 0.0,
+            "rollout_is_seq_max": sm.max(), "rollout_is_seq_min": sm.min(),
+            "rollout_is_seq_max_deviation": np.abs(sm - 1).max(),
+            "rollout_is_seq_fraction_high": (sm > C).mean(), "rollout_is_seq_fraction_low": (sm < 1 / C).mean()}
+    return out
+
+
+def ref_rs(lr, m, options):  # RC:156-478, sequence options
+    c = np.clip(lr, -20, 20)
+    terms = {"k1": -c, "k2": 0.5 * c ** 2, "k3": np.exp(c) - 1.0 - c}
+    combined = np.ones_like(lr)
+    out = {}
+    for opt, lo, hi in options:
+        kind, k = opt.rsplit("_", 1)
+        x = terms[k]
+        if kind == "seq_sum":
+            stat = (np.where(m > 0, x, 0) * m).sum(-1)
+        elif kind == "seq_mean":
+            stat = v_mean(x, m, -1)
+        else:
+            stat = np.where(m > 0, x, -np.inf).max(-1)
+        k1 = k == "k1"
+        up, low = (math.log(hi), math.log(lo)) if k1 else (hi, 0.0)
+        keep = ((stat >= low) & (stat <= up)) if k1 else stat <= hi
+        tok = np.broadcast_to(stat[:, None], lr.shape)
+        p = f"rollout_rs_{opt}"
+        out[f"{p}_mean"] = v_mean(tok, m)
+        out[f"{p}_max"], out[f"{p}_min"] = stat.max(), stat.min()
+        out[f"{p}_fraction_high"] = (stat > up).mean()
+        out[f"{p}_fraction_low"] = (stat < low).mean() if k1 else 0.0
+        cl = np.clip(tok, low if k1 else 0.0, up)
+        mc = v_mean(cl, m)
+        out[f"{p}_std"] = math.sqrt(max(v_mean(cl ** 2, m) - mc ** 2, 0.0))
+        out |= {f"{p}_seq_mean": stat.mean(), f"{p}_seq_std": stat.std(ddof=1), f"{p}_seq_max": stat.max(),
+                f"{p}_seq_min": stat.min(), f"{p}_seq_max_deviation": np.abs(stat).max(),
+                f"{p}_seq_fraction_high": (stat > up).mean()}
+        if k1:
+            out[f"{p}_seq_fraction_low"] = (stat < low).mean()
+        keep_tok = np.broadcast_to(keep[:, None], lr.shape).astype(float)
+        combined = combined * keep_tok
+        out[f"{p}_masked_fraction"] = v_mean(1 - keep_tok, m)
+        out[f"{p}_seq_masked_fraction"] = (1.0 - keep).sum() / len(keep)
+    out["rollout_rs_masked_fraction"] = v_mean(1 - combined, m)
+    out["rollout_rs_seq_masked_fraction"] = ((combined < 0.5) & (m > 0)).any(-1).mean()
+    return out
+
+
+def ref_debug(old, roll, m):  # verl/utils/debug/metrics.py:48-109
+    mb = m > 0
+    pa, pr = np.exp(old)[mb], np.exp(roll)[mb]
+    diff = np.abs(pa - pr)
+    return {"training/rollout_probs_diff_valid": 1.0, "training/rollout_probs_diff_max": diff.max(),
+            "training/rollout_probs_diff_mean": diff.mean(), "training/rollout_probs_diff_std": diff.std(ddof=1),
+            "training/rollout_actor_probs_pearson_corr": np.corrcoef(np.stack([pa, pr]))[0, 1]}
+
+
+@pytest.mark.parametrize("by", ["step", "run"])
+@pytest.mark.parametrize("params", [
+    {}, {"rollout_is": "sequence", "rollout_is_threshold": "3"},
+    {"rollout_is": "none", "rollout_rs": "seq_mean_k1,seq_sum_k2,seq_max_k3,seq_max_k2,seq_sum_k1,seq_mean_k3",
+     "rollout_rs_threshold": "0.97_1.0,2.5,4,1.5,0.5_2,0.2"},
+    {"rollout_rs": "seq_sum_k3,seq_mean_k2", "rollout_rs_threshold": "3"},
+])
+def test_verl(data, by, params):
+    store, tokens = data
+    p = resolve_params("verl", params)
+    refs = []
+    for _, S, T, M in batches(tokens, by):
+        lr = T - S
+        out = {}
+        if p["rollout_is"] != "none":
+            out |= ref_is(lr, M, p["rollout_is"], p["rollout_is_threshold"])
+        if "_rs" in p:
+            out |= ref_rs(lr, M, p["_rs"])
+        out |= ref_offpolicy(T, S, M)
+        refs.append({f"rollout_corr/{k}": float(v) for k, v in out.items()} | ref_debug(T, S, M))
+    compare(framework_table(store, ["a"], "verl", by=by, params=params), refs, by)
+
+
+@pytest.mark.parametrize("by", ["step", "run"])
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_verl_actor_micro_batches(data, by, size):
+    """dp_actor.py:619-663 + reduce_metrics (verl/utils/metric/utils.py:49-57): per micro-batch, then max for
+    names with "max", min for "min", mean otherwise."""
+    store, tokens = data
+    refs = []
+    keys = ["run", "step"] if by == "step" else ["run"]
+    for _, g in tokens.group_by(keys, maintain_order=True):
+        parts = []
+        for _, S, T, M in batches(g, "step"):
+            for i in range(0, S.shape[0], size):
+                parts.append(ref_offpolicy(T[i:i + size], S[i:i + size], M[i:i + size]))
+        ref = {}
+        for k in parts[0]:
+            xs = np.array([x[k] for x in parts])
+            ref[f"rollout_corr/{k}"] = float(xs.max() if "max" in k else xs.min() if "min" in k else xs.mean())
+        refs.append(ref)
+    compare(framework_table(store, ["a"], "verl-actor", by=by, params={"micro_batch_seqs": str(size)}), refs, by)
+
+
+# -- NeMo RL @ 7ea279ab: nemo_rl/algorithms/loss/loss_functions.py (LF), grpo.py (G), utils.py -----------------
+
+def n_mean(x, m):  # nemo_rl/algorithms/utils.py:212-224, global normalisation = the batch's tokens
+    return (x * m).sum() / (m.sum() + 1e-8)
+
+
+def n_kl(logprobs, ref, kl_type):  # nemo_rl/algorithms/utils.py:72-90, no clamps (LF:416-437)
+    logr = ref - logprobs
+    return {"k1": -logr, "k2": logr ** 2 / 2, "k3": np.exp(logr) - 1 - logr}[kl_type]
+
+
+@pytest.mark.parametrize("by", ["step", "run"])
+@pytest.mark.parametrize("params", [{}, {"kl_type": "k1"}, {"kl_type": "k2", "seq_logprob_error_threshold": "1.4"}])
+def test_nemo(data, by, params):
+    store, tokens = data
+    p = resolve_params("nemo", params)
+    refs = []
+    for _, S, T, M in batches(tokens, by):
+        prev, gen = T, S
+        lm = np.log(0.5 * np.exp(prev) + 0.5 * np.exp(gen))
+        kp = np.exp(prev - lm) - (prev - lm) - 1
+        kg = np.exp(gen - lm) - (gen - lm) - 1
+        ref = {"token_mult_prob_error": n_mean(np.exp(np.abs(gen - prev) * M), M),
+               "gen_kl_error": n_mean(n_kl(gen, prev, p["kl_type"]), M),
+               "policy_kl_error": n_mean(n_kl(prev, gen, p["kl_type"]), M),
+               "js_divergence_error": n_mean(0.5 * kp + 0.5 * kg, M),
+               "sampling_importance_ratio": n_mean(np.exp(prev - gen), M),
+               "approx_entropy": -n_mean(np.exp(prev - gen) * prev, M)}
+        err = (np.exp(np.abs(gen - prev) * M) * M).sum(-1) / np.maximum(M.sum(-1), 1)   # G:2552-2566
+        ref |= {"max_seq_mult_prob_error": err.max(), "mean_seq_mult_prob_error": err.mean(),
+                "min_seq_mult_prob_error": err.min()}
+        kept = err
+        if p["seq_logprob_error_threshold"] != "none":
+            keep = err <= p["seq_logprob_error_threshold"]
+            ref["num_masked_seqs"] = float((~keep).sum())
+            kept = err[keep]
+        ref |= {"max_seq_mult_prob_error_after_mask": kept.max() if kept.size else 0.0,
+                "mean_seq_mult_prob_error_after_mask": kept.mean() if kept.size else 0.0,
+                "min_seq_mult_prob_error_after_mask": kept.min() if kept.size else 0.0}
+        refs.append({k: float(v) for k, v in ref.items()})
+    compare(framework_table(store, ["a"], "nemo", by=by, params=params), refs, by)
+
+
+# -- slime @ 624b824a: slime/backends/megatron_utils/loss.py (L), cp_utils.py (CP) ----------------------------
+
+@pytest.mark.parametrize("by", ["step", "run"])
+@pytest.mark.parametrize("params", [{}, {"per_token_loss": "true"}, {"tis_clip": "1.5", "tis_clip_low": str(1 / 1.5)}])
+def test_slime(data, by, params):
+    store, tokens = data
+    p = resolve_params("slime", params)
+    refs = []
+    for _, S, T, M in batches(tokens, by):
+        if p["per_token_loss"]:   # CP:83-89 sum over tokens; train_metric_utils.py:53-55 ÷ Σ clamp_min(n, 1)
+            red = lambda x: (x * M).sum() / np.maximum(M.sum(-1), 1).sum()
+        else:                     # CP:73-81 per-sample means summed; ÷ the number of samples
+            red = lambda x: ((x * M).sum(-1) / np.maximum(M.sum(-1), 1)).sum() / M.shape[0]
+        tis = np.exp(T - S)
+        w = np.clip(tis, p["tis_clip_low"], p["tis_clip"])
+        refs.append({"train_rollout_logprob_abs_diff": float(red(np.abs(T - S))), "tis": float(red(tis)),
+                     "tis_clipfrac": float(red((w != tis).astype(float))), "tis_abs": float(red(np.abs(tis - 1)))})
+    compare(framework_table(store, ["a"], "slime", by=by, params=params), refs, by)
+
+
+# -- prime-rl @ 559b4477: loss.py:100-106, trainer/utils.py:245-281 -------------------------------------------
+
+@pytest.mark.parametrize("by", ["step", "run"])
+def test_primerl(data, by):
+    store, tokens = data
+    refs = []
+    for _, S, T, M in batches(tokens, by):
+        lr = (T - S)[M > 0]
+        k = np.exp(lr) - lr - 1
+        refs.append({"mismatch_kl/all/mean": k.mean(), "mismatch_kl/all/median": float(np.sort(k)[(k.size - 1) // 2]),
+                     "mismatch_kl/all/std": k.std(ddof=1), "mismatch_kl/all/min": k.min(),
+                     "mismatch_kl/all/max": k.max()})
+    compare(framework_table(store, ["a"], "prime-rl", by=by), refs, by)
+
+
+def test_unknown_names_are_refused():
+    with pytest.raises(ValueError, match="unknown framework 'openrlhf'"):
+        resolve_params("openrlhf")
+    with pytest.raises(ValueError, match="no parameter 'C'"):
+        resolve_params("verl", {"C": "2"})
+    with pytest.raises(ValueError, match="token_k1"):
+        resolve_params("verl", {"rollout_rs": "token_k1", "rollout_rs_threshold": "2"})
+    with pytest.raises(ValueError, match="cap must be one of"):
+        framework_table(None, ["a"], "verl", params={"rollout_is_threshold": "2.5"})
+
+
+def test_cli_as_and_its_errors(metrics_store_from, capsys):
+    from analysis.__main__ import main
+    store = metrics_store_from(make_tokens(5, False, steps=(0,), n_seq=3))
+    db = str(store.path)
+    store.close()
+    assert main(["metrics", "--db", db, "--run", "a", "--by", "run", "--as", "slime",
+                 "--param", "per_token_loss=true"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "run,n_tokens,n_sequences,train_rollout_logprob_abs_diff,tis,tis_clipfrac,tis_abs")
+    assert main(["metrics", "--db", db, "--param", "x=1"]) == 1
+    assert "--param needs --as FRAMEWORK" in capsys.readouterr().err
+    assert main(["metrics", "--db", db, "--as", "nemo", "--param", "kl_type=k4"]) == 1
+    assert "kl_type: expected k1, k2 or k3" in capsys.readouterr().err
+    assert main(["metrics", "--db", db, "--as", "verl", "--by", "layer"]) == 1
+    assert "--as takes --by step or --by run" in capsys.readouterr().err
+
+
+# -- our own version 3 columns (METRICS.md "More token columns"), r = e^clamp(Δ, ±20), plain means ------------
+
+@pytest.mark.parametrize("by", ["step", "run"])
+@pytest.mark.parametrize("cap", [2.0, 1.5])
+def test_our_v3_columns(data, by, cap):
+    from analysis.metrics.frameworks.ours import V3_COLUMNS, more_token_columns
+    store, tokens = data
+    refs = []
+    for _, S, T, M in batches(tokens, by):
+        n = M.sum(-1)
+        mb = M > 0
+        d = (T - S)[mb]
+        cd = np.clip(d, -20, 20)
+        r = np.exp(cd)
+        w = np.clip(r, 1 / cap, cap)
+        k3 = r - 1 - d
+        seq_mpe = (np.exp(np.abs(np.clip(T - S, -20, 20))) * M).sum(-1) / n
+        refs.append({"training_ppl": np.exp(-(T * M).sum(-1) / n).mean(),
+                     "sampler_ppl": np.exp(-(S * M).sum(-1) / n).mean(),
+                     "log_ppl_abs_diff": np.abs(((S - T) * M).sum(-1) / n).mean(),
+                     "ratio_std_clamped": w.std(), "ratio_abs_dev_mean": np.abs(r - 1).mean(),
+                     "js_divergence": np.log(np.cosh(d / 2)).mean(),
+                     "seq_mult_prob_error_max": seq_mpe.max(), "seq_mult_prob_error_mean": seq_mpe.mean(),
+                     "seq_mult_prob_error_min": seq_mpe.min(), "kl_k3_std": k3.std(ddof=1),
+                     "kl_k3_median": float(np.median(k3))})
+    ours = more_token_columns(store, ["a"], by=by, cap=cap)
+    assert ours.columns == (["run", "step"] if by == "step" else ["run"]) + list(V3_COLUMNS)
+    compare(ours, refs, by)
