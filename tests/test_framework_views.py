@@ -39,7 +39,7 @@ def make_tokens(seed: int, equal: bool, steps=(0, 1, 2), n_seq=6) -> pl.DataFram
 
 @pytest.fixture(scope="module", params=["equal", "unequal"])
 def data(request, tmp_path_factory):
-    from conftest import metrics_load
+    from helpers.data import metrics_load
     tokens = make_tokens(11 if request.param == "equal" else 12, request.param == "equal")
     store = metrics_load(tmp_path_factory.mktemp(f"fw_{request.param}"), tokens)
     yield store, tokens
