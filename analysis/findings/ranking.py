@@ -406,8 +406,7 @@ def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | No
             return "alert" if alarming and share >= 0.5 else "warn"
 
         of = (lambda df: df.filter(pl.col("run") == run) if df is not None else pl.DataFrame())
-        stale = lag is not None and bool(of(lag).filter(pl.col("bucket") > 0).height)
-        found: list[Finding] = _logging_checks(run, row, stale)
+        found: list[Finding] = _logging_checks(run, row, run in _stale_runs(lag))
         if row["kl_k3"] is not None and row["kl_k3"] >= KL_FLOOR:
             if lag is not None:
                 found += _staleness(run, of(lag), cause_sev)
@@ -432,6 +431,24 @@ def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | No
                                  "mult_prob_error": row["mult_prob_error"]}, *OVERVIEW, 0.0))
         out[run] = rank(found)
     return out
+
+
+def _stale_runs(lag: pl.DataFrame | None) -> set[str]:
+    """The runs with tokens of lag > 0 in a `buckets.mismatch_by(..., "lag")` table (None: no versions)."""
+    return set() if lag is None else set(lag.filter(pl.col("bucket") > 0)["run"].to_list())
+
+
+def logging_checks(store: Store, runs: Sequence[str], steps: tuple[int, int] | None = None) -> dict[str, checks.Verdict]:
+    """{run: the logging checks' verdict} (position_shift, truncation, temperature; summaries/checks.py) from the
+    summaries alone: what the Data page's banner and Overview's badge show, the findings' own rule."""
+    runs = sql.check_runs(runs)
+    if not runs:
+        return {}
+    summary = dashboard.run_summary(store, runs, steps=steps)
+    lag = buckets.mismatch_by(store, runs, "lag", steps=steps, metrics=["kl_k3"]) \
+        if buckets.has_column_data(store, runs, "sampler_version") else None
+    stale = _stale_runs(lag)
+    return {row["run"]: checks.verdict(row, row["run"] in stale) for row in summary.iter_rows(named=True)}
 
 
 def _first_steps(store: Store, runs: list[str]) -> dict[str, int]:
