@@ -173,6 +173,26 @@ def test_driftlogger_and_summaries_only_copy_give_the_checks(tmp_path):
         store.close()
 
 
+def test_torch_reductions_equal_the_one_pass_loop():
+    """DriftLogger's check sums on an accelerator (torch reductions, run here on CPU tensors) equal the CPU's
+    one-pass loop, with padding anywhere holding NaN."""
+    torch = pytest.importorskip("torch")
+    from analysis.record.checks import torch_check_sums
+
+    g = torch.Generator().manual_seed(2)
+    for B, T in ((7, 19), (1, 1), (3, 2)):
+        mask = torch.rand(B, T, generator=g) < 0.8
+        s = -torch.rand(B, T, generator=g, dtype=torch.float64) * 4
+        t = (s + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.3).clamp(max=0.0)
+        for m in (mask, torch.ones_like(mask)):
+            ss, tt = s.masked_fill(~m, float("nan")), t.masked_fill(~m, float("nan"))
+            want = checks.grid_sums(ss.numpy(), tt.numpy(), m.numpy())
+            got = torch_check_sums(ss, tt, m)
+            assert got.keys() == want.keys() and want["n_check_tokens"] == int(m.sum())
+            for k in want:
+                assert math.isclose(got[k], want[k], rel_tol=1e-13, abs_tol=1e-300), (B, T, k)
+
+
 # -- databases and files made before the check sums -------------------------------------------------------------
 
 def test_database_made_before_the_check_sums_reads_them_as_null(tmp_path):
@@ -396,3 +416,12 @@ def test_driftlogger_warns_once_at_the_first_step_where_a_check_holds(tmp_path):
     got = [str(w.message) for w in caught if issubclass(w.category, LoggingCheckWarning)]
     assert len(got) == 1 and "\n" not in got[0]
     assert got[0].startswith("DriftLogger run 'x', step 1:") and "top-p / top-k" in got[0]
+    # the lake layout writes no summaries, and checks the step's own sums
+    lake = DriftLogger(tmp_path / "lake", "x", layout="lake")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step, run in enumerate((honest, truncated, truncated)):
+            lake.log_step(step, grid(run, "sampler_logprob"), grid(run, "trainer_logprob"), torch.ones(16, 32))
+    lines = [str(w.message) for w in caught if issubclass(w.category, LoggingCheckWarning)]
+    assert [line.split(":")[0] for line in lines] == ["DriftLogger run 'x', step 1"], lines
+    assert lines[0].split(": ", 1)[1] == got[0].split(": ", 1)[1]  # the same numbers as from the summaries

@@ -7,6 +7,7 @@ the likely setting: a processed-log-prob or temperature mismatch makes every dri
 from __future__ import annotations
 
 import warnings
+from typing import Callable
 
 import torch
 
@@ -18,26 +19,40 @@ class LoggingCheckWarning(UserWarning):
     """The logged log-probs fail a logging check (summaries/checks.py): fix the logging before reading drift."""
 
 
-def check_sums(s: torch.Tensor, t: torch.Tensor, mask: torch.Tensor) -> dict[str, float | int]:
+def check_sums(s: torch.Tensor, t: torch.Tensor, mask: torch.Tensor,
+               buffer: Callable[[str, tuple], torch.Tensor] | None = None) -> dict[str, float | int]:
     """CHECK_SUMS of a step's [B, T] float64 log-probs (position = column, one sequence per row) over the
-    mask==1 tokens, on their device; pairs are neighbouring columns both in the mask."""
+    mask==1 tokens, on their device (on the CPU by summaries/checks.py's one-pass loop); pairs are neighbouring
+    columns both in the mask. `buffer(name, shape)`: a float64 tensor kept from step to step (the logger's
+    Workspace), for the [B, T] temporaries of the torch reductions."""
+    if s.device.type == "cpu":
+        return checks.grid_sums(s.numpy(), t.numpy(), mask.numpy())
+    return torch_check_sums(s, t, mask, buffer)
+
+
+def torch_check_sums(s: torch.Tensor, t: torch.Tensor, mask: torch.Tensor,
+                     buffer: Callable[[str, tuple], torch.Tensor] | None = None) -> dict[str, float | int]:
+    """check_sums by torch reductions on the tensors' device (an accelerator's)."""
+    B, T = s.shape
+
+    def buf(name: str, shape: tuple) -> torch.Tensor | None:
+        return buffer(name, shape) if buffer is not None else None
     full = bool(mask.all())
     if not full:  # padding may hold anything (NaN included): 0 there, and the pairs need both tokens
         zero = torch.zeros((), dtype=s.dtype, device=s.device)
-        s, t = torch.where(mask, s, zero), torch.where(mask, t, zero)
-    flat_s, d = s.reshape(-1), (t - s).reshape(-1)
-    lag_prev = (t[:, 1:] - s[:, :-1]).abs_()  # [B, T − 1]: |t_(p+1) − s_p|
-    lag_next = (t[:, :-1] - s[:, 1:]).abs_()  # |t_p − s_(p+1)|
-    if full:
-        n, n_adj = mask.numel(), mask.shape[0] * max(mask.shape[1] - 1, 0)
-    else:
-        adj = mask[:, 1:] & mask[:, :-1]
-        lag_prev.mul_(adj)
-        lag_next.mul_(adj)
-        n, n_adj = int(mask.sum()), int(adj.sum())
-    return {"n_check_tokens": n, "sum_s": float(flat_s.sum()), "sum_s2": float(torch.dot(flat_s, flat_s)),
-            "sum_sd": float(torch.dot(flat_s, d)), "n_adj": n_adj, "sum_abs_lag_prev": float(lag_prev.sum()),
-            "sum_abs_lag_next": float(lag_next.sum())}
+        s = torch.where(mask, s, zero, out=buf("check_s", (B, T)))
+        t = torch.where(mask, t, zero, out=buf("check_t", (B, T)))
+    flat_s = s.reshape(-1)
+    d = torch.sub(t, s, out=buf("check_d", (B, T))).reshape(-1)
+    sums = {"sum_s": float(flat_s.sum()), "sum_s2": float(torch.dot(flat_s, flat_s)),
+            "sum_sd": float(torch.dot(flat_s, d))}
+    lag = buf("check_lag", (B, max(T - 1, 0)))
+    adj = None if full else mask[:, 1:] & mask[:, :-1]
+    for name, a, b in (("sum_abs_lag_prev", t[:, 1:], s[:, :-1]), ("sum_abs_lag_next", t[:, :-1], s[:, 1:])):
+        diff = torch.sub(a, b, out=lag).abs_()  # |t_(p+1) − s_p|, then |t_p − s_(p+1)|
+        sums[name] = float(diff.sum() if full else torch.where(adj, diff, 0.0).sum())
+    n, n_adj = (mask.numel(), B * max(T - 1, 0)) if full else (int(mask.sum()), int(adj.sum()))
+    return {"n_check_tokens": n, "n_adj": n_adj} | sums
 
 
 def step_sums(summary_step: dict, s: torch.Tensor, t: torch.Tensor, mask: torch.Tensor) -> dict:

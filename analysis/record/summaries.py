@@ -361,7 +361,9 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | No
     else:
         tables |= _torch_tables(x, lags, flipped, work or Workspace())
     if tables["summary_step"]:  # the logging checks' sums (schema.CHECK_SUMS)
-        tables["summary_step"] |= {k: [v] for k, v in check_sums(x.s, x.t, x.mask).items()}
+        space = work or Workspace()
+        sums = check_sums(x.s, x.t, x.mask, lambda name, shape: space.get(name, shape, torch.float64, dev))
+        tables["summary_step"] |= {k: [v] for k, v in sums.items()}
     if routing is not None:
         tables["summary_layer"] = routing.layer_rows
         tables[EXPERT_LOAD] = routing.expert_load
