@@ -20,7 +20,7 @@ from analysis.ingest.limits import Limits
 from analysis.metrics import read
 from analysis.metrics import token as metrics
 from analysis.store import Store
-from analysis.summaries import checks
+from analysis.summaries import checks, kernel
 from analysis.summaries import schema as S
 from analysis.summaries.checks import CheckSums
 
@@ -186,7 +186,7 @@ def test_torch_reductions_equal_the_one_pass_loop():
         t = (s + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.3).clamp(max=0.0)
         for m in (mask, torch.ones_like(mask)):
             ss, tt = s.masked_fill(~m, float("nan")), t.masked_fill(~m, float("nan"))
-            want = checks.grid_sums(ss.numpy(), tt.numpy(), m.numpy())
+            want = kernel.grid_sums(ss.numpy(), tt.numpy(), m.numpy())
             got = torch_check_sums(ss, tt, m)
             assert got.keys() == want.keys() and want["n_check_tokens"] == int(m.sum())
             for k in want:

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from analysis.summaries import checks
+from analysis.summaries import checks, kernel
 from analysis.summaries import schema as S
 
 
@@ -22,11 +22,11 @@ class LoggingCheckWarning(UserWarning):
 def check_sums(s: torch.Tensor, t: torch.Tensor, mask: torch.Tensor,
                buffer: Callable[[str, tuple], torch.Tensor] | None = None) -> dict[str, float | int]:
     """CHECK_SUMS of a step's [B, T] float64 log-probs (position = column, one sequence per row) over the
-    mask==1 tokens, on their device (on the CPU by summaries/checks.py's one-pass loop); pairs are neighbouring
+    mask==1 tokens, on their device (on the CPU by the one-pass loop of summaries/kernel.py); pairs are neighbouring
     columns both in the mask. `buffer(name, shape)`: a float64 tensor kept from step to step (the logger's
     Workspace), for the [B, T] temporaries of the torch reductions."""
     if s.device.type == "cpu":
-        return checks.grid_sums(s.numpy(), t.numpy(), mask.numpy())
+        return kernel.grid_sums(s.numpy(), t.numpy(), mask.numpy())
     return torch_check_sums(s, t, mask, buffer)
 
 
