@@ -345,8 +345,9 @@ def _logging_checks(run, row: dict, stale: bool) -> list[Finding]:
     if found.position_shift is not None:
         p = found.position_shift
         lag = "i − 1" if p["lag"] < 0 else "i + 1"
+        best = p["lag_abs_delta_prev" if p["lag"] < 0 else "lag_abs_delta_next"]
         return [Finding(run, "position_shift", "alert", f"The two sides' log-probs are one position apart: mean "
-                        f"|t_i − s_({lag})| = {p['lag_best']:.3g} against mean |t_i − s_i| = {p['lag0']:.3g} "
+                        f"|t_i − s_({lag})| = {best:.3g} against mean |t_i − s_i| = {p['log_ratio_abs_mean']:.3g} "
                         f"(lag −1 {p['lag_abs_delta_prev']:.3g}, lag +1 {p['lag_abs_delta_next']:.3g}): fix the "
                         "alignment before reading any drift number", p, *OVERVIEW, 1.0)]
     if not found.sampling_params:

@@ -1,4 +1,5 @@
-"""The logging checks' sums of a step (summaries/schema.py CHECK_SUMS) with torch, and DriftLogger's warning.
+"""The logging checks' sums of a step (summaries/schema.py CHECK_SUMS) on the tensors' device, and DriftLogger's
+warning.
 
 The sums go into the step's summary_step row, so the checks (summaries/checks.py) hold from summaries alone; the
 logger also evaluates them on each step and warns once, at the first step where one holds, in one line naming

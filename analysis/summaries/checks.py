@@ -51,8 +51,8 @@ ACTIONS = {
     "position_shift": ("Fix the alignment of the trainer's log-probs before reading any drift number: the logits at "
                        "position i score token i + 1, so gather log_softmax(logits[:, :-1]) at tokens[:, 1:] and "
                        "slice the response from the same offset on both sides (check the response mask too)",
-                       "a common gather / mask off-by-one; verl, TRL and OpenRLHF all compute logits[:, :-1] "
-                       "against input_ids[:, 1:]"),
+                       "the causal-LM convention, as in Hugging Face transformers' ForCausalLMLoss (logits[..., :-1] "
+                       "against labels[..., 1:])"),
     "sampling_params": ("Log the sampler's raw log-probs, or apply the same processing on the trainer: vLLM "
                         "--logprobs-mode raw_logprobs (the default) rather than processed_logprobs; divide the "
                         "trainer's logits by the sampling temperature when the sampler's are; keep the sampler's "
@@ -81,9 +81,10 @@ class Verdict:
         """One line naming the likely setting (DriftLogger's warning, the Data page's banner)."""
         if self.position_shift is not None:
             p = self.position_shift
+            best = p["lag_abs_delta_prev" if p["lag"] < 0 else "lag_abs_delta_next"]
             return (f"the trainer's log-probs look shifted by one position against the sampler's (mean |Δ| "
-                    f"{p['lag_best']:.3g} at lag {p['lag']:+d} vs {p['lag0']:.3g} at lag 0): check the gather of "
-                    "logits[:, :-1] against tokens[:, 1:] and the response slice")
+                    f"{best:.3g} at lag {p['lag']:+d} vs {p['log_ratio_abs_mean']:.3g} at lag 0): check the gather "
+                    "of logits[:, :-1] against tokens[:, 1:] and the response slice")
         parts = []
         if self.truncation is not None:
             parts.append(f"mean r = {self.truncation['ratio_mean']:.4f} ± {self.truncation['ratio_mean_se']:.2g}: "
@@ -132,8 +133,7 @@ def verdict(v: dict, stale: bool = False) -> Verdict:
         best, lag = (prev, -1) if prev <= nxt else (nxt, 1)
         if best < SHIFT_RATIO * lag0:
             return Verdict(position_shift={"lag_abs_delta_prev": prev, "lag_abs_delta_next": nxt,
-                                           "log_ratio_abs_mean": lag0, "lag": lag, "lag_best": best, "lag0": lag0,
-                                           "ratio": best / lag0})
+                                           "log_ratio_abs_mean": lag0, "lag": lag, "ratio": best / lag0})
     truncation = temperature = None
     mm, se = _num(v.get("missing_mass")), _num(v.get("ratio_mean_se"))
     if mm is not None and se is not None and mm >= MISSING_MASS_MIN and mm >= Z_MIN * se:
