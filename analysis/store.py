@@ -293,6 +293,17 @@ class Store:
             FROM runs LEFT JOIN t USING (run) LEFT JOIN r USING (run)
             ORDER BY runs.created, runs.run""")
 
+    @property
+    def has_check_sums(self) -> bool:
+        """Whether summary_step has the logging checks' sums (summaries/schema.py CHECK_SUMS): a database made
+        before them gains them when opened for writing; opened read-only, it is read without them."""
+        if getattr(self, "_check_sums", None) is None:
+            have = {r[0] for r in self.rows(
+                "SELECT column_name FROM duckdb_columns() WHERE table_name = 'summary_step' AND schema_name = 'main' "
+                "AND database_name = current_database()")}
+            self._check_sums = set(summary_schema.CHECK_SUM_NAMES) <= have
+        return self._check_sums
+
     def routing_sides(self) -> dict[str, bool]:
         """{run: whether it recorded the trainer's routing too} for every run with routing. Read from
         expert_load (a few rows per (run, step, layer, expert)), which ingest writes in the same transaction

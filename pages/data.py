@@ -9,6 +9,7 @@ from analysis.metrics import dashboard, report
 from analysis.store import Store
 from ui import access, auth, mapping_form
 from ui import state as S
+from ui.auth import md_escape
 
 auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
 
@@ -30,6 +31,17 @@ else:
                 "`.safetensors`) with `rollout_log_probs` / `old_log_probs`; framework exports; and **zip** "
                 "archives of any of these. Loading the same content twice adds nothing.")
 
+    def _check_lines(runs: list[str]) -> list[tuple[str, str]]:
+        """(run, the line naming the likely setting) for each loaded run whose logging checks hold."""
+        if not runs:
+            return []
+        try:
+            from analysis.findings.ranking import logging_checks
+            return [(run, v.line()) for run, v in logging_checks(store, runs).items() if v.holds]
+        except Exception:  # the banner is advice: a failure here must not hide the upload's outcome
+            S.log.exception("logging checks after an upload failed")
+            return []
+
     def _record(outcomes) -> None:
         """Show the outcomes after the rerun, select the new runs, drop cached results."""
         S.data_changed()
@@ -37,6 +49,7 @@ else:
                                     format=o.format or "", rows=sum(o.rows.values()) if o.rows else 0,
                                     runs=", ".join(o.runs), message=o.message) for o in outcomes]
         new_runs = sorted({r for o in outcomes if o.status == "loaded" for r in o.runs})
+        ss["data_checks"] = _check_lines(new_runs)
         n_ok = sum(o.status == "loaded" for o in outcomes)
         S.select_runs_next(new_runs, f"Loaded {n_ok} of {len(outcomes)} files"
                            + (f": runs {', '.join(new_runs)}" if new_runs else ""))
@@ -96,6 +109,10 @@ else:
         if n["error"]:  # a bug of ours, not a refusal: the table's message says to report it
             st.error(f"{n['error']} file(s) hit an internal error while reading (see the table).")
         (st.warning if n["refused"] else st.success)(msg)
+        for run, line in ss.get("data_checks", []):
+            st.warning(f"**Check the logging first**: run **{md_escape(run)}**: {md_escape(line)}. No drift number "
+                       "means anything until this is fixed; the Findings page ranks it first.",
+                       icon=":material/rule:")
         st.dataframe(res, hide_index=True, key="data_outcomes_table",
                      column_config={"message": st.column_config.TextColumn("message", width="large")})
     mapping_form.render(store, run_override.strip() or None, max_bytes, lambda o: _record([o]))

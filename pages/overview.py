@@ -1,9 +1,11 @@
 """Overview: headline mismatch numbers per run, per-step curves, and the runs' configs."""
 import streamlit as st
 
+from analysis.findings import ranking as findings
 from analysis.metrics import compare, context, dashboard
 from ui import auth, charts, context_charts, glossary, plot
 from ui import state as S
+from ui.auth import md_escape
 
 auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
 
@@ -23,6 +25,7 @@ st.subheader("Headline numbers")
 with S.guard("compute the run summary"):
     # the run table and the per-step table below come from one pass (dashboard.run_and_step_tables)
     summary = S.cached(dashboard.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)["run"]
+    checks = S.cached(findings.logging_checks, sel.runs, steps=sel.steps)
     if summary.is_empty():
         st.info("The chosen runs have no tokens in this step range: widen the **Step range** in the sidebar.")
     for run in sel.runs:
@@ -33,6 +36,9 @@ with S.guard("compute the run summary"):
         with st.container(border=True):
             note = f"{row['n_tokens']:,} tokens · {row['n_sequences']:,} sequences"
             S.run_badge(run, colors.get(run, "#888"), note)
+            if run in checks and checks[run].holds:  # misaligned or processed log-probs: no number below means much
+                st.badge("check the logging first", icon=":material/rule:", color="red")
+                st.caption(md_escape(checks[run].line()))
             cols = st.columns(len(glossary.CARD_METRICS))
             for col, (metric, label) in zip(cols, glossary.CARD_METRICS):
                 help_text = glossary.describe(metric)

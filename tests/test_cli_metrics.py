@@ -69,8 +69,9 @@ def test_csv_has_metrics_md_columns(cli_db):
                                  "prob_pearson", "ratio_mean", "ratio_std", "ratio_min", "ratio_max", "chi2_token",
                                  "ratio_frac_high", "ratio_frac_low", "clip_frac", "ess", "ppl_ratio", "chi2_seq",
                                  "seq_log_ratio_abs_max", "mult_prob_error", "kl_k3_reverse", "seq_geo_ratio_mean",
-                                 "seq_geo_ratio_min", "seq_geo_ratio_max", "token_any_flip_rate",
-                                 "flipped_layers_per_token"]
+                                 "seq_geo_ratio_min", "seq_geo_ratio_max", "ratio_mean_se", "missing_mass",
+                                 "logprob_slope", "logprob_slope_se", "lag_abs_delta_prev", "lag_abs_delta_next",
+                                 "token_any_flip_rate", "flipped_layers_per_token"]
     rows = list(reader)
     assert [float(r["kl_k3"]) for r in rows] == pytest.approx(want["step"]["kl_k3"].to_list(), rel=1e-12)
 

@@ -202,4 +202,9 @@ def test_bundled_demo_summaries_equal_ingest_of_its_tokens(tmp_path, run):
     for table in COMPARED:
         want = merged(ref, table)
         assert want, f"{table}: the reference has rows"
-        assert_same_rows(merged(got, table), want, table)
+        rows = merged(got, table)
+        if table == "summary_step":  # the demo's summary files predate the logging checks' sums: they load as null
+            assert all(r[c] is None for r in rows for c in S.CHECK_SUM_NAMES)
+            assert all(r["n_check_tokens"] == r["n_tokens"] for r in want)
+            want = [{k: v for k, v in w.items() if k not in S.CHECK_SUM_NAMES} for w in want]
+        assert_same_rows(rows, want, table)

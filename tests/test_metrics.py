@@ -21,9 +21,11 @@ CONTRACT_COLUMNS = ["n_tokens", "n_sequences", "kl_k1", "kl_k2", "kl_k3", "log_r
 
 def test_columns_are_the_contract(metrics_data):
     store, _ = metrics_data
-    assert metrics.token_metrics(store, ["a"]).columns == ["run", "step"] + CONTRACT_COLUMNS
-    assert metrics.token_metrics(store, ["a"], by="run").columns == ["run"] + CONTRACT_COLUMNS
-    assert list(metrics.TOKEN_METRICS) == CONTRACT_COLUMNS
+    checks = ["ratio_mean_se", "missing_mass", "logprob_slope", "logprob_slope_se", "lag_abs_delta_prev",
+              "lag_abs_delta_next"]
+    assert metrics.token_metrics(store, ["a"]).columns == ["run", "step"] + CONTRACT_COLUMNS + checks
+    assert metrics.token_metrics(store, ["a"], by="run").columns == ["run"] + CONTRACT_COLUMNS + checks
+    assert list(metrics.TOKEN_METRICS) == CONTRACT_COLUMNS and list(metrics.CHECK_METRICS) == checks
 
 
 @pytest.mark.parametrize("cap, clip", [(2.0, 0.2), (1.5, 0.05)])
@@ -112,7 +114,8 @@ def test_empty_selection_gives_no_rows(metrics_data):
     store, _ = metrics_data
     for by in ("step", "run"):
         df = metrics.token_metrics(store, ["a"], by=by, steps=(100, 200))
-        assert df.height == 0 and df.columns[-len(CONTRACT_COLUMNS):] == CONTRACT_COLUMNS
+        tail = CONTRACT_COLUMNS + list(metrics.CHECK_METRICS)
+        assert df.height == 0 and df.columns[-len(tail):] == tail
         assert metrics.token_metrics(store, ["no-such-run"], by=by).height == 0
         assert metrics.token_metrics(store, [], by=by).height == 0
     assert metrics.extreme_token_curve(store, ["a"], steps=(100, 200)).height == 0

@@ -30,6 +30,16 @@ METRIC_HELP: dict[str, str] = {
     "seq_geo_ratio_mean": "mean over sequences of exp(mean Δ): the length-invariant sequence ratio (1 = identical)",
     "seq_geo_ratio_min": "smallest per-sequence exp(mean Δ)",
     "seq_geo_ratio_max": "largest per-sequence exp(mean Δ)",
+    "ratio_mean_se": "standard error of ratio_mean, √(sample variance of r / n)",
+    "missing_mass": "1 − ratio_mean: the trainer's probability outside the sampler's support (0 for honest logs at "
+                    "any precision; > 0 when the sampler's log-probs were taken after top-p / top-k)",
+    "logprob_slope": "least-squares slope of t on s (1 for honest logs; near the temperature when one side's "
+                     "logits were divided by it and the other's not)",
+    "logprob_slope_se": "standard error of logprob_slope",
+    "lag_abs_delta_prev": "mean |t_i − s_(i−1)| over neighbouring tokens: far above mean |Δ| unless the log-probs "
+                          "are shifted by one position",
+    "lag_abs_delta_next": "mean |t_i − s_(i+1)| over neighbouring tokens: far below mean |Δ| when the trainer's "
+                          "log-probs sit one position early",
     "token_any_flip_rate": "share of tokens whose top-k experts differ between sampler and trainer in at least "
                            "one MoE layer (R3 reports 94% for a 48-layer MoE)",
     "flipped_layers_per_token": "mean number of MoE layers per token whose expert set differs",

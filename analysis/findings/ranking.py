@@ -4,9 +4,10 @@ Every kind is detected from the data by a stated rule (RULES, also shown with ea
 its source come from docs/DIAGNOSIS.md ("Cause signatures"). The measurements come from the other analysis
 modules (metrics, buckets, routing, corrections, decomposition, gates), one query per table for all the runs asked.
 
-Ranking: severity (alert, warn, info), then causes before symptoms (KINDS order: staleness first because stale
-weights also flip routers and shift every bucket; band violations and noise floors describe consequences),
-then the share of kl_k3 a finding accounts for.
+Ranking: severity (alert, warn, info), then causes before symptoms (KINDS order: the logging checks first, since
+no drift number means anything while the two sides' log-probs are misaligned or processed differently; then
+staleness, because stale weights also flip routers and shift every bucket; band violations and noise floors
+describe consequences), then the share of kl_k3 a finding accounts for.
 """
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ import polars as pl
 from analysis.findings import decomposition, gates
 from analysis.metrics import buckets, corrections, dashboard, routing, sampled
 from analysis.store import Store
-from analysis.summaries import sql
+from analysis.summaries import checks, sql
 
 SEVERITIES = ("alert", "warn", "info")
-KINDS = ("staleness", "routing_flips", "low_probability_tokens", "long_sequences", "spikes", "rising_trend",
+KINDS = ("position_shift", "sampling_params", "staleness", "routing_flips", "low_probability_tokens", "long_sequences", "spikes", "rising_trend",
          "step0_mismatch", "band_violation", "noise_floor", "healthy")
 
 # Thresholds of the rules (each named in RULES)
@@ -42,6 +43,7 @@ LENGTH_RATIO = 3.0       # kl_k3 of the longest length bucket ≥ 3× the shorte
 SEQ_NEAR_CLAMP = 10.0    # |ΣΔ| ≥ 10 = half the clamp (20): the sequence ratio is beyond e^10 ≈ 22,026
 
 RULES = {
+    **checks.RULES,
     "staleness": f"tokens with lag > 0 carry ≥ {CARRY_SHARE:.0%} of Σ k3 and their kl_k3 is ≥ {CONCENTRATION:g}× "
                  "that of lag-0 tokens (or there are none)",
     "routing_flips": f"tokens whose routing flipped in some layer carry ≥ {CARRY_SHARE:.0%} of Σ k3 and their mean |Δ| "
@@ -63,6 +65,7 @@ RULES = {
 
 # docs/DIAGNOSIS.md, "Cause signatures": what to try, and where that advice comes from
 ACTIONS = {
+    **checks.ACTIONS,
     "staleness": ("Reduce the maximum staleness (off-policy steps) or use a staleness-aware / decoupled correction; "
                   "this is asynchronous off-policyness, not numerics",
                   "AReaL; Qwen 'Stabilizing RL' (arXiv 2512.01374)"),
@@ -336,6 +339,36 @@ def _noise(run, q: dict) -> list[Finding]:
     return out
 
 
+def _logging_checks(run, row: dict, stale: bool) -> list[Finding]:
+    """position_shift, or else sampling_params (summaries/checks.py), from the run's summary row; stale: some of
+    its tokens have lag > 0 (the slope is then not judged)."""
+    found = checks.verdict(row, stale)
+    if found.position_shift is not None:
+        p = found.position_shift
+        lag = "i − 1" if p["lag"] < 0 else "i + 1"
+        best = p["lag_abs_delta_prev" if p["lag"] < 0 else "lag_abs_delta_next"]
+        return [Finding(run, "position_shift", "alert", f"The two sides' log-probs are one position apart: mean "
+                        f"|t_i − s_({lag})| = {best:.3g} against mean |t_i − s_i| = {p['log_ratio_abs_mean']:.3g} "
+                        f"(lag −1 {p['lag_abs_delta_prev']:.3g}, lag +1 {p['lag_abs_delta_next']:.3g}): fix the "
+                        "alignment before reading any drift number", p, *OVERVIEW, 1.0)]
+    if not found.sampling_params:
+        return []
+    parts, cases, nums, actions = [], [], {}, []
+    for case in ("truncation", "temperature"):
+        values = getattr(found, case)
+        if values is not None:
+            text, action = checks.describe(case, values)
+            cases.append(case)
+            nums.update(values)
+            parts.append(text)
+            actions.append(action)
+    nums["cases"] = cases
+    return [Finding(run, "sampling_params", "alert", "The logged log-probs look processed by sampling parameters "
+                    f"({' and '.join(cases)}): " + "; ".join(parts), nums, *OVERVIEW, 1.0,
+                    action="; ".join(a[0].upper() + a[1:] for a in actions) + ". Drift numbers compare "
+                    "differently processed distributions until then", source=checks.ACTIONS["sampling_params"][1])]
+
+
 # -- all kinds for several runs ---------------------------------------------------------------------------------
 
 def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | None = None,
@@ -375,7 +408,7 @@ def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | No
             return "alert" if alarming and share >= 0.5 else "warn"
 
         of = (lambda df: df.filter(pl.col("run") == run) if df is not None else pl.DataFrame())
-        found: list[Finding] = []
+        found: list[Finding] = _logging_checks(run, row, run in _stale_runs(lag))
         if row["kl_k3"] is not None and row["kl_k3"] >= KL_FLOOR:
             if lag is not None:
                 found += _staleness(run, of(lag), cause_sev)
@@ -400,6 +433,24 @@ def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | No
                                  "mult_prob_error": row["mult_prob_error"]}, *OVERVIEW, 0.0))
         out[run] = rank(found)
     return out
+
+
+def _stale_runs(lag: pl.DataFrame | None) -> set[str]:
+    """The runs with tokens of lag > 0 in a `buckets.mismatch_by(..., "lag")` table (None: no versions)."""
+    return set() if lag is None else set(lag.filter(pl.col("bucket") > 0)["run"].to_list())
+
+
+def logging_checks(store: Store, runs: Sequence[str], steps: tuple[int, int] | None = None) -> dict[str, checks.Verdict]:
+    """{run: the logging checks' verdict} (position_shift, truncation, temperature; summaries/checks.py) from the
+    summaries alone: what the Data page's banner and Overview's badge show, the findings' own rule."""
+    runs = sql.check_runs(runs)
+    if not runs:
+        return {}
+    summary = dashboard.run_summary(store, runs, steps=steps)
+    lag = buckets.mismatch_by(store, runs, "lag", steps=steps, metrics=["kl_k3"]) \
+        if buckets.has_column_data(store, runs, "sampler_version") else None
+    stale = _stale_runs(lag)
+    return {row["run"]: checks.verdict(row, row["run"] in stale) for row in summary.iter_rows(named=True)}
 
 
 def _first_steps(store: Store, runs: list[str]) -> dict[str, int]:

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 from analysis.ingest.errors import CorruptFile, NotALogFile, UnknownFormat
 from analysis.ingest import summary_files
 from analysis.ingest.long import table_kind
+from analysis.ingest.suggest import map_hint
 
 # What zipfile raises on a damaged archive: besides BadZipFile, a mangled member name fails to decode
 # (UnicodeDecodeError is a ValueError) and a cut directory record fails to unpack.
@@ -107,5 +108,4 @@ def _json_kind(name: str, line: bytes, gz: bool) -> Detected:
     kind = table_kind(obj.keys())
     if kind:
         return Detected("jsonl", kind, gz)
-    raise UnknownFormat(name, "line 1", f"JSON keys {sorted(obj)[:12]} match no accepted format",
-                        "see SCHEMA.md, 'Accepted files'")
+    raise UnknownFormat(name, "line 1", f"JSON keys {sorted(obj)[:12]} match no accepted format", map_hint(obj))

@@ -300,7 +300,7 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
     tokens_done = _streamed_summaries(tx, unit.name, fid, streamed, rows["tokens"], held)
     summaries.add_file(w, fid, summarised, unit.name, tokens_done=tokens_done,
                        routing_alone=bool(rows["routing"]) and not others["routing"],
-                       has=(rows["tokens"] > 0, rows["routing"] > 0),
+                       has=(rows["tokens"] > 0, rows["routing"] > 0), tokens_alone=not others["tokens"],
                        routed_tokens=ROUTED_TOKENS if rows["routing"] and keys["routing"].ordered else None)
     w.drop_staged(STAGED_TOKENS, ROUTED_TOKENS)
     runs = sorted(set().union(*(k.runs for k in keys.values())))

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 from analysis import schema
 from analysis.ingest.errors import CorruptFile, UnknownFormat, WrongType
 from analysis.ingest.limits import Limits
+from analysis.ingest.suggest import map_hint
 from analysis.ingest.textio import iter_lines
 from analysis.ingest.validate import Batch, row_where, valid_names
 
@@ -27,13 +28,23 @@ def table_kind(columns: list[str] | set[str]) -> str | None:
     return None
 
 
-def _kind_or_refuse(name: str, columns) -> str:
+def _kind_or_refuse(name: str, columns, first=None) -> str:
+    """The table kind of these columns, or a refusal; `first()`: the file's first record (a dict), for the fix to
+    suggest a field mapping (JSON Lines and Parquet load with one; CSV does not)."""
     kind = table_kind(columns)
     if kind is None:
         raise UnknownFormat(name, None, f"a long table needs 'sampler_logprob' and 'trainer_logprob' (tokens) "
                             f"or 'layer' and 'sampler_experts' (routing); found columns {sorted(columns)}",
-                            "see SCHEMA.md, 'Accepted files'")
+                            map_hint(first()) if first else "see SCHEMA.md, 'Accepted files'")
     return kind
+
+
+def _first_record(pf: pq.ParquetFile) -> dict | None:
+    try:
+        rows = next(pf.iter_batches(batch_size=1), None)
+    except (pa.ArrowException, OSError):
+        return None
+    return rows.to_pylist()[0] if rows is not None and rows.num_rows else None
 
 
 def read_parquet(fp: BinaryIO, name: str, limits: Limits) -> Iterator[Batch]:
@@ -47,7 +58,7 @@ def read_parquet(fp: BinaryIO, name: str, limits: Limits) -> Iterator[Batch]:
             pf = pq.ParquetFile(fp, pre_buffer=False, read_dictionary=["run"])
     except (pa.ArrowException, OSError) as e:
         raise CorruptFile(name, None, f"not a readable Parquet file ({e})", "re-export the file") from None
-    kind = _kind_or_refuse(name, pf.schema_arrow.names)
+    kind = _kind_or_refuse(name, pf.schema_arrow.names, lambda: _first_record(pf))
     offset = 0
     try:
         for rb in pf.iter_batches(batch_size=limits.batch_rows):

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from analysis.schema import RUN_IDS
 from analysis.summaries import schema as S
-from analysis.summaries.sql import bucket_params, bucket_sql, edge_params, token_sums_sql, token_terms_sql, with_bin_sql
+from analysis.summaries.sql import (bucket_params, bucket_sql, check_sums_sql, edge_params, token_sums_sql,
+                                   token_terms_sql, with_bin_sql)
 
 # -- the ingest hook -----------------------------------------------------------------------------------
 
@@ -30,7 +31,7 @@ def tokens_summarised(paths, fmt: str) -> bool:
 
 def add_file(writer, file_id: int, tokens_summarised: bool = False, name: str = "", tokens_done: bool = False,
              routing_alone: bool = False, has: tuple[bool, bool] | None = None,
-             routed_tokens: str | None = None) -> None:
+             routed_tokens: str | None = None, tokens_alone: bool = False) -> None:
     """Append the summaries of the rows file `file_id` brought (call once, after its rows are inserted and
     checked, inside the same transaction). tokens_summarised=True (see `tokens_summarised`): the file's token
     and routing rows are a sample whose summaries come in their own summary file; nothing is added but a
@@ -41,7 +42,8 @@ def add_file(writer, file_id: int, tokens_summarised: bool = False, name: str = 
     has: whether the file brought (token rows, routing rows), where the caller counted them (else looked up:
     ~2.6 ms through the views, per file of a 2,000-file run); routed_tokens: the staged table of the file's
     routed tokens, one row each with its flip counts and log-probs (Writer.first_orphan_routing), where ingest
-    made one."""
+    made one; tokens_alone: no other file holds token rows of these runs in the file's step range, so no pair of
+    neighbouring tokens spans this file and another (`_add_seams` has nothing to find)."""
     if tokens_summarised:
         writer.execute("INSERT INTO summary_skip (file_id) VALUES (?)", [file_id])
         return
@@ -51,6 +53,8 @@ def add_file(writer, file_id: int, tokens_summarised: bool = False, name: str = 
                              {"f": file_id}).fetchall()[0]
     if has[0] and not tokens_done:
         _add_tokens(writer, file_id)
+    if has[0] and not tokens_alone:
+        _add_seams(writer, file_id)
     if has[1]:
         if not routing_alone:
             _check_routing_whole(writer, file_id, name)
@@ -96,8 +100,11 @@ def _add_tokens(writer, file_id: int) -> None:
             "GROUP BY run, step, sample")
         run(f"INSERT INTO summary_seq_band (run, step, sample, band, {', '.join(_BAND)}, file_id) "
             f"SELECT run, step, sample, band, {', '.join(_BAND)}, $fid {seqs}")
-        run(f"INSERT INTO summary_step (run, step, {s_cols}, file_id) "
-            f"SELECT run, step, {S.merge_list('summary_step', sums)}, $fid {seqs} GROUP BY run, step")
+        checks = ", ".join(S.CHECK_SUM_NAMES)  # the logging checks' sums, joined to the step's row
+        run(f"INSERT INTO summary_step (run, step, {s_cols}, {checks}, file_id) "
+            f"SELECT p.*, {', '.join('c.' + c for c in S.CHECK_SUM_NAMES)}, $fid "
+            f"FROM (SELECT run, step, {S.merge_list('summary_step', sums)} {seqs} GROUP BY run, step) p "
+            f"LEFT JOIN ({check_sums_sql(src)}) c USING (run, step)")
         for dim, col in _DIM_COLS.items():  # NULL bucket: the token lacks the property (entropy, versions)
             run(f"INSERT INTO summary_bucket (run, step, dim, bucket, {s_cols}, file_id) "
                 f"SELECT run, step, '{dim}', {col}, {S.merge_list('summary_bucket', sums)}, $fid {cell} "
@@ -109,6 +116,31 @@ def _add_tokens(writer, file_id: int) -> None:
         writer.execute("DROP TABLE IF EXISTS _summary_part")
     run("INSERT INTO summary_hist (run, step, bin, n_tokens, sum_rm1, sum_rm1_sq, file_id) "
         f"SELECT run, step, bin, count(*), fsum(rm1), fsum(rm1 * rm1), $fid FROM ({fine}) GROUP BY run, step, bin")
+
+
+def _add_seams(writer, file_id: int) -> None:
+    """The logging checks' pairs of neighbouring tokens (positions p and p + 1 of a sequence) whose two tokens came
+    in different files: the file's own summaries count the pairs within it, and each pair across files is counted
+    here once, in a summary_step row (n_tokens 0) of the later of its two files (file ids grow with each load, and
+    `backfill` goes by file id). Token rows whose summaries came in a summary file (summary_skip) take no part."""
+    writer.execute("""
+        INSERT INTO summary_step (run, step, n_tokens, n_check_tokens, n_adj, sum_abs_lag_prev, sum_abs_lag_next,
+                                  file_id)
+        WITH mine AS (SELECT run, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t
+                      FROM tokens WHERE file_id = $f),
+             other AS (SELECT run, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t FROM tokens
+                       WHERE file_id < $f AND file_id NOT IN (SELECT file_id FROM summary_skip)
+                         AND step BETWEEN (SELECT min(step) FROM mine) AND (SELECT max(step) FROM mine)
+                         AND run IN (SELECT DISTINCT run FROM mine)),
+             pairs AS (SELECT m.run, m.step, abs(m.t - o.s) AS lag_prev, abs(o.t - m.s) AS lag_next
+                       FROM mine m JOIN other o ON o.run = m.run AND o.step = m.step AND o.sample = m.sample
+                                                AND o.pos = m.pos - 1
+                       UNION ALL
+                       SELECT m.run, m.step, abs(o.t - m.s), abs(m.t - o.s)
+                       FROM mine m JOIN other o ON o.run = m.run AND o.step = m.step AND o.sample = m.sample
+                                                AND o.pos = m.pos + 1)
+        SELECT run, step, 0, 0, count(*), fsum(lag_prev), fsum(lag_next), $f FROM pairs GROUP BY run, step""",
+                   {"f": file_id})
 
 
 def _check_routing_whole(writer, file_id: int, name: str) -> None:
@@ -202,6 +234,7 @@ def backfill(store) -> int:
         with store.transaction() as w:
             if w.execute("SELECT count(*) FROM tokens WHERE file_id = ?", [fid]).fetchall()[0][0]:
                 _add_tokens(w, fid)
+                _add_seams(w, fid)
             if w.execute("SELECT count(*) FROM routing WHERE file_id = ?", [fid]).fetchall()[0][0]:
                 _add_routing(w, fid)
         done += 1

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from analysis.ingest import summary_files
 from analysis.ingest.keys import Runs, run_codes
 from analysis.summaries import kernel as K
+from analysis.summaries.checks import PENDING_MAX, CheckSums
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class _Step:
         self.n_seq, self.lag_lo, self.n_lag = 0, 0, 0
         self.n_tokens = 0
         self.acc = K.Accumulators.zeros(0, 0)
+        self.checks = CheckSums()  # the logging checks' sums (schema.CHECK_SUMS), into the step's row
 
     def seq_index(self, sample: np.ndarray) -> np.ndarray:
         """The dense index of each token's sample, new samples numbered in order of first appearance."""
@@ -101,6 +103,8 @@ class _Step:
         samples = np.zeros(len(self.acc.seq_max_pos), np.int64)
         samples[self.index] = self.samples
         tables = K.tables(self.acc, samples, self.lag_lo, self.n_lag)
+        if tables["summary_step"]:
+            tables["summary_step"] |= {k: [v] for k, v in self.checks.row().items()}
         return {name: tables[name] for name in TOKEN_TABLES if summary_files.n_rows(tables[name])}
 
 
@@ -239,6 +243,10 @@ class StepSummaries:
             tok_lag = np.where(none, -1, lag - cur.lag_lo) if len(lag) else None
             cur.acc.add(s[a:b], t[a:b], pos=pos[a:b], seq=seq, tok_lag=tok_lag,
                         entropy=None if entropy is None else entropy[a:b])
+            if not cur.checks.add(s[a:b], t[a:b], pos[a:b], seq):
+                self._give_up(f"run {key[0]!r}, step {key[1]}: more than {PENDING_MAX} tokens wait for a "
+                              "neighbour (tokens far from key order)")
+                return out
             cur.n_tokens += int(b - a)
         return out
 

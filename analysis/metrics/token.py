@@ -28,6 +28,8 @@ from analysis.summaries.sql import (
 
 # METRICS.md v2 token columns, written once in analysis/summaries/finalise.py
 TOKEN_METRICS = F.TOKEN_COLUMNS
+# METRICS.md "Logging checks": by=step and by=run only (token_metrics, summaries' token_table)
+CHECK_METRICS = F.CHECK_COLUMNS
 # the metrics of the per-sequence pass (averaged over sequences); n_sequences is counted there too
 SEQUENCE_METRICS = tuple(c for c in F.SEQUENCE_COLUMNS if c != "n_sequences")
 
@@ -136,6 +138,39 @@ def grouped_token_metrics_sql(src: str, keys: Sequence[str], only: Sequence[str]
     ORDER BY {'tok.grouping_id, ' if gid else ''}{', '.join('tok.' + c for c in keys)}"""
 
 
+def check_metrics_sql(src: str, keys: Sequence[str], sets: Sequence[Sequence[str]] | None = None) -> str:
+    """METRICS.md "Logging checks" (finalise.CHECK_COLUMNS) per group of `keys` over the token rows of `src`
+    (columns: keys..., run, step, sample, pos, s, t), written from their definitions over the tokens (the
+    summaries' forms are in finalise.check_sql): ratio_mean_se = sample std of r / √n, missing_mass = −mean(r − 1),
+    logprob_slope = covar_pop(s, t) / var_pop(s), logprob_slope_se = √(var_res / ((n − 2) var(s))) with
+    var_res = var(Δ) − cov(s, Δ)² / var(s), and the mean |Δ| at lag ∓1 over neighbouring positions of a sequence.
+    `sets`: GROUPING SETS as in grouped_token_metrics_sql (with the column grouping_id)."""
+    keys = list(keys)
+    k = ", ".join(keys)
+    group, gid = k, ""
+    if sets is not None:
+        group = "GROUPING SETS (" + ", ".join(f"({', '.join(s)})" for s in sets) + ")"
+        gid = f"GROUPING({k}) AS grouping_id, "
+    cols = ", ".join(dict.fromkeys(keys + ["run", "step", "sample", "pos"]))
+    slope_ok = "min(s) < max(s) AND var_pop(s) > 0"
+    return f"""
+    WITH base AS NOT MATERIALIZED ({token_terms_sql(f"SELECT {cols}, s, t FROM ({src}) s_")}),
+    w AS (SELECT *, CASE WHEN lead(pos) OVER nb = pos + 1 THEN lead(t) OVER nb END AS nt,
+                    CASE WHEN lead(pos) OVER nb = pos + 1 THEN lead(s) OVER nb END AS ns
+          FROM base WINDOW nb AS (PARTITION BY run, step, sample ORDER BY pos))
+    SELECT {gid}{k},
+        CASE WHEN count(*) < 2 THEN NULL WHEN min(r) = max(r) THEN 0.0
+             ELSE stddev_samp(rm1) / sqrt(count(*)) END AS ratio_mean_se,
+        -avg(rm1) AS missing_mass,
+        CASE WHEN {slope_ok} THEN covar_pop(s, t) / var_pop(s) END AS logprob_slope,
+        CASE WHEN {slope_ok} AND count(*) >= 3
+             THEN sqrt(greatest(var_pop(d) - covar_pop(s, d) * covar_pop(s, d) / var_pop(s), 0.0)
+                       / ((count(*) - 2) * var_pop(s))) END AS logprob_slope_se,
+        avg(abs(nt - s)) AS lag_abs_delta_prev,
+        avg(abs(t - ns)) AS lag_abs_delta_next
+    FROM w GROUP BY {group} ORDER BY {'grouping_id, ' if gid else ''}{k}"""
+
+
 # -- public metrics ----------------------------------------------------------------------------------
 
 def token_metrics(store: Store, runs: list[str], by: str = "step", cap: float = 2.0, clip: float = 0.2,
@@ -168,9 +203,11 @@ def token_metrics(store: Store, runs: list[str], by: str = "step", cap: float = 
     runs = check_runs(runs)
     where, params = token_filter(store, runs, steps)
     keys = ["run", "step"] if by == "step" else ["run"]
-    src = f"SELECT run, step, sample, sampler_logprob AS s, trainer_logprob AS t FROM tokens WHERE {where}"
+    src = f"SELECT run, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t FROM tokens WHERE {where}"
     params.update(cap_clip_params(cap, clip))
-    return store.sql(grouped_token_metrics_sql(src, keys), params)
+    df = store.sql(grouped_token_metrics_sql(src, keys), params)
+    checks = store.sql(check_metrics_sql(src, keys), {k: v for k, v in params.items() if f"${k}" in src})
+    return df.join(checks, on=keys, how="left", maintain_order="left")
 
 
 def token_metrics_by_run_and_step(store: Store, runs: list[str], cap: float = 2.0, clip: float = 0.2,
@@ -180,9 +217,14 @@ def token_metrics_by_run_and_step(store: Store, runs: list[str], cap: float = 2.
     check_cap_clip(cap, clip)
     runs = check_runs(runs)
     where, params = token_filter(store, runs, steps)
-    src = f"SELECT run, step, sample, sampler_logprob AS s, trainer_logprob AS t FROM tokens WHERE {where}"
+    src = f"SELECT run, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t FROM tokens WHERE {where}"
     params.update(cap_clip_params(cap, clip))
-    df = store.sql(grouped_token_metrics_sql(src, ["run", "step"], sets=[["run"], ["run", "step"]]), params)
+    sets = [["run"], ["run", "step"]]
+    df = store.sql(grouped_token_metrics_sql(src, ["run", "step"], sets=sets), params)
+    checks = store.sql(check_metrics_sql(src, ["run", "step"], sets=sets),
+                       {k: v for k, v in params.items() if f"${k}" in src})
+    keys = ["grouping_id", "run", "step"]
+    df = df.join(checks, on=keys, how="left", maintain_order="left", nulls_equal=True)
     # GROUPING(run, step): 1 where step is rolled up (the per-run rows), 0 for the per-step rows
     by_run = df.filter(pl.col("grouping_id") == 1).drop("grouping_id", "step")
     by_step = df.filter(pl.col("grouping_id") == 0).drop("grouping_id")

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import torch
 
 from analysis.ingest import summary_files
+from analysis.record.checks import Warner, stale, step_sums
 from analysis.record.summaries import SUMMARISED_KEY, SUMMARISED_VALUE, StepTensors, Workspace, summarise
 from analysis.record.token_sample import TOP_TOKENS, WORST_SEQUENCES, SamplePlan, select, step_generator
 from analysis.routing_rows import routing_columns
@@ -117,6 +118,7 @@ class DriftLogger:
                  worst_sequences: int = WORST_SEQUENCES, top_tokens: int = TOP_TOKENS, seed: int = 0,
                  layout: str = "folder", rank: int = 0):
         self.run = safe_run_name(run)
+        self.checks = Warner(self.run)  # warns once, at the first step whose logging checks hold
         self.plan = SamplePlan(token_sample, worst_sequences, top_tokens, seed)
         # layout="lake": every token of each step into out_dir/run=<run>/step=<n>/, one file per rank and kind
         # (docs/SCHEMA.md, "Lake layout"); `python -m analysis summarize` computes the summaries from there
@@ -157,14 +159,17 @@ class DriftLogger:
         if self.lake is not None:  # full rows, no summaries: those come from summarize
             rows = x.mask.reshape(-1).nonzero().squeeze(1)
             routing = self._routing_rows(step, x, rows) if x.sampler_experts is not None else None
-            return self.lake.write_step(step, self._token_rows(step, x, rows), routing)
+            written = self.lake.write_step(step, self._token_rows(step, x, rows), routing)
+            self.checks.step(step, step_sums({}, x.s, x.t, x.mask),
+                             stale(x.sampler_version, x.trainer_version, x.mask))
+            return written
         delta = None  # Δ = t − s: read only to draw a partial sample (token_sample strictly between 0 and 1)
         if 0.0 < self.plan.rate < 1.0:
             B, T = x.mask.shape
             delta = torch.sub(x.t, x.s, out=self.work.get("input_delta", (B, T), torch.float64, x.device))
         keep, kept = select(delta, x.mask, self.plan, step_generator(self.plan.seed, self.run, step, x.device))
-        tables = {"summary": (summary_files.build(self.run, step, summarise(x, kept, self.plan, self.work)),
-                              None)}
+        summary = summarise(x, kept, self.plan, self.work)
+        tables = {"summary": (summary_files.build(self.run, step, summary), None)}
         if self.plan.rate > 0:  # token_sample=0 writes summaries only
             rows = keep.reshape(-1).nonzero().squeeze(1)  # row-major: sample, then position
             tables["tokens"] = (self._token_rows(step, x, rows), {SUMMARISED_KEY: SUMMARISED_VALUE})
@@ -175,6 +180,8 @@ class DriftLogger:
         for kind, (table, metadata) in tables.items():
             written[kind] = self.dir / f"{kind}-step{step:06d}.parquet"
             _write(table, written[kind], metadata)
+        self.checks.step(step, step_sums(summary.get("summary_step"), x.s, x.t, x.mask),
+                         stale(x.sampler_version, x.trainer_version, x.mask))
         return written
 
     def _checked(self, step, sampler_logprobs, trainer_logprobs, mask, token_ids, sampler_experts,

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from analysis.record.checks import check_sums
 from analysis.record.token_sample import Kept, SamplePlan
 from analysis.summaries import kernel
 from analysis.summaries import schema as S
@@ -359,6 +360,10 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | No
         tables |= _kernel_tables(x, lags, flipped)
     else:
         tables |= _torch_tables(x, lags, flipped, work or Workspace())
+    if tables["summary_step"]:  # the logging checks' sums (schema.CHECK_SUMS)
+        space = work or Workspace()
+        sums = check_sums(x.s, x.t, x.mask, lambda name, shape: space.get(name, shape, torch.float64, dev))
+        tables["summary_step"] |= {k: [v] for k, v in sums.items()}
     if routing is not None:
         tables["summary_layer"] = routing.layer_rows
         tables[EXPERT_LOAD] = routing.expert_load

@@ -23,6 +23,10 @@ TOKEN_COLUMNS = (
 SEQUENCE_COLUMNS = ("n_sequences", "ppl_ratio", "chi2_seq", "seq_log_ratio_abs_max", "seq_geo_ratio_mean",
                     "seq_geo_ratio_min", "seq_geo_ratio_max")
 FLIP_COLUMNS = ("token_any_flip_rate", "flipped_layers_per_token")
+# METRICS.md "Logging checks" (by=step and by=run only: from summary_step's CHECK_SUMS and ratio sums), plus the
+# standard error of the slope that the temperature check reads
+CHECK_COLUMNS = ("ratio_mean_se", "missing_mass", "logprob_slope", "logprob_slope_se", "lag_abs_delta_prev",
+                 "lag_abs_delta_next")
 
 
 def summarised(cap: float, clip: float) -> bool:
@@ -35,11 +39,49 @@ def edge_bin(x: float, edges: Sequence[float]) -> int:
     return 2 * list(edges).index(x) + 1
 
 
-def merged(table: str, keys: Sequence[str], where: str, source: str | None = None) -> str:
+def merged(table: str, keys: Sequence[str], where: str, source: str | None = None,
+           without: Sequence[str] = ()) -> str:
     """SELECT keys, merged columns FROM table WHERE where GROUP BY keys (sums add, minima and maxima merge).
-    `source`: a subquery with the table's columns (and the keys) to read instead of the table itself."""
+    `source`: a subquery with the table's columns (and the keys) to read instead of the table itself;
+    `without`: columns to leave out (those a database made before them lacks)."""
     src = f"({source}) src_" if source else table
-    return f"SELECT {', '.join(keys)}, {S.merge_list(table)} FROM {src} WHERE {where} GROUP BY {', '.join(keys)}"
+    cols = [c for c in S.columns(table) if S.merge_kind(c) != "key" and c not in without]
+    return (f"SELECT {', '.join(keys)}, {S.merge_list(table, cols)} FROM {src} WHERE {where} "
+            f"GROUP BY {', '.join(keys)}")
+
+
+def check_sql(checks: bool = True) -> str:
+    """Select-list of CHECK_COLUMNS over a merged summary_step relation (aliased m), METRICS.md "Logging checks".
+
+    With r − 1 summed as rm1 and n tokens: missing_mass = −Σ rm1 / n (1 − ratio_mean, without its cancellation),
+    ratio_mean_se = √(s² / n) with the sample variance s² = (Σ rm1² − (Σ rm1)² / n) / (n − 1). With Δ = t − s:
+    logprob_slope = cov(s, t) / var(s) = 1 + cov(s, Δ) / var(s) (population moments; the second form does not
+    cancel when t ≈ s), logprob_slope_se = √(var_res / ((n − 2) var(s))) with var_res = var(Δ) − cov(s, Δ)² / var(s)
+    the residual variance of the least-squares line of t on s; lag_abs_delta_prev / _next = Σ |Δ| at lag ∓1 over
+    the adjacent pairs / their number. Slope and lags are null unless CHECK_SUMS cover every token of the group
+    (rows written before them hold nulls); checks=False: the database has no such columns (opened read-only)."""
+    n = "m.n_tokens::DOUBLE"
+    c = float(S.CLAMP)
+    r_of = lambda d: f"exp(CASE WHEN {d} < -{c} THEN -{c} WHEN {d} > {c} THEN {c} ELSE {d} END)"
+    var_r = f"((m.sum_rm1_sq - m.sum_rm1 * m.sum_rm1 / {n}) / ({n} - 1.0))"
+    se = f"""CASE WHEN m.n_tokens < 2 THEN NULL WHEN {r_of('m.min_d')} = {r_of('m.max_d')} THEN 0.0
+                  ELSE sqrt(greatest({var_r}, 0.0) / {n}) END AS ratio_mean_se"""
+    head = [se, f"-m.sum_rm1 / {n} AS missing_mass"]
+    if not checks:
+        return ",\n".join(head + [f"NULL::DOUBLE AS {col}" for col in CHECK_COLUMNS[2:]])
+    covered = "coalesce(m.n_check_tokens, 0) = m.n_tokens"
+    var_s = f"(m.sum_s2 / {n} - (m.sum_s / {n}) * (m.sum_s / {n}))"
+    cov_sd = f"(m.sum_sd / {n} - (m.sum_s / {n}) * (m.sum_d / {n}))"
+    var_d = f"(m.sum_d2 / {n} - (m.sum_d / {n}) * (m.sum_d / {n}))"
+    slope_ok = f"{covered} AND m.min_s < m.max_s AND {var_s} > 0"
+    return ",\n".join(head + [
+        f"CASE WHEN {slope_ok} THEN 1.0 + {cov_sd} / {var_s} END AS logprob_slope",
+        f"""CASE WHEN {slope_ok} AND m.n_tokens >= 3
+                 THEN sqrt(greatest({var_d} - {cov_sd} * {cov_sd} / {var_s}, 0.0) / (({n} - 2.0) * {var_s}))
+                 END AS logprob_slope_se""",
+        f"CASE WHEN {covered} AND m.n_adj > 0 THEN m.sum_abs_lag_prev / m.n_adj END AS lag_abs_delta_prev",
+        f"CASE WHEN {covered} AND m.n_adj > 0 THEN m.sum_abs_lag_next / m.n_adj END AS lag_abs_delta_next",
+    ])
 
 
 def token_sql(keys: Sequence[str]) -> str:
@@ -134,23 +176,25 @@ def sequence_sql(keys: Sequence[str], where: str, length_bucket: str | None = No
         GROUP BY {', '.join(keys)}"""
 
 
-def token_table_sql(keys: Sequence[str], where: str, flips: bool = True) -> str:
-    """The METRICS.md token table (TOKEN_COLUMNS, plus FLIP_COLUMNS with flips=True) per group of `keys`
-    (("run",) or ("run", "step")) over the summary rows matching `where`. Parameters: `threshold_params`."""
+def token_table_sql(keys: Sequence[str], where: str, flips: bool = True, checks: bool = True) -> str:
+    """The METRICS.md token table (TOKEN_COLUMNS, CHECK_COLUMNS, plus FLIP_COLUMNS with flips=True) per group of
+    `keys` (("run",) or ("run", "step")) over the summary rows matching `where`. Parameters: `threshold_params`.
+    checks=False: summary_step has no CHECK_SUMS columns (a database made before them, opened read-only)."""
     keys = list(keys)
     on = lambda a, b: " AND ".join(f"{a}.{k} = {b}.{k}" for k in keys)
-    cols = token_sql(keys)
+    cols = token_sql(keys) + ",\n" + check_sql(checks)
+    without = () if checks else S.CHECK_SUM_NAMES
     seq = ", ".join(f"q.{c}" for c in SEQUENCE_COLUMNS)
     flip = ("""CASE WHEN m.n_routed > 0 THEN m.n_any_flip::DOUBLE / m.n_routed END AS token_any_flip_rate,
                CASE WHEN m.n_routed > 0 THEN m.sum_flipped_layers::DOUBLE / m.n_routed END AS flipped_layers_per_token"""
             if flips else "")
     return f"""
-    WITH m AS ({merged('summary_step', keys, where)} HAVING sum(n_tokens) > 0),
+    WITH m AS ({merged('summary_step', keys, where, without=without)} HAVING sum(n_tokens) > 0),
          h AS ({threshold_sql('summary_hist', keys, where, 'bin')}),
          q AS ({sequence_sql(keys, where)}),
          t AS (SELECT {cols}, {seq}{', ' + flip if flip else ''}
                FROM m JOIN h ON {on('m', 'h')} JOIN q ON {on('m', 'q')})
-    SELECT {', '.join(keys)}, {', '.join(TOKEN_COLUMNS)}{', ' + ', '.join(FLIP_COLUMNS) if flips else ''}
+    SELECT {', '.join(keys)}, {', '.join(TOKEN_COLUMNS + CHECK_COLUMNS)}{', ' + ', '.join(FLIP_COLUMNS) if flips else ''}
     FROM t ORDER BY {', '.join(keys)}"""
 
 

@@ -134,6 +134,24 @@ TOKEN_FLIP_SUMS = (
     Col("sum_k3_noflip", "DOUBLE", "Σ k3 over routed tokens without a flip"),
 )
 
+# The sums of the logging checks (METRICS.md "Logging checks"), summary_step only: the least-squares slope of t on
+# s, and |Δ| between neighbouring tokens of a sequence at lag ±1 (a pair: positions p and p + 1 of one sequence,
+# both in the row's tokens; a sequence whose tokens span two loaded files loses the pair at the seam). Rows written
+# before these columns existed hold nulls, and so does a routing row (n_tokens 0): the checks of a group are null
+# unless n_check_tokens covers every token of it. ratio_mean_se and missing_mass need only sum_rm1, sum_rm1_sq.
+CHECK_SUMS = (
+    Col("n_check_tokens", "BIGINT", "tokens the sums below cover (the row's n_tokens where they were written)"),
+    Col("sum_s", "DOUBLE", "Σ s"),
+    Col("sum_s2", "DOUBLE", "Σ s²"),
+    Col("sum_sd", "DOUBLE", "Σ s·d (Σ s·t = Σ s² + Σ s·d, kept in this form so that cov(s, d) does not cancel when "
+                            "t ≈ s; Σ t = Σ s + Σ d)"),
+    Col("n_adj", "BIGINT", "adjacent pairs (p, p + 1) of a sequence"),
+    Col("sum_abs_lag_prev", "DOUBLE", "Σ over the pairs of |t_{p+1} − s_p| (lag −1: a token's t against the "
+                                      "sampler's log-prob one position earlier)"),
+    Col("sum_abs_lag_next", "DOUBLE", "Σ over the pairs of |t_p − s_{p+1}| (lag +1)"),
+)
+CHECK_SUM_NAMES = tuple(c.name for c in CHECK_SUMS)
+
 KEY = (Col("run", "VARCHAR", "run name"), Col("step", "BIGINT", "trainer step"))
 FILE = Col("file_id", "INTEGER", "the file (or summary file) that brought the row; delete_run and provenance")
 
@@ -153,7 +171,7 @@ BAND_SUM_NAMES = tuple(c.name for c in BAND_SUMS[1:])  # the sums of a band row:
 
 TABLES: dict[str, tuple[Col, ...]] = {
     # one row per (run, step, file): every by=step token column, and the per-step routing columns
-    "summary_step": KEY + TOKEN_SUMS + TOKEN_FLIP_SUMS + (FILE,),
+    "summary_step": KEY + TOKEN_SUMS + TOKEN_FLIP_SUMS + CHECK_SUMS + (FILE,),
     # one row per (run, step, layer, file): routing counts (load_max_vio comes from expert_load)
     "summary_layer": KEY + (
         Col("layer", "INTEGER", "0-based MoE layer"),
@@ -243,6 +261,12 @@ def columns(table: str) -> list[str]:
     return [c.name for c in TABLES[table]]
 
 
+# Columns added to a table after databases with it were made: a database opened for writing gains them (null in
+# its earlier rows); one opened read-only reads them as null (finalise.token_table_sql, checks=False).
+ADDED: dict[str, tuple[Col, ...]] = {"summary_step": CHECK_SUMS}
+
+
 def ddl() -> list[str]:
     return [f"CREATE TABLE IF NOT EXISTS {t} ({', '.join(f'{c.name} {c.sql_type}' for c in cols)})"
-            for t, cols in TABLES.items()]
+            for t, cols in TABLES.items()] + [f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {c.name} {c.sql_type}"
+                                              for t, cols in ADDED.items() for c in cols]

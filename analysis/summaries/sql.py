@@ -152,6 +152,20 @@ def token_sums_sql() -> str:
     return ", ".join(f"{sql} AS {name}" for name, sql in agg.items())
 
 
+def check_sums_sql(src: str) -> str:
+    """SELECT run, step and schema.CHECK_SUMS over `src` (columns run, step, sample, pos, s, t), per (run, step):
+    the pairs are positions p and p + 1 of one sequence (a window over each sequence's tokens by position)."""
+    return f"""SELECT run, step, count(*)::BIGINT AS n_check_tokens, fsum(s) AS sum_s, fsum(s * s) AS sum_s2,
+                      fsum(s * (t - s)) AS sum_sd, count(nt)::BIGINT AS n_adj,
+                      coalesce(fsum(abs(nt - s)), 0.0) AS sum_abs_lag_prev,
+                      coalesce(fsum(abs(t - ns)), 0.0) AS sum_abs_lag_next
+               FROM (SELECT run, step, s, t,
+                            CASE WHEN lead(pos) OVER w = pos + 1 THEN lead(t) OVER w END AS nt,
+                            CASE WHEN lead(pos) OVER w = pos + 1 THEN lead(s) OVER w END AS ns
+                     FROM ({src}) cs_ WINDOW w AS (PARTITION BY run, step, sample ORDER BY pos)) cw_
+               GROUP BY run, step"""
+
+
 def count_below_sql(x: str, names: Sequence[str], op: str = ">") -> str:
     """SQL for #{i: x <op> $names[i]} when the parameters hold ascending values: nested CASEs, a binary search
     (at most 1 + ⌈log2 n⌉ comparisons per row). op is '>' or '>='."""
