@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import browser_util as bu
-from test_logging_checks import synthetic_run
+from helpers import browser as bu
+from helpers.sampling import synthetic_run
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHROMIUM} is not installed")]

@@ -1,4 +1,4 @@
-"""Acceptance of the logging checks on runs made with a small transformers model (tests/lm_runs.py): processed
+"""Acceptance of the logging checks on runs made with a small transformers model (tests/helpers/lm_runs.py): processed
 sampler log-probs (top-k, top-p, temperature, a combination) fire `sampling_params`, a one-position shift fires
 `position_shift`, the raw control (bf16 sampler, fp32 trainer) fires neither, and neither fires on the bundled demo
 presets; the same from token rows and from a summaries-only copy (DriftLogger, token_sample 0) of each."""
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import lm_runs  # noqa: E402 (needs torch and transformers)
+from helpers import lm_runs  # noqa: E402 (needs torch and transformers)
 
 CHECK_KINDS = {"position_shift", "sampling_params"}
 FIRES = {"control": None, "top-k": {"truncation"}, "top-p": {"truncation"}, "temperature": {"temperature"},

@@ -8,10 +8,15 @@ import json
 
 import pytest
 
-from test_logging_checks import synthetic_run
-from test_pages import _app_env, errors, open_app, texts  # noqa: F401 (_app_env: the pages' autouse fixture)
+from helpers.apptest import app_env, errors, open_app, texts
+from helpers.sampling import synthetic_run
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _app_env(monkeypatch):
+    app_env(monkeypatch)
 
 
 def board(name: str, **sampling) -> bytes:

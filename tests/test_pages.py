@@ -11,17 +11,14 @@ import pytest
 from streamlit.testing.v1 import AppTest, app_test
 
 from helpers import browser as bu
-from helpers.apptest import APP, PAGES, TIMEOUT, NavigationOnly, errors, open_tab, texts
+from helpers.apptest import APP, PAGES, TIMEOUT, NavigationOnly, app_env, errors, open_app, open_tab, texts
 
 pytestmark = pytest.mark.slow  # AppTest runs whole pages: about 14 s of CPU for the file
 
 
 @pytest.fixture(autouse=True)
 def _app_env(monkeypatch):
-    monkeypatch.setattr(app_test, "PagesManager", NavigationOnly)
-    monkeypatch.setenv("DRIFT_NO_DEMO", "1")
-    monkeypatch.setenv("DRIFT_PREFETCH", "0")  # no background work between tests (one test turns it on)
-    monkeypatch.delenv("DRIFT_READ_ONLY", raising=False)
+    app_env(monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +35,6 @@ def own_db(app_template_db, tmp_path) -> Path:
     db = tmp_path / "drift.duckdb"
     shutil.copy(app_template_db, db)
     return db
-
-
-def open_app(monkeypatch, db: Path, page: str | None = None) -> AppTest:
-    monkeypatch.setenv("DRIFT_DB", str(db))
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.run()
-    assert not at.exception, at.exception
-    if page:
-        at.switch_page(page).run()
-        assert not at.exception, at.exception
-    return at
 
 
 charts = bu.app_charts  # the charts drawn

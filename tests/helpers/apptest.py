@@ -2,8 +2,10 @@
 st.navigation's routing across runs, and what a test reads off a run (errors, texts) or does (open a tab)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from streamlit.runtime.pages_manager import PagesManager
-from streamlit.testing.v1 import AppTest
+from streamlit.testing.v1 import AppTest, app_test
 
 from helpers import ROOT
 
@@ -43,3 +45,22 @@ def texts(elements) -> str:
 def open_tab(at, key: str, label: str):
     at.session_state[key] = label  # what clicking the tab does (on_change="rerun": the page reruns)
     return at.run()
+
+
+def app_env(monkeypatch) -> None:
+    """What every AppTest of the pages runs under: st.navigation's routing kept, no demo, no prefetch, writable."""
+    monkeypatch.setattr(app_test, "PagesManager", NavigationOnly)
+    monkeypatch.setenv("DRIFT_NO_DEMO", "1")
+    monkeypatch.setenv("DRIFT_PREFETCH", "0")  # no background work between tests (one test turns it on)
+    monkeypatch.delenv("DRIFT_READ_ONLY", raising=False)
+
+
+def open_app(monkeypatch, db: Path, page: str | None = None) -> AppTest:
+    monkeypatch.setenv("DRIFT_DB", str(db))
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    assert not at.exception, at.exception
+    if page:
+        at.switch_page(page).run()
+        assert not at.exception, at.exception
+    return at
