@@ -297,12 +297,21 @@ class Store:
     def has_check_sums(self) -> bool:
         """Whether summary_step has the logging checks' sums (summaries/schema.py CHECK_SUMS): a database made
         before them gains them when opened for writing; opened read-only, it is read without them."""
-        if getattr(self, "_check_sums", None) is None:
-            have = {r[0] for r in self.rows(
-                "SELECT column_name FROM duckdb_columns() WHERE table_name = 'summary_step' AND schema_name = 'main' "
-                "AND database_name = current_database()")}
-            self._check_sums = set(summary_schema.CHECK_SUM_NAMES) <= have
-        return self._check_sums
+        return self._has_columns("summary_step", summary_schema.CHECK_SUM_NAMES)
+
+    @property
+    def has_seq_sums(self) -> bool:
+        """Whether summary_seq has the per-sequence log-prob sums (summaries/schema.py SEQ_SUMS), as has_check_sums."""
+        return self._has_columns("summary_seq", summary_schema.SEQ_SUM_NAMES)
+
+    def _has_columns(self, table: str, names: Sequence[str]) -> bool:
+        """Whether `table` has every column of `names` (asked once per table: the layout does not change while open)."""
+        known = self.__dict__.setdefault("_columns_known", {})
+        if table not in known:
+            known[table] = {r[0] for r in self.rows(
+                "SELECT column_name FROM duckdb_columns() WHERE table_name = ? AND schema_name = 'main' "
+                "AND database_name = current_database()", [table])}
+        return set(names) <= known[table]
 
     def routing_sides(self) -> dict[str, bool]:
         """{run: whether it recorded the trainer's routing too} for every run with routing. Read from

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from analysis.schema import RUN_IDS
 from analysis.summaries import schema as S
-from analysis.summaries.sql import (bucket_params, bucket_sql, check_sums_sql, edge_params, token_sums_sql,
-                                   token_terms_sql, with_bin_sql)
+from analysis.summaries.sql import (bucket_params, bucket_sql, check_sums_sql, edge_params, seq_sums_sql,
+                                   token_sums_sql, token_terms_sql, with_bin_sql)
 
 # -- the ingest hook -----------------------------------------------------------------------------------
 
@@ -93,10 +93,11 @@ def _add_tokens(writer, file_id: int) -> None:
     seqs, cell = "FROM _summary_part WHERE by_cell = 0", "FROM _summary_part WHERE by_cell = 1"
     try:
         run(f"CREATE TEMP TABLE _summary_part AS SELECT run, step, sample, {b_cols}, band, "
-            f"grouping(sample) AS by_cell, max(pos) AS max_pos, {token_sums_sql()} FROM ({cells}) "
+            f"grouping(sample) AS by_cell, max(pos) AS max_pos, {token_sums_sql()}, {seq_sums_sql()} FROM ({cells}) "
             f"GROUP BY GROUPING SETS ((run, step, sample, band), (run, step, {b_cols}, band))")
-        run(f"INSERT INTO summary_seq (run, step, sample, max_pos, {s_cols}, file_id) "
-            f"SELECT run, step, sample, max(max_pos), {S.merge_list('summary_seq', sums)}, $fid {seqs} "
+        seq_cols = sums + list(S.SEQ_SUM_NAMES)
+        run(f"INSERT INTO summary_seq (run, step, sample, max_pos, {', '.join(seq_cols)}, file_id) "
+            f"SELECT run, step, sample, max(max_pos), {S.merge_list('summary_seq', seq_cols)}, $fid {seqs} "
             "GROUP BY run, step, sample")
         run(f"INSERT INTO summary_seq_band (run, step, sample, band, {', '.join(_BAND)}, file_id) "
             f"SELECT run, step, sample, band, {', '.join(_BAND)}, $fid {seqs}")

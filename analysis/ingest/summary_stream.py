@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from analysis.ingest import summary_files
 from analysis.ingest.keys import Runs, run_codes
 from analysis.summaries import kernel as K
+from analysis.summaries import schema as S
 from analysis.summaries.checks import PENDING_MAX, CheckSums
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class _Step:
         self.n_tokens = 0
         self.acc = K.Accumulators.zeros(0, 0)
         self.checks = CheckSums()  # the logging checks' sums (schema.CHECK_SUMS), into the step's row
+        self.lp = np.zeros((5, 0))  # per dense sequence index: count and schema.SEQ_SUMS (kernel.seq_sums)
 
     def seq_index(self, sample: np.ndarray) -> np.ndarray:
         """The dense index of each token's sample, new samples numbered in order of first appearance."""
@@ -98,6 +100,13 @@ class _Step:
         self.lag_lo, self.n_lag = lo, n_lag
         return True
 
+    def add_logprobs(self, s: np.ndarray, t: np.ndarray, seq: np.ndarray) -> None:
+        """Add the tokens' per-sequence log-prob sums (schema.SEQ_SUMS)."""
+        part = K.seq_sums(s, t, seq, self.n_seq)
+        if part.shape[1] > self.lp.shape[1]:
+            self.lp = np.pad(self.lp, ((0, 0), (0, part.shape[1] - self.lp.shape[1])))
+        self.lp[:, :part.shape[1]] += part
+
     def tables(self) -> dict[str, dict]:
         """The step's summary tables that have rows: their columns (numpy, without run and step)."""
         samples = np.zeros(len(self.acc.seq_max_pos), np.int64)
@@ -105,6 +114,11 @@ class _Step:
         tables = K.tables(self.acc, samples, self.lag_lo, self.n_lag)
         if tables["summary_step"]:
             tables["summary_step"] |= {k: [v] for k, v in self.checks.row().items()}
+        seq = tables["summary_seq"]
+        if seq:
+            idx = self.index[np.searchsorted(self.samples, seq["sample"])]
+            lp = self.lp[:, idx]
+            seq |= {"n_lp_tokens": lp[0].astype(np.int64)} | dict(zip(S.SEQ_SUM_NAMES[1:], lp[1:]))
         return {name: tables[name] for name in TOKEN_TABLES if summary_files.n_rows(tables[name])}
 
 
@@ -247,6 +261,7 @@ class StepSummaries:
                 self._give_up(f"run {key[0]!r}, step {key[1]}: more than {PENDING_MAX} tokens wait for a "
                               "neighbour (tokens far from key order)")
                 return out
+            cur.add_logprobs(s[a:b], t[a:b], seq)
             cur.n_tokens += int(b - a)
         return out
 

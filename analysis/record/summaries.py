@@ -333,6 +333,25 @@ def _band_rows(dim: str, block: torch.Tensor, offset: int = 0) -> dict:
                   "band": ids % S.N_BANDS} | rows)
 
 
+def seq_logprob_sums(x: StepTensors, samples: np.ndarray) -> dict[str, np.ndarray]:
+    """schema.SEQ_SUMS of the sequences `samples` (ids of x.samples): n_lp_tokens, Σ s, Σ t, Σ log cosh(Δ/2)
+    (as kernel.log_cosh_half) and Σ r·t, r = exp(clamp(Δ, ±20)), over each row's trained positions."""
+    m = x.mask
+    zero = torch.zeros((), dtype=torch.float64, device=x.device)
+    d = torch.where(m, x.t - x.s, zero)  # padding may hold anything
+    h = (0.5 * d).abs()
+    js = torch.where(h < 1.0, torch.log1p(2.0 * torch.sinh(0.5 * h) ** 2),
+                     h + torch.log1p(torch.exp(-2.0 * h)) - math.log(2.0))
+    r = torch.exp(d.clamp(-S.CLAMP, S.CLAMP))
+    t = torch.where(m, x.t, zero)
+    cols = torch.stack([m.sum(1, dtype=torch.float64), torch.where(m, x.s, zero).sum(1), t.sum(1),
+                        torch.where(m, js, zero).sum(1), (r * t).sum(1)]).cpu().numpy()
+    ids = x.samples.cpu().numpy()
+    order = np.argsort(ids, kind="stable")
+    rows = order[np.searchsorted(ids[order], samples)]
+    return {"n_lp_tokens": cols[0, rows].astype(np.int64)} | dict(zip(S.SEQ_SUM_NAMES[1:], cols[1:, rows]))
+
+
 def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | None = None,
               engine: str = "auto") -> dict[str, dict[str, list]]:
     """Summary table name -> the step's rows of that table, as columns (no run/step/file_id).
@@ -364,6 +383,8 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | No
         space = work or Workspace()
         sums = check_sums(x.s, x.t, x.mask, lambda name, shape: space.get(name, shape, torch.float64, dev))
         tables["summary_step"] |= {k: [v] for k, v in sums.items()}
+    if tables["summary_seq"]:
+        tables["summary_seq"] |= seq_logprob_sums(x, np.asarray(tables["summary_seq"]["sample"]))
     if routing is not None:
         tables["summary_layer"] = routing.layer_rows
         tables[EXPERT_LOAD] = routing.expert_load

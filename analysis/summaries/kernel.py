@@ -622,6 +622,28 @@ def _wide_rows(sums: np.ndarray, top: np.ndarray | None) -> tuple[np.ndarray, di
     return ids, out
 
 
+def log_cosh_half(d: np.ndarray) -> np.ndarray:
+    """log cosh(d/2) without cancellation (as sql.log_cosh_half_sql): log1p(2 sinh²(x/2)) for |x| < 1, x = d/2,
+    else |x| + log1p(e^−2|x|) − ln 2."""
+    x = np.abs(0.5 * np.asarray(d, np.float64))
+    small = x < 1.0
+    out = np.empty_like(x)
+    out[small] = np.log1p(2.0 * np.sinh(0.5 * x[small]) ** 2)
+    xl = x[~small]
+    out[~small] = xl + np.log1p(np.exp(-2.0 * xl)) - math.log(2.0)
+    return out
+
+
+def seq_sums(s: np.ndarray, t: np.ndarray, seq: np.ndarray, n_seq: int) -> np.ndarray:
+    """[5, n_seq] per sequence: the token count and schema.SEQ_SUMS' Σ s, Σ t, Σ log cosh(d/2), Σ r·t
+    (r = exp(clamp(d, ±20))) of the tokens (numpy: a few passes; the sums are of one sign, so plain sums keep
+    their digits)."""
+    d = t - s
+    r = np.exp(np.clip(d, -CLAMP, CLAMP))
+    return np.stack([np.bincount(seq, minlength=n_seq).astype(np.float64)]
+                    + [np.bincount(seq, weights=w, minlength=n_seq) for w in (s, t, log_cosh_half(d), r * t)])
+
+
 def tables(acc: Accumulators, samples: np.ndarray, lag_lo: int = 0, n_lag: int = 0,
            routed: bool = False) -> dict[str, dict]:
     """The summary rows of the accumulated tokens, as the torch writer returns them (columns as numpy arrays,

@@ -152,6 +152,18 @@ CHECK_SUMS = (
 )
 CHECK_SUM_NAMES = tuple(c.name for c in CHECK_SUMS)
 
+# Per-sequence log-prob sums, summary_seq only: what the framework views read per sequence beyond TOKEN_SUMS (verl's
+# perplexities, NeMo's Jensen-Shannon term and approx_entropy). Rows written before them hold nulls: a sequence's
+# sums are used only where n_lp_tokens covers its n_tokens, else they are summed from its token rows.
+SEQ_SUMS = (
+    Col("n_lp_tokens", "BIGINT", "tokens the sums below cover (the row's n_tokens where they were written)"),
+    Col("sum_s", "DOUBLE", "Σ s"),
+    Col("sum_t", "DOUBLE", "Σ t"),
+    Col("sum_js", "DOUBLE", "Σ log cosh(d/2) (Δ unclamped)"),
+    Col("sum_rt", "DOUBLE", "Σ r·t, r = exp(cd)"),
+)
+SEQ_SUM_NAMES = tuple(c.name for c in SEQ_SUMS)
+
 KEY = (Col("run", "VARCHAR", "run name"), Col("step", "BIGINT", "trainer step"))
 FILE = Col("file_id", "INTEGER", "the file (or summary file) that brought the row; delete_run and provenance")
 
@@ -190,7 +202,7 @@ TABLES: dict[str, tuple[Col, ...]] = {
         Col("max_pos", "INTEGER", "max pos of these tokens (length = 1 + max over the sequence's rows)"),
     ) + TOKEN_SUMS + (
         Col("n_flip_tokens", "BIGINT", "tokens of this sequence with a flip at some layer (routing files)"),
-        FILE),
+    ) + SEQ_SUMS + (FILE,),
     # one row per (run, step, sample, band, file) with n_tokens > 0: the cap/clip counts of the length buckets
     "summary_seq_band": KEY + (Col("sample", "BIGINT", "sequence id within (run, step)"),) + BAND_SUMS + (FILE,),
     # one row per (run, step, bin, file): Δ histogram on D_EDGES; also every cap/clip/τ threshold count
@@ -262,8 +274,9 @@ def columns(table: str) -> list[str]:
 
 
 # Columns added to a table after databases with it were made: a database opened for writing gains them (null in
-# its earlier rows); one opened read-only reads them as null (finalise.token_table_sql, checks=False).
-ADDED: dict[str, tuple[Col, ...]] = {"summary_step": CHECK_SUMS}
+# its earlier rows); one opened read-only reads them as null (finalise.token_table_sql, checks=False;
+# Store.has_seq_sums).
+ADDED: dict[str, tuple[Col, ...]] = {"summary_step": CHECK_SUMS, "summary_seq": SEQ_SUMS}
 
 
 def ddl() -> list[str]:

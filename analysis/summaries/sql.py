@@ -136,6 +136,15 @@ def token_terms_sql(src: str) -> str:
                       FROM (SELECT *, t - s AS d, {cd} AS cd FROM ({src}) src_) a_) b_) c_) d_"""
 
 
+def log_cosh_half_sql(d: str = "d") -> str:
+    """log cosh(Δ/2) without cancellation: for |x| < 1 (x = Δ/2) log1p(u), u = cosh x − 1 = 2 sinh²(x/2), by
+    Kahan's ln(w)·u / (w − 1), w = 1 + u (DuckDB has no log1p); else |x| + ln(1 + e^−2|x|) − ln 2 (≥ 0.43)."""
+    x = f"(0.5 * {d})"
+    u = f"(2.0 * sinh(0.5 * {x}) * sinh(0.5 * {x}))"
+    small = f"(CASE WHEN 1.0 + {u} = 1.0 THEN {u} ELSE ln(1.0 + {u}) * {u} / ((1.0 + {u}) - 1.0) END)"
+    return f"(CASE WHEN abs({x}) < 1.0 THEN {small} ELSE abs({x}) + ln(1.0 + exp(-2.0 * abs({x}))) - ln(2.0) END)"
+
+
 def token_sums_sql() -> str:
     """Select-list of schema.TOKEN_SUMS over a relation of token_terms_sql (fsum: compensated sums)."""
     agg = {
@@ -150,6 +159,12 @@ def token_sums_sql() -> str:
     }
     assert list(agg) == [c.name for c in S.TOKEN_SUMS]
     return ", ".join(f"{sql} AS {name}" for name, sql in agg.items())
+
+
+def seq_sums_sql() -> str:
+    """Select-list of schema.SEQ_SUMS over a relation of token_terms_sql."""
+    return (f"count(*)::BIGINT AS n_lp_tokens, fsum(s) AS sum_s, fsum(t) AS sum_t, fsum({log_cosh_half_sql('d')}) "
+            "AS sum_js, fsum(r * t) AS sum_rt")
 
 
 def check_sums_sql(src: str) -> str:

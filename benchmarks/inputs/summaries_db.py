@@ -24,8 +24,9 @@ COMPUTED_FILES = 4  # files summarised by the ingest hook (timed); their summary
 # shifted steps to cover all STEPS (a 2-core shared machine summarises ~0.2M tokens/s: 40M would take minutes)
 SUMMARY_TABLES = ("summary_step", "summary_seq", "summary_seq_band", "summary_hist", "summary_bucket",
                   "summary_bucket_band", "summary_layer")
-BUILD_VERSION = "6"  # 2: routing into routing_rows; 3: summary layout 2 (band tables); 4: run codes;
-# 5: the sampler's list packed (schema.ROUTING_PACKED); 6: into routing_rows_packed, as ingest stores such rows
+BUILD_VERSION = "7"  # 2: routing into routing_rows; 3: summary layout 2 (band tables); 4: run codes;
+# 5: the sampler's list packed (schema.ROUTING_PACKED); 6: into routing_rows_packed, as ingest stores such rows;
+# 7: summary_seq with its log-prob sums (schema.SEQ_SUMS)
 ID_BITS = (EXPERTS - 1).bit_length()  # as ingest packs these ids (K · ID_BITS <= 64)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+import numpy as np
 import polars as pl
 
 from analysis.metrics.frameworks import inputs, nemo, primerl, slime, verl
@@ -82,6 +83,18 @@ def parse_param_args(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def group_starts(seqs: pl.DataFrame, keys: list[str]) -> np.ndarray:
+    """[0, the first row of each later group, height] of a frame sorted by `keys`."""
+    if not seqs.height:
+        return np.zeros(1, np.int64)
+    change = np.zeros(seqs.height, bool)
+    change[0] = True
+    for k in keys:
+        col = seqs[k]
+        change[1:] |= (col[1:] != col[:-1]).to_numpy()
+    return np.append(np.flatnonzero(change), seqs.height)
+
+
 def framework_table(store: Store, runs: Sequence[str], name: str, by: str = "step",
                     params: Mapping[str, object] | None = None,
                     steps: tuple[int, int] | None = None) -> pl.DataFrame:
@@ -98,12 +111,16 @@ def framework_table(store: Store, runs: Sequence[str], name: str, by: str = "ste
     if v.view is None:
         return primerl.table(store, runs, keys, steps)
     seqs = inputs.sequence_inputs(store, runs, steps, v.cap(p), logprobs=v.logprobs)
+    # the sequences come sorted by (run, step, sample): each group is a slice of the columns, converted once
+    # (a group_by with a conversion per group cost ~0.5 ms a group: 0.25 s for 400 steps)
+    q_all = inputs.arrays(seqs)
+    q_all["_step"] = seqs["step"].to_numpy()
+    starts = group_starts(seqs, keys)
     rows = []
-    for key, group in seqs.group_by(keys, maintain_order=True):
-        q = inputs.arrays(group)
-        q["_step"] = group["step"].to_numpy()
-        row = dict(zip(keys, key))
-        row |= {"n_tokens": int(q["n"].sum()), "n_sequences": group.height}
+    for a, b in zip(starts[:-1], starts[1:]):
+        q = {k: x[a:b] for k, x in q_all.items()}
+        row = {k: seqs[k][int(a)] for k in keys}
+        row |= {"n_tokens": int(q["n"].sum()), "n_sequences": int(b - a)}
         row |= v.view(q, p)
         rows.append(row)
     if not rows:

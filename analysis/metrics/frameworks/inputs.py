@@ -4,13 +4,16 @@ From the per-sequence summaries (`summary_seq`, its ratio bands `summary_seq_ban
 (Σ Δ, Σ Δ², Σ k3, Σ (r − 1), ... with r = exp(clamp(Δ, −20, 20))) and, at a cap C of schema.CAPS, the counts and
 sums of r − 1 above ln C, below −ln C, between, and either side of 0.
 
+From the per-sequence log-prob sums of summary_seq (schema.SEQ_SUMS): Σ s, Σ t (verl's and our perplexities),
+Σ log cosh(Δ/2) (NeMo's Jensen-Shannon term, a function of Δ alone) and Σ r·t (NeMo approx_entropy). A sequence
+whose rows predate those sums (n_lp_tokens short of its n_tokens) has them summed from its token rows instead
+(`logprob_sql`, only for the steps that need it).
+
 From the token rows, only what the summaries do not hold:
   * `extremes`: the frameworks exponentiate Δ unclamped (verl k3_kl, NeMo, slime, prime-rl) or clamp Δ per token
     before a sum (verl rejection). Tokens with |Δ| > 20 are the only ones where that differs from the summaries;
     one filtered scan sums the differences per sequence (steps without such tokens are skipped by the summaries'
     max |Δ|).
-  * `logprobs`: Σ s and Σ t per sequence (verl and slime perplexities; the summaries hold no Σ s, Σ t yet),
-    Σ log cosh(Δ/2) (NeMo's Jensen-Shannon term, a function of Δ alone) and Σ exp(Δ)·t (NeMo approx_entropy).
 Both are exact where the token rows are complete (`read.coverage`); on a DriftLogger sample they cover the
 kept rows only.
 """
@@ -24,12 +27,12 @@ import polars as pl
 
 from analysis.store import Store
 from analysis.summaries import finalise as F
-from analysis.summaries.schema import BAND_EDGES, CAPS, CLAMP
-from analysis.summaries.sql import clamp_log_ratio_sql, run_filter, token_filter
+from analysis.summaries.schema import BAND_EDGES, CAPS, CLAMP, SEQ_SUM_NAMES
+from analysis.summaries.sql import clamp_log_ratio_sql, log_cosh_half_sql, run_filter, token_filter
 
 SEQ_KEYS = ("run", "step", "sample")
-EXTREME_COLUMNS = ("ext_d", "ext_d2", "ext_r_hi", "ext_r_lo", "ext_ri_hi", "ext_ri_lo")
-LOGPROB_COLUMNS = ("sum_s", "sum_t", "sum_js", "sum_rt")
+EXTREME_COLUMNS = ("ext_d", "ext_d2", "ext_r_hi", "ext_r_lo", "ext_ri_hi", "ext_ri_lo", "ext_rt")
+LOGPROB_COLUMNS = ("sum_s", "sum_t", "sum_js", "sum_rt")  # schema.SEQ_SUMS less n_lp_tokens
 
 
 def band_sql(where: str) -> str:
@@ -56,31 +59,26 @@ def band_params(cap: float) -> dict:
 def extremes_sql(where: str) -> str:
     """Per sequence with a token |Δ| > CLAMP: what unclamped Δ changes in the sums (d = Δ, c = clamp(Δ)):
     ext_d = Σ (d − c), ext_d2 = Σ (d² − c²), ext_r_hi / ext_r_lo = Σ (e^d − e^c) over d > 20 / d < −20,
-    ext_ri_hi / ext_ri_lo = Σ (e^−d − e^−c) likewise (e^d overflows to inf past 709, as in the frameworks)."""
+    ext_ri_hi / ext_ri_lo = Σ (e^−d − e^−c) likewise (e^d overflows to inf past 709, as in the frameworks),
+    ext_rt = Σ (e^d − e^c)·t (what unclamped e^Δ adds to Σ r·t)."""
     cd = clamp_log_ratio_sql("d")
     return f"""SELECT run, step, sample, fsum(d - cd) AS ext_d, fsum(d * d - cd * cd) AS ext_d2,
         coalesce(sum(exp(d) - exp(cd)) FILTER (WHERE d > 0), 0) AS ext_r_hi,
         coalesce(fsum(exp(d) - exp(cd)) FILTER (WHERE d < 0), 0) AS ext_r_lo,
         coalesce(fsum(exp(-d) - exp(-cd)) FILTER (WHERE d > 0), 0) AS ext_ri_hi,
-        coalesce(sum(exp(-d) - exp(-cd)) FILTER (WHERE d < 0), 0) AS ext_ri_lo
-        FROM (SELECT run, step, sample, d, {cd} AS cd FROM (
-              SELECT run, step, sample, trainer_logprob - sampler_logprob AS d FROM tokens WHERE {where}) e_
+        coalesce(sum(exp(-d) - exp(-cd)) FILTER (WHERE d < 0), 0) AS ext_ri_lo, sum((exp(d) - exp(cd)) * t) AS ext_rt
+        FROM (SELECT run, step, sample, d, t, {cd} AS cd FROM (
+              SELECT run, step, sample, trainer_logprob - sampler_logprob AS d, trainer_logprob AS t
+              FROM tokens WHERE {where}) e_
               WHERE abs(d) > {CLAMP}::DOUBLE) x_
         GROUP BY run, step, sample"""
 
 
-def log_cosh_half_sql(d: str = "d") -> str:
-    """log cosh(Δ/2) without cancellation: its Taylor series x²/2 − x⁴/12 + x⁶/45 − 17x⁸/2520 for |x| < 0.01
-    (x = Δ/2), else |x| + ln(1 + e^−2|x|) − ln 2."""
-    x = f"(0.5 * {d})"
-    series = f"({x} * {x} * (0.5 + {x} * {x} * (-1.0 / 12 + {x} * {x} * (1.0 / 45 - {x} * {x} * 17.0 / 2520))))"
-    return f"(CASE WHEN abs({x}) < 0.01 THEN {series} ELSE abs({x}) + ln(1.0 + exp(-2.0 * abs({x}))) - ln(2.0) END)"
-
-
 def logprob_sql(where: str) -> str:
-    """Per sequence: sum_s = Σ s, sum_t = Σ t, sum_js = Σ log cosh(Δ/2), sum_rt = Σ e^Δ · t."""
+    """Per sequence from the token rows, as schema.SEQ_SUMS: sum_s = Σ s, sum_t = Σ t, sum_js = Σ log cosh(Δ/2),
+    sum_rt = Σ r·t with r = e^clamp(Δ, ±20)."""
     return f"""SELECT run, step, sample, fsum(s) AS sum_s, fsum(t) AS sum_t, fsum({log_cosh_half_sql()}) AS sum_js,
-        sum(exp(d) * t) AS sum_rt
+        fsum(exp({clamp_log_ratio_sql()}) * t) AS sum_rt
         FROM (SELECT run, step, sample, sampler_logprob AS s, trainer_logprob AS t,
                      trainer_logprob - sampler_logprob AS d FROM tokens WHERE {where}) l_
         GROUP BY run, step, sample"""
@@ -90,10 +88,14 @@ def sequence_inputs(store: Store, runs: Sequence[str], steps: tuple[int, int] | 
                     logprobs: bool) -> pl.DataFrame:
     """One row per sequence with trained tokens, ordered by (run, step, sample): the merged TOKEN_SUMS of
     summary_seq (n_tokens as `n`), the band columns of `band_sql` at `cap`, the EXTREME_COLUMNS (0 where no
-    token passes |Δ| > 20) and, with logprobs=True, the LOGPROB_COLUMNS."""
+    token passes |Δ| > 20) and, with logprobs=True, the LOGPROB_COLUMNS (from the summaries where they cover the
+    sequence, else from its token rows)."""
     where, params = run_filter(runs, steps)
+    have = store.has_seq_sums
+    lp = list(SEQ_SUM_NAMES) if logprobs and have else []
+    skip = [c for c in SEQ_SUM_NAMES if c not in lp]
     seq = store.sql(f"""
-        WITH m AS ({F.merged('summary_seq', list(SEQ_KEYS), where)} HAVING sum(n_tokens) > 0),
+        WITH m AS ({F.merged('summary_seq', list(SEQ_KEYS), where, without=skip)} HAVING sum(n_tokens) > 0),
              b AS ({band_sql(where)})
         SELECT m.*, b.* EXCLUDE (run, step, sample) FROM m LEFT JOIN b USING (run, step, sample)
         ORDER BY run, step, sample""", params | band_params(cap))
@@ -108,9 +110,17 @@ def sequence_inputs(store: Store, runs: Sequence[str], steps: tuple[int, int] | 
         seq = seq.with_columns(pl.lit(None, pl.Float64).alias(c) for c in EXTREME_COLUMNS)
     seq = seq.with_columns(pl.col(c).fill_null(0.0) for c in EXTREME_COLUMNS)
     if logprobs:
-        twhere, tparams = token_filter(store, runs, steps)
-        lp = store.sql(logprob_sql(twhere), tparams)
-        seq = seq.join(lp, on=list(SEQ_KEYS), how="left")
+        if not lp:
+            seq = seq.with_columns(pl.lit(None, pl.Float64).alias(c) for c in SEQ_SUM_NAMES)
+        covered = pl.col("n_lp_tokens").cast(pl.Float64).fill_null(0.0) == pl.col("n")
+        short = seq.filter(~covered)["step"].unique().to_list()
+        if short:  # rows written before SEQ_SUMS: those steps' sums from the token rows
+            twhere, tparams = token_filter(store, runs, steps, only_steps=short)
+            tok = store.sql(logprob_sql(twhere), tparams).rename({c: f"{c}_tok" for c in LOGPROB_COLUMNS})
+            seq = seq.join(tok, on=list(SEQ_KEYS), how="left").with_columns(
+                pl.when(covered).then(pl.col(c)).otherwise(pl.col(f"{c}_tok")).alias(c) for c in LOGPROB_COLUMNS
+            ).drop([f"{c}_tok" for c in LOGPROB_COLUMNS])
+        seq = seq.drop("n_lp_tokens")
     return seq.sort(list(SEQ_KEYS))
 
 

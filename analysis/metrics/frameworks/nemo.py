@@ -42,10 +42,10 @@ def view(q, p: dict) -> dict[str, float]:
         "gen_kl_error": mean(_kl(q, p["kl_type"], reverse=False)),      # LF:416-427
         "policy_kl_error": mean(_kl(q, p["kl_type"], reverse=True)),    # LF:431-442
         # LF:447-466: ½ KL(P_train‖M) + ½ KL(P_gen‖M) per token with M the mixture; with e^u + e^v = 2 it is
-        # log cosh(Δ/2), a function of Δ alone (summed from the token rows)
+        # log cosh(Δ/2), a function of Δ alone (schema.SEQ_SUMS)
         "js_divergence_error": mean(q["sum_js"]),
         "sampling_importance_ratio": mean(I.sum_r(q)),                 # LF:579-584, 704-708 token-level e^Δ
-        "approx_entropy": -mean(q["sum_rt"]),                          # LF:712-717 −mean(e^(curr − gen) · curr)
+        "approx_entropy": -mean(q["sum_rt"] + q["ext_rt"]),            # LF:712-717 −mean(e^(curr − gen) · curr)
     }
     # G:2537-2640: per sequence Σ exp(|Δ|) / n over sequences with tokens; max, mean, min
     err = I.sum_exp_abs(q) / np.maximum(q["n"], 1.0)

@@ -29,27 +29,35 @@ def _mean(total, count):
 
 def offpolicy(q) -> dict[str, float]:
     """compute_offpolicy_metrics (RC:834-940@b178a3cd) over the sequences of `q` (one batch)."""
-    n, N = q["n"], q["n"].sum()
+    return {k: float(v[0]) for k, v in offpolicy_batches(q, np.zeros(1, np.int64)).items()}
+
+
+def offpolicy_batches(q, starts: np.ndarray) -> dict[str, np.ndarray]:
+    """compute_offpolicy_metrics of every batch at once: the batches are the sequences of `q` from each of
+    `starts` (sorted, starting at 0) to the next; one value per batch."""
+    add = lambda x: np.add.reduceat(x, starts)
+    count = np.diff(np.append(starts, q["n"].size)).astype(np.float64)   # sequences per batch
+    mean = lambda x: add(x) / count                                        # a plain mean over sequences
+    n, N = q["n"], add(q["n"])
     mlt = _mean(q["sum_t"], n)                                        # RC:877 per-sequence mean of t
     mlr = _mean(q["sum_s"], n)                                        # RC:899
     lpd = _mean(-q["sum_d"], n)                                       # RC:909 mean s − mean t per sequence
-    out = {
-        "training_ppl": float(np.exp(-mlt).mean()),                   # RC:878
-        "training_log_ppl": float((-mlt).mean()),                     # RC:882
-        "kl": float(_mean(-q["sum_d"].sum(), N)),                     # RC:889 mean(s − t)
-        "k3_kl": float(_mean(I.sum_k3_unclamped(q).sum(), N)),        # RC:894-896 exp(Δ) − Δ − 1, unclamped
-        "rollout_ppl": float(np.exp(-mlr).mean()),                    # RC:900
-        "rollout_log_ppl": float((-mlr).mean()),                      # RC:902
-        "log_ppl_diff": float(lpd.mean()),                            # RC:910
-        "log_ppl_abs_diff": float(np.abs(lpd).mean()),                # RC:911
-        "log_ppl_diff_max": float(lpd.max()),                         # RC:912
-        "log_ppl_diff_min": float(lpd.min()),                         # RC:913
-        "ppl_ratio": float(np.exp(lpd).mean()),                       # RC:920
-        "chi2_token": float(_mean(I.sum_ratio_sq(q).sum(), N) - 1.0),  # RC:927-930 r = exp(clamp(Δ, ±20))
+    return {
+        "training_ppl": mean(np.exp(-mlt)),                           # RC:878
+        "training_log_ppl": mean(-mlt),                               # RC:882
+        "kl": _mean(add(-q["sum_d"]), N),                             # RC:889 mean(s − t)
+        "k3_kl": _mean(add(I.sum_k3_unclamped(q)), N),                # RC:894-896 exp(Δ) − Δ − 1, unclamped
+        "rollout_ppl": mean(np.exp(-mlr)),                            # RC:900
+        "rollout_log_ppl": mean(-mlr),                                # RC:902
+        "log_ppl_diff": mean(lpd),                                    # RC:910
+        "log_ppl_abs_diff": mean(np.abs(lpd)),                        # RC:911
+        "log_ppl_diff_max": np.maximum.reduceat(lpd, starts),         # RC:912
+        "log_ppl_diff_min": np.minimum.reduceat(lpd, starts),         # RC:913
+        "ppl_ratio": mean(np.exp(lpd)),                               # RC:920
+        "chi2_token": _mean(add(I.sum_ratio_sq(q)), N) - 1.0,         # RC:927-930 r = exp(clamp(Δ, ±20))
         # RC:934-937: exp(2 · clamp(Σ Δ, ±20)) per sequence, mean over sequences
-        "chi2_seq": float(np.exp(2.0 * np.clip(q["sum_d"], -SAFETY_BOUND, SAFETY_BOUND)).mean() - 1.0),
+        "chi2_seq": mean(np.exp(2.0 * np.clip(q["sum_d"], -SAFETY_BOUND, SAFETY_BOUND))) - 1.0,
     }
-    return out
 
 
 def is_metrics(q, level: str, cap: float) -> dict[str, float]:
@@ -227,13 +235,11 @@ def trainer_view(q, p: dict) -> dict[str, float]:
     return {f"rollout_corr/{k}": v for k, v in out.items()} | debug_metrics(q)
 
 
-def reduce_metrics(values: list[dict[str, float]]) -> dict[str, float]:
-    """verl/utils/metric/utils.py:49-57@b178a3cd: a key containing "max" reduces by max, "min" by min, else mean."""
-    out = {}
-    for key in values[0]:
-        xs = np.array([v[key] for v in values])
-        out[key] = float(xs.max() if "max" in key else xs.min() if "min" in key else xs.mean())
-    return out
+def reduce_metrics(values: dict[str, np.ndarray]) -> dict[str, float]:
+    """verl/utils/metric/utils.py:49-57@b178a3cd: a key containing "max" reduces by max, "min" by min, else mean
+    (`values`: each key's values over the micro-batches)."""
+    return {key: float(xs.max() if "max" in key else xs.min() if "min" in key else xs.mean())
+            for key, xs in values.items()}
 
 
 def actor_view(q, p: dict) -> dict[str, float]:
@@ -241,11 +247,10 @@ def actor_view(q, p: dict) -> dict[str, float]:
     every micro-batch (`micro_batch_seqs` consecutive sequences of a step, in sample order), reduced by
     reduce_metrics."""
     size = int(p["micro_batch_seqs"])
-    parts = []
     steps = q["_step"]
-    for step in np.unique(steps):
-        idx = np.flatnonzero(steps == step)
-        for i in range(0, idx.size, size):
-            sel = idx[i:i + size]
-            parts.append({f"rollout_corr/{k}": v for k, v in offpolicy({k: a[sel] for k, a in q.items()}).items()})
-    return reduce_metrics(parts)
+    change = np.ones(steps.size, bool)
+    change[1:] = steps[1:] != steps[:-1]
+    first = np.flatnonzero(change)                                    # each step's first sequence
+    offset = np.arange(steps.size) - first[np.cumsum(change) - 1]     # a sequence's place in its step
+    parts = offpolicy_batches(q, np.flatnonzero(offset % size == 0))
+    return reduce_metrics({f"rollout_corr/{k}": v for k, v in parts.items()})
