@@ -36,6 +36,7 @@ from analysis.metrics import (
     routing,
     sampled,
 )
+from analysis.metrics.frameworks import compare as frameworks
 from ui import access, nav, sequence_view
 from ui import state as S
 
@@ -46,7 +47,8 @@ MAX_GIVE_WAY = 20  # interrupted calls made again per selection; past that, the 
 # EXACT_TOKENS of them: up to seconds at tens of millions of tokens, where the rest read summaries in tens of
 # milliseconds): queued after all the others, so that one of them does not hold up the cheap views of every page.
 READS_TOKENS = {distributions.prob_density_2d, findings.findings_table,
-                corrections.log_ratio_quantiles}
+                corrections.log_ratio_quantiles,
+                frameworks.comparison}  # prime-rl's median and our kl_k3 median need every token
 
 
 def _steps_in(run: str, steps: tuple[int, int] | None) -> list[int]:
@@ -108,6 +110,7 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
         nav.OVERVIEW.url: [
             (dashboard.run_and_step_tables, (runs,), dict(cap=cap, clip=clip, steps=steps)),
             (context.step_context, (runs,), dict(steps=steps)),
+            (frameworks.comparison, (runs,), dict(steps=steps)),  # its second tab
         ],
         nav.TOKENS.url: [
             (distributions.drift_histograms, (runs,), dict(n_bins=80, steps=steps)),
