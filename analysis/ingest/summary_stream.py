@@ -1,14 +1,14 @@
 """A file's token summaries computed while its batches stream in, by the one-pass kernel (kernel.py).
 
-Ingest hands every checked `tokens` batch to `StepSummaries.feed` (in its prefetch worker, while DuckDB inserts
-on the main thread). The batches of a file in (run, step) order make one group of accumulators per (run, step):
+Ingest hands every checked `tokens` batch to `StepSummaries.feed` (file_rows.FileRows, in the load's read-ahead
+worker while DuckDB inserts on the main thread). The batches of a file in (run, step) order make one group of accumulators per (run, step):
 a step may span several batches, its sequences get a dense index as their samples first appear. When the
 (run, step) changes, the finished step becomes summary rows (`kernel.tables`), an Arrow table per summary
 table, which ingest appends to the summary tables with the file's id, in the file's transaction (a file that is
 then refused takes them with it in the rollback).
 
 A file this does not handle gives up (`ok` False) and ingest deletes the rows it appended (`emitted`) and falls
-back to compute.py's SQL over the stored rows:
+back to the SQL over the stored rows (summarise.py):
 a (run, step) that comes back after another one started (a file not ordered by step), a step with more than
 `max_sequences` sequences (its accumulators take ~3 KB per sequence) or with lags over more than MAX_LAGS
 versions; and a file of many small steps (SMALL_STEPS), which the SQL summarises faster. The rows are the SQL's
@@ -278,7 +278,7 @@ class StepSummaries:
 class InThread:
     """A StepSummaries fed from a thread of its own, up to `depth` batches behind the caller.
 
-    In a large load the prefetch worker reads and checks batch i + 1 while DuckDB inserts batch i; with the
+    In a large load a read-ahead worker checks batch i + 1 while DuckDB inserts batch i; with the
     summaries in that worker too, it was the slowest of the two (12 s of a 13.7 s load of 40M tokens: the
     kernel, which releases the GIL, plus the per-step numpy). Here they overlap with both. `feed` returns the
     summary rows finished so far and waits only while `depth` batches are queued; `finish` waits for the rest;
