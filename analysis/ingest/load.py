@@ -5,7 +5,6 @@ routing file finds its tokens. A refused file leaves the database exactly as it 
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from functools import partial
@@ -36,7 +35,6 @@ from analysis.ingest.readahead import read_ahead, whole_row_groups
 from analysis.ingest.stream import insert_items
 from analysis.ingest.units import Outcome, Unit
 from analysis.ingest.validate import Batch
-from analysis.ingest.writeback import Writeback
 from analysis.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -259,10 +257,8 @@ def _stream(tx: Transaction, unit: Unit, limits: Limits, state: FileRows, large:
         batches = read_ahead(batches, name="ingest-read")
     items = whole_row_groups(state.items(batches, tx.w))
     rows = {"tokens": 0, "routing": 0, "sequences": 0}
-    # a large file's pages reach the disk as they are written, not all at its COMMIT (writeback.py)
-    with Writeback(tx.store.path) if large else contextlib.nullcontext():
-        insert_items(tx.w, read_ahead(items) if large else items, SIDE_TABLES, rows, state.fid,
-                     _rows_reporter(unit, on_rows))
+    insert_items(tx.w, read_ahead(items) if large else items, SIDE_TABLES, rows, state.fid,
+                 _rows_reporter(unit, on_rows))
     return rows
 
 
