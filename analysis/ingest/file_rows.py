@@ -32,8 +32,8 @@ class FileRows:
     """The per-batch state of one file's load.
 
     `summarised`: the file's token rows are a sample whose summaries (and expert load) come in a summary file of
-    their own. `large`: the file's token summaries are computed in a thread of their own and appended to the
-    summary tables as they come; a small file's wait in `held` and go with its transaction's other summary rows."""
+    their own. `large`: the file's token summaries are appended to the summary tables as they come; a small
+    file's wait in `held` and go with its transaction's other summary rows."""
 
     def __init__(self, name: str, fid: int, run: str | None, summarised: bool, large: bool):
         self.name, self.fid, self.run, self.summarised = name, fid, run, summarised
@@ -41,8 +41,6 @@ class FileRows:
         self.counts = StepCounts()  # expert-load rows summed across batches where the file is in key order
         self.flips = TokenFlips()  # the tokens key-ordered routing rows refer to, one row each
         self.summaries = None if summarised else summary_stream.StepSummaries()
-        self._feed = self.summaries  # or the same in a thread of its own, started at the first token batch
-        self._large = large
         self.held: list[tuple[str, pa.Table]] | None = None if large or summarised else []
 
     def items(self, batches: Iterable[Batch], w) -> Iterator[tuple[str, pa.Table]]:
@@ -53,8 +51,8 @@ class FileRows:
         yield from self._side("expert_load", self.counts.finish())
         if self.keys["routing"].ordered:
             yield from self._side(STAGED_TOKENS, self.flips.finish())
-        if self._feed is not None:
-            yield from self._summary_rows(self._feed.finish())
+        if self.summaries is not None:
+            yield from self._summary_rows(self.summaries.finish())
 
     def _batch(self, batch: Batch, w) -> Iterator[tuple[str, pa.Table]]:
         # runs: the run_codes of the run column, found once per batch for the keys, summaries and rows
@@ -63,10 +61,10 @@ class FileRows:
             return
         keys = self.keys[batch.table]
         keys.add(data, runs)
-        if batch.table == "tokens" and self._feed is not None:
-            if self._large and self._feed is self.summaries:
-                self._feed = summary_stream.InThread(self.summaries)
-            yield from self._summary_rows(self._feed.feed(data, runs))
+        if batch.table == "tokens" and self.summaries is not None:
+            # in the worker that checks a large file's batches: a thread of their own did not pay once the file was
+            # read in another (the 40M-token tokens file alone took 0.18 s longer with it, six pairs)
+            yield from self._summary_rows(self.summaries.feed(data, runs))
         if experts is not None:
             # per-batch results go to the database, which spills: nothing here grows with the file
             if not self.summarised:
@@ -85,11 +83,6 @@ class FileRows:
             yield from ((table, with_file_id(data, self.fid)) for table, data in out)
         else:
             self.held.extend(out)
-
-    def close(self) -> None:
-        """Stop the summaries' thread, if any (after the last batch, or a load that failed part-way)."""
-        if self._feed is not self.summaries:
-            self._feed.close()
 
     def runs(self) -> list[str]:
         return sorted(set().union(*(k.runs for k in self.keys.values())))

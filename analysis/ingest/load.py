@@ -229,10 +229,7 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
     fid = tx.new_file(sha, unit.name, size, fmt, run)
     state = FileRows(unit.name, fid, run, summaries.tokens_summarised(unit.paths, fmt), large)
     # stream: every batch read, checked and inserted, with the side rows it adds
-    try:
-        rows = _stream(tx, unit, limits, state, large, on_rows)
-    finally:
-        state.close()
+    rows = _stream(tx, unit, limits, state, large, on_rows)
     # check: the rules that need the file's rows in the database
     routed = _check_file(w, unit.name, fid, rows, state.keys)
     # summarise
