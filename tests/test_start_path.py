@@ -1,5 +1,5 @@
-"""What the app, the metrics command and the ingest command load at start, and a clean exit when the server stops
-while the prefetch is importing the drift lab (torch)."""
+"""What the app and the metrics command load at start, and a clean exit when the server stops while the prefetch
+is importing the drift lab (torch)."""
 from __future__ import annotations
 
 import subprocess
@@ -43,37 +43,6 @@ def test_the_metrics_command_imports_only_what_it_uses(tmp_path):
         assert not heavy, heavy
         """)
     assert out.returncode == 0, out.stderr[-2000:]
-
-
-def test_the_ingest_command_loads_tokens_and_routing_without_polars(tmp_path):
-    """polars is imported where a result is read (store.py, mapping.py), which a load never does: its import would
-    lengthen a load's start, which runs on one core."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    n = 40
-    keys = {"run": ["r"] * n, "step": [i // 20 for i in range(n)], "sample": [0] * n,
-            "pos": [i % 20 for i in range(n)]}
-    pq.write_table(pa.table({**keys, "sampler_logprob": [-0.5] * n, "trainer_logprob": [-0.6] * n}),
-                   tmp_path / "tokens.parquet")
-    pq.write_table(pa.table({**{k: v * 2 for k, v in keys.items()}, "layer": [0] * n + [1] * n,
-                             "sampler_experts": [[1, 2]] * 2 * n, "trainer_experts": [[2, 3]] * 2 * n}),
-                   tmp_path / "routing.parquet")
-    db = tmp_path / "d.duckdb"
-    out = run_python(f"""
-        import sys
-        sys.path.insert(0, '.')
-        from analysis.__main__ import main
-        rc = main(["ingest", {str(tmp_path / "tokens.parquet")!r}, {str(tmp_path / "routing.parquet")!r},
-                   "--db", {str(db)!r}])
-        print("rc", rc, "polars" in sys.modules)
-        """)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "rc 0 False" in out.stdout, out.stdout + out.stderr
-    import duckdb
-    con = duckdb.connect(str(db), read_only=True)
-    assert con.execute("SELECT count(*) FROM tokens").fetchall()[0][0] == n
-    assert con.execute("SELECT count(*) FROM routing").fetchall()[0][0] == 2 * n
-    con.close()
 
 
 @pytest.mark.slow
