@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import sys
@@ -81,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         return lab_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command in ("ingest", "watch"):  # a load's start runs on one core: leave out what it never uses
+        # kept: the 40M-token ingest took 0.39 s (3.4 %) longer without it, four quiet pairs (RESULTS-scale.md)
         from analysis.ingest.lean import lean_start
         lean_start()
     if args.command == "ingest":  # on the free core while the imports below hold the other one
@@ -134,7 +134,6 @@ def _ingest(db, args) -> int:
     logging.basicConfig(level=logging.DEBUG if settings.DEBUG.read() else logging.CRITICAL,
                         format="%(levelname)s %(name)s: %(message)s")
     store = open_store(db, memory_limit=settings.MEMORY_LIMIT.read() or INGEST_MEMORY_LIMIT)
-    gc.freeze()  # the imports' objects: the load's cycle collections no longer walk them (0.13 -> 0.07 s on 40M tokens)
     bar = TerminalProgress()
     if bar.enabled:
         from analysis.ingest.warm import compiled
@@ -183,17 +182,5 @@ def _metrics(store, args) -> int:
     return 0
 
 
-def _end(code: int) -> None:
-    """End a load's process without the interpreter's teardown: the database is closed and every thread of the
-    load has stopped, so freeing the imports' state (numba, pyarrow, DuckDB) has nothing to save, and took
-    0.07-0.12 s after a 40M-token load (benchmarks/RESULTS-scale.md). Output is flushed first."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    code = main()
-    if sys.argv[1:2] == ["ingest"]:
-        _end(code)
-    sys.exit(code)
+    sys.exit(main())

@@ -562,22 +562,27 @@ class Writer:
             FROM k JOIN ({rows}) r ON r.run_key = k.run_key AND r.step = k.step AND r.sample = k.sample AND r.pos = k.pos
             WHERE r.step BETWEEN (SELECT min(step) FROM k) AND (SELECT max(step) FROM k)"""
 
+    def join_token_logprobs(self, staged: str, name: str) -> str | None:
+        """Make the temporary table `name` of the rows of the staged table `staged` (see `stage`) whose token row
+        exists, with that row's log-probs s and t (`with_token_logprobs`); returns `name`, or None where nothing
+        was staged as `staged`."""
+        if staged not in self._staged:
+            return None
+        self.cur.execute(f"CREATE TEMP TABLE {name} AS {self.with_token_logprobs(staged)}")
+        self._staged.add(name)
+        return name
+
     def first_orphan_routing(self, file_id: int, token_keys: tuple[str, str] | None = None) -> tuple | None:
         """A routing row of this file whose token is not in `tokens`.
 
-        `token_keys`: optional (name of a staged table of the distinct (run, step, sample, pos) the file's routing
-        rows refer to, one row each with its flip counts (see `stage`, keys.TokenFlips); name of the staged table
-        to make of them joined with their token rows' log-probs s and t, which the flip summaries then read).
+        `token_keys`: optional (a staged table of the distinct (run, step, sample, pos) the file's routing rows
+        refer to, one row each (keys.TokenFlips); the same joined with their token rows, `join_token_logprobs`).
         Checking those tokens instead of every (token, layer) row is `layers` times less work."""
         if token_keys is not None:
             staged, routed = token_keys
-            if staged not in self._staged:
-                return None
             # most files have no orphan: the join of the staged tokens (its build side) with the token rows has
             # as many rows as they are, ~10x faster than the anti join below (0.08 vs 0.85 s for 500k keys
             # against 40M tokens), which then only runs to name the first orphan
-            self.cur.execute(f"CREATE TEMP TABLE {routed} AS {self.with_token_logprobs(staged)}")
-            self._staged.add(routed)
             everyone = self.cur.execute(
                 f"SELECT (SELECT count(*) FROM {staged}) = (SELECT count(*) FROM {routed})").fetchall()
             if everyone[0][0]:

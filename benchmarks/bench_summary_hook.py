@@ -1,4 +1,4 @@
-"""The ingest summaries hook alone (analysis.ingest.summarise: _add_tokens and _add_routing), CPU seconds, this
+"""The ingest summaries hook alone (analysis.ingest.summarise: add_tokens and add_routing), CPU seconds, this
 checkout against another (`--code`), side by side on the same inputs.
 
     python benchmarks/bench_summary_hook.py --code OTHER_CHECKOUT [--tokens 4000000] [--steps 40]
@@ -45,7 +45,9 @@ for _ in range(repeat):
             if table != "summary_skip":
                 w.execute(f"DELETE FROM {table}")
     row = {}
-    for part, fn in (("tokens", compute._add_tokens), ("routing", compute._add_routing)):
+    # the hook's two parts, public since the load-path refactor (underscored in a checkout older than it)
+    hooks = [getattr(compute, n, None) or getattr(compute, "_" + n) for n in ("add_tokens", "add_routing")]
+    for part, fn in zip(("tokens", "routing"), hooks):
         if fids[part] is None:
             continue
         c0, t0 = cpu(), time.perf_counter()

@@ -273,9 +273,9 @@ def test_hostile_strings_stored_literally(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_ingest_ends_without_teardown_yet_flushes_and_commits(tmp_path):
-    """`python -m analysis ingest` ends with os._exit once the database is closed (__main__._end): its outcome
-    lines are all printed, its exit code kept (1: a file refused), and the database holds the loaded file."""
+def test_cli_ingest_flushes_its_output_and_commits(tmp_path):
+    """`python -m analysis ingest` with block-buffered output: its outcome lines are all printed, its exit code
+    kept (1: a file refused), and the database holds the loaded file."""
     good, bad = tmp_path / "good.csv", tmp_path / "bad.csv"
     good.write_text("run,step,sample,pos,sampler_logprob,trainer_logprob\n"
                     + "".join(f"r,{i // 4},0,{i % 4},-0.{i + 1},-0.{i + 2}\n" for i in range(8)))

@@ -132,7 +132,7 @@ def test_whole_row_groups_cuts_first_one_group_then_whole_inserts_and_keeps_ever
     """Items of two tables in random sizes, one change of columns: per table the rows come out in order and
     unchanged; the first append of a table is `first` rows, the others `size` rows, except the last one of the
     table and the one let go where the columns change."""
-    from analysis.ingest.load import whole_row_groups
+    from analysis.ingest.readahead import whole_row_groups
     rng = np.random.default_rng(seed)
     first, size = 3, 12
     items, sent = [], {"a": [], "b": []}

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis.findings import ranking
-from analysis.ingest import ingest_paths, load
+from analysis.ingest import ingest_paths
 from analysis.ingest.limits import Limits
 from analysis.metrics import read
 from analysis.metrics import token as metrics
@@ -26,6 +26,7 @@ from analysis.summaries.checks import CheckSums
 
 from helpers.data import metrics_make_tokens
 from helpers.sampling import synthetic_run
+from helpers.ingest import summaries_by_sql
 
 L = np.longdouble
 RTOL = 1e-12
@@ -107,7 +108,7 @@ def test_check_columns_equal_numpy_from_summaries_and_from_tokens(tmp_path, monk
     the SQL, and a sequence's tokens spread over two files (by position range, or odd and even positions: every
     pair then spans the files)."""
     tok = gappy_tokens()
-    monkeypatch.setattr(load, "STREAM_SUMMARIES", layout != "sql")
+    summaries_by_sql(monkeypatch, layout == "sql")
     if layout == "split by position":
         parts = [tok.filter(pl.col("pos") < 7), tok.filter(pl.col("pos") >= 7)]
     elif layout == "interleaved":

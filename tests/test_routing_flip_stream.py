@@ -85,14 +85,14 @@ def load_files(tmp_path, name, batch_rows, shuffle=False):
 @pytest.mark.parametrize("batch_rows", [7, 10_000])  # 7: most tokens' 4 layers span two batches
 def test_streamed_flip_counts_equal_the_reference(tmp_path, batch_rows, monkeypatch):
     staged = []
-    real = load.summaries.add_file
+    real = load.summaries.add_routing
 
-    def spy(*a, **k):
-        staged.append(k.get("routed_tokens"))
-        return real(*a, **k)
-    monkeypatch.setattr(load.summaries, "add_file", spy)
+    def spy(w, fid, routed=None):
+        staged.append(routed)
+        return real(w, fid, routed)
+    monkeypatch.setattr(load.summaries, "add_routing", spy)
     store, tokens, rows = load_files(tmp_path, "s", batch_rows)
-    assert staged == [None, load.ROUTED_TOKENS]  # the tokens file; the routing file from its staged rows
+    assert staged == [load.ROUTED_TOKENS]  # the routing file, from its staged rows
     step, seq, first = stored(store)
     want_step, want_seq, want_first = reference(tokens, rows)
     assert 0 < sum(v[1] for v in want_step.values()) < sum(v[0] for v in want_step.values())  # some flips, not all
@@ -107,11 +107,11 @@ def test_streamed_flip_counts_equal_the_reference(tmp_path, batch_rows, monkeypa
 def test_streamed_flip_counts_equal_the_sql_over_stored_rows(tmp_path, monkeypatch):
     a, _, _ = load_files(tmp_path, "a", 7)
     staged = []
-    real = load.summaries.add_file
-    monkeypatch.setattr(load.summaries, "add_file", lambda *a, **k: staged.append(k.get("routed_tokens"))
-                        or real(*a, **k))
+    real = load.summaries.add_routing
+    monkeypatch.setattr(load.summaries, "add_routing", lambda w, fid, routed=None: staged.append(routed)
+                        or real(w, fid, routed))
     b, _, _ = load_files(tmp_path, "b", 7, shuffle=True)
-    assert staged == [None, None]
+    assert staged == [None]  # the routing file, by grouping its stored rows
     (step_a, seq_a, first_a), (step_b, seq_b, first_b) = stored(a), stored(b)
     assert seq_a == seq_b and first_a == first_b and step_a.keys() == step_b.keys()
     for st in step_a:

@@ -11,13 +11,13 @@ import polars as pl
 import pytest
 import torch
 
-from analysis.ingest import load
 from analysis.metrics.frameworks import framework_table, inputs
 from analysis.store import Store
 from analysis.summaries import schema as S
 from analysis.summaries.sql import token_filter
 
 from helpers.data import metrics_load
+from helpers.ingest import summaries_by_sql
 
 RTOL = 1e-12
 
@@ -69,7 +69,7 @@ def stored_sums(store: Store) -> list[dict]:
 
 @pytest.mark.parametrize("streamed", [True, False])
 def test_ingest_writes_the_sums(tmp_path, monkeypatch, streamed):
-    monkeypatch.setattr(load, "STREAM_SUMMARIES", streamed)
+    summaries_by_sql(monkeypatch, not streamed)
     tokens = make_tokens()
     store = metrics_load(tmp_path, tokens)
     assert_sums(stored_sums(store), reference(tokens))

@@ -5,12 +5,13 @@ cannot handle (not ordered by step, too many sequences in a step) falls back to 
 from __future__ import annotations
 
 import logging
+import threading
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis.ingest import ingest_paths, load
+from analysis.ingest import ingest_paths, load, summarise
 from analysis.ingest import summary_stream as stream_summaries
 from analysis.ingest.limits import Limits
 from analysis.store import Store
@@ -53,9 +54,17 @@ def write(path, parts) -> str:
 
 
 def ingest(db, paths, monkeypatch, streamed=True, limits=SMALL) -> dict[str, list[dict]]:
-    monkeypatch.setattr(load, "STREAM_SUMMARIES", streamed)
+    """The token summaries of loading `paths`; streamed False: those of the SQL over the stored rows
+    (summarise.add_tokens) in their place."""
     store = Store(db)
     assert {o.status for o in ingest_paths(store, paths, limits=limits)} == {"loaded"}
+    if not streamed:
+        with store.transaction() as w:
+            files = [r[0] for r in w.execute("SELECT DISTINCT file_id FROM tokens ORDER BY file_id").fetchall()]
+            for fid in files:
+                for t in TABLES:
+                    w.execute(f"DELETE FROM {t} WHERE file_id = ?", [fid])
+                summarise.add_tokens(w, fid)
     return {t: merged(store, t) for t in TABLES}
 
 
@@ -161,34 +170,31 @@ def test_versions_far_apart_fall_back_to_sql(tmp_path, monkeypatch, caplog):
     assert_same(got, ingest(tmp_path / "s.duckdb", [str(f)], monkeypatch, streamed=False))
 
 
-def summary_threads(monkeypatch) -> list:
-    """The threads of the InThread summaries made from now on (every file counts as large)."""
+def all_large(monkeypatch) -> None:
+    """Every file counts as large: read and checked in the load's read-ahead workers, its summary rows appended as
+    they come."""
     monkeypatch.setattr(load, "ALONE_BYTES", 0)
-    threads = []
-    real = stream_summaries.InThread.__init__
-
-    def spy(self, *a, **kw):
-        real(self, *a, **kw)
-        threads.append(self._thread)
-    monkeypatch.setattr(stream_summaries.InThread, "__init__", spy)
-    return threads
 
 
-def test_summaries_in_a_thread_of_their_own_equal_sql(tmp_path, monkeypatch, caplog):
-    """A large file's summaries run in their own thread (stream.InThread) beside the prefetch worker: the same
-    rows as the SQL, for an ordered file and for one the stream gives up on."""
+def ingest_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("ingest-") and t.is_alive()]
+
+
+def test_a_large_files_summaries_equal_sql(tmp_path, monkeypatch, caplog):
+    """A large file's summaries are computed in the worker that checks its batches: the same rows as the SQL, for
+    an ordered file and for one the stream gives up on, and no thread of the load is left."""
     caplog.set_level(logging.INFO, logger="analysis.ingest.load")
-    threads = summary_threads(monkeypatch)
+    all_large(monkeypatch)
     steps = tokens()
     f = write(tmp_path / "a.parquet", [steps[k] for k in sorted(steps)])
     got = ingest(tmp_path / "k.duckdb", [f], monkeypatch)
-    assert len(threads) == 1 and "token summaries of 3 steps computed while streaming" in messages(caplog)
+    assert "token summaries of 3 steps computed while streaming" in messages(caplog)
     assert_same(got, ingest(tmp_path / "s.duckdb", [f], monkeypatch, streamed=False))
     mixed = write(tmp_path / "m.parquet", [steps[1].slice(0, 20), steps[2], steps[1].slice(20), steps[3]])
     got = ingest(tmp_path / "k2.duckdb", [mixed], monkeypatch)
-    assert len(threads) == 2 and "not ordered by step" in messages(caplog)
+    assert "not ordered by step" in messages(caplog)
     assert_same(got, ingest(tmp_path / "s2.duckdb", [mixed], monkeypatch, streamed=False))
-    assert not any(t.is_alive() for t in threads)
+    assert not ingest_threads()
 
 
 def test_rows_appended_before_the_stream_gives_up_are_replaced_by_the_sql(tmp_path, monkeypatch, caplog):
@@ -196,7 +202,7 @@ def test_rows_appended_before_the_stream_gives_up_are_replaced_by_the_sql(tmp_pa
     PENDING_ROWS 1); when a later step makes the stream give up, those rows are deleted and the SQL's take their
     place: no step is counted twice."""
     caplog.set_level(logging.INFO, logger="analysis.ingest.load")
-    summary_threads(monkeypatch)
+    all_large(monkeypatch)
     monkeypatch.setattr(stream_summaries, "PENDING_ROWS", 1)
     steps = tokens(steps=(1, 2, 3, 4))
     mixed = write(tmp_path / "m.parquet", [steps[1], steps[2], steps[3].slice(0, 20), steps[4], steps[3].slice(20)])
@@ -206,8 +212,8 @@ def test_rows_appended_before_the_stream_gives_up_are_replaced_by_the_sql(tmp_pa
     assert sorted(r["step"] for r in got["summary_step"]) == [1, 2, 3, 4]
 
 
-def test_a_refused_large_file_stops_its_summary_thread(tmp_path, monkeypatch):
-    threads = summary_threads(monkeypatch)
+def test_a_refused_large_file_leaves_no_summary_row_and_no_thread(tmp_path, monkeypatch):
+    all_large(monkeypatch)
     steps = tokens()
     bad = pa.concat_tables([steps[k] for k in sorted(steps)])
     s = bad.column("sampler_logprob").to_numpy().copy()
@@ -218,7 +224,7 @@ def test_a_refused_large_file_stops_its_summary_thread(tmp_path, monkeypatch):
     store = Store(tmp_path / "d.duckdb")
     out = ingest_paths(store, [str(f)], limits=SMALL)
     assert out[0].status == "refused" and "must be <= 0" in out[0].message
-    assert len(threads) == 1 and not threads[0].is_alive()
+    assert not ingest_threads()
     assert store.scalar("SELECT count(*) FROM summary_step") == 0
 
 

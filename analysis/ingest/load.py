@@ -5,22 +5,16 @@ routing file finds its tokens. A refused file leaves the database exactly as it 
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import queue
-import threading
 from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.ingest import frameworks, long, sequences, summary_files, tensors
 from analysis.ingest import summarise as summaries
-from analysis.ingest import summary_stream as stream_summaries
 from analysis.ingest.batches import ALONE_BYTES, Transaction, load_groups, unit_bytes
 from analysis.ingest.detect import detect
 from analysis.ingest.errors import (
@@ -32,14 +26,15 @@ from analysis.ingest.errors import (
     OrphanRouting,
     TooLarge,
 )
+from analysis.ingest.file_rows import SIDE_TABLES, STAGED_TOKENS, FileRows, with_file_id
 from analysis.ingest.hashing import HashInThread, content_hash, take_ahead
-from analysis.ingest.keys import StepCounts, TableKeys, TokenFlips, expert_load, routing_tokens
+from analysis.ingest.keys import TableKeys
 from analysis.ingest.limits import Limits
 from analysis.ingest.progress import RowsCallback, expected_rows
+from analysis.ingest.readahead import read_ahead, whole_row_groups
 from analysis.ingest.stream import insert_items
 from analysis.ingest.units import Outcome, Unit
-from analysis.ingest.validate import Batch, normalise
-from analysis.ingest.writeback import Writeback
+from analysis.ingest.validate import Batch
 from analysis.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -220,112 +215,134 @@ def _load_into(tx: Transaction, unit: Unit, run: str | None, limits: Limits, con
     return _load_rows(tx, unit, sha, size, run, limits, config, on_rows)[0]
 
 
+# The temporary table of the routed tokens joined with their token rows' log-probs by the orphan check, which the
+# routing summaries then read (see _check_file).
+ROUTED_TOKENS = "_staged_routed_tokens"
+
+
 def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str | None, limits: Limits,
                config: dict | None, on_rows: RowsCallback | None) -> tuple[Outcome, int]:
     """Read, check and insert the rows of a token, routing or sequence file and add its summaries; (its
     Outcome, its file_id). sha None: the caller hashes the file meanwhile (Transaction.hashed)."""
-    fmt = unit.detected.format
-    w = tx.w
-    rows = {"tokens": 0, "routing": 0, "sequences": 0}
-    summarised = summaries.tokens_summarised(unit.paths, fmt)  # DriftLogger's sample: its summaries come separately
+    # open: the file's row in `files`, and the state its batches build up (file_rows.FileRows)
+    fmt, w, large = unit.detected.format, tx.w, size > ALONE_BYTES
     fid = tx.new_file(sha, unit.name, size, fmt, run)
-    keys = {t: TableKeys(t) for t in rows}
-    # token summaries by the kernel as the batches pass (compute.py's SQL after the insert where it gives up)
-    streamed = None if summarised or not STREAM_SUMMARIES else stream_summaries.StepSummaries()
-    # reading and checking batch i+1 overlaps with DuckDB inserting batch i (both release the GIL), and the
-    # summaries of batch i+1 with both; a small file is one batch, with nothing to overlap, and a thread per file
-    # would only add its start-up
-    large = size > ALONE_BYTES
-    feeder = stream_summaries.InThread(streamed) if streamed is not None and large \
-        and unit.detected.kind != "routing" else streamed
-    # a small file's summary rows wait here and join its transaction's other summary rows at its end (one INSERT
-    # per table for all its files), where a large file's are appended to the summary tables as they come
-    held: list[tuple[str, pa.Table]] | None = [] if streamed is not None and not large else None
-    counts = StepCounts()  # expert-load rows summed across batches where the file is in key order
-    flips = TokenFlips()  # the tokens key-ordered routing rows refer to, one row each
-
-    def summary_rows(out: list[tuple[str, pa.Table]]):
-        if held is None:
-            yield from ((table, with_file_id(data, fid)) for table, data in out)
-        else:
-            held.extend(out)
-
-    def prepared():
-        try:
-            # a large file is read (pyarrow decodes without the GIL) in a thread of its own, a batch or two ahead
-            # of the checks here: the checks and reading in one thread were the slowest stage of the load, which
-            # DuckDB waited on for 1.0 s (tokens) and 1.7 s (routing) of the 40M-token benchmark
-            reader = unit.reader(unit, limits)
-            for batch in prefetch(reader, name="ingest-read") if large else reader:
-                # runs: the run_codes of the run column, found once per batch for the keys, summaries and rows
-                data, experts, runs = normalise(unit.name, batch, run, fid)
-                if data.num_rows == 0:
-                    continue
-                keys[batch.table].add(data, runs)
-                if feeder is not None and batch.table == "tokens":
-                    yield from summary_rows(feeder.feed(data, runs))
-                if experts is not None:
-                    # per-batch results go to the database, which spills: nothing here grows with the file
-                    if not summarised:  # a sample's expert load comes in its summary file
-                        part = counts.add(expert_load(data, experts.S, experts.T, experts.t_rows, runs),
-                                          keys["routing"].ordered)
-                        if part is not None:
-                            yield "expert_load", with_file_id(part, fid)
-                    if keys["routing"].ordered:
-                        part = flips.add(routing_tokens(data))
-                        if part is not None:
-                            yield STAGED_TOKENS, part
-                yield batch.table, w.coded(batch.table, data, runs)
-            last = counts.finish()
-            if last is not None:
-                yield "expert_load", with_file_id(last, fid)
-            last = flips.finish()
-            if last is not None and keys["routing"].ordered:
-                yield STAGED_TOKENS, last
-            if feeder is not None:
-                yield from summary_rows(feeder.finish())
-        finally:
-            if feeder is not streamed:
-                feeder.close()
-
-    items = whole_row_groups(prepared())
-    # a large file's pages reach the disk as they are written, not all at its COMMIT (writeback.py)
-    with Writeback(tx.store.path) if large else contextlib.nullcontext():
-        insert_items(w, prefetch(items) if large else items,
-                     ("expert_load", STAGED_TOKENS, *stream_summaries.TOKEN_TABLES), rows, fid,
-                     _rows_reporter(unit, on_rows))
-    others = _check_file(w, unit.name, fid, rows, keys)
-    if rows["routing"] and not summarised and not counts.merged:
-        w.regroup_expert_load(fid)  # a file out of order appended partial counts: one row per key now
-    tokens_done = _streamed_summaries(tx, unit.name, fid, streamed, rows["tokens"], held)
-    summaries.add_file(w, fid, summarised, unit.name, tokens_done=tokens_done,
-                       routing_alone=bool(rows["routing"]) and not others["routing"],
-                       has=(rows["tokens"] > 0, rows["routing"] > 0), tokens_alone=not others["tokens"],
-                       routed_tokens=ROUTED_TOKENS if rows["routing"] and keys["routing"].ordered else None)
+    state = FileRows(unit.name, fid, run, summaries.tokens_summarised(unit.paths, fmt), large)
+    # stream: every batch read, checked and inserted, with the side rows it adds
+    rows = _stream(tx, unit, limits, state, large, on_rows)
+    # check: the rules that need the file's rows in the database
+    routed, others = _check_file(w, unit.name, fid, rows, state.keys)
+    # summarise
+    _summarise(tx, unit.name, fid, rows, state, routed, tokens_alone=not others["tokens"])
+    # finish
     w.drop_staged(STAGED_TOKENS, ROUTED_TOKENS)
-    runs = sorted(set().union(*(k.runs for k in keys.values())))
+    runs = state.runs()
     tx.ensure_runs(runs, config or unit.config)
     w.finish_file(fid, sum(rows.values()))
     return Outcome(unit.name, "loaded", fmt, rows, runs), fid
 
 
-def _streamed_summaries(tx: Transaction, name: str, fid: int, streamed, n_tokens: int,
-                        held: list[tuple[str, pa.Table]] | None) -> bool:
-    """Store the token summaries computed while the file streamed (already appended to the summary tables, or
-    `held` rows that go with the transaction's other summary rows); False where they were not (the caller then
-    runs the SQL, after the rows appended before the stream gave up are deleted)."""
-    if streamed is None or not n_tokens:
+def _stream(tx: Transaction, unit: Unit, limits: Limits, state: FileRows, large: bool,
+            on_rows: RowsCallback | None) -> dict[str, int]:
+    """Insert the file's checked rows and their side rows; returns the rows inserted per table. A large file
+    is read (pyarrow decodes without the GIL) in a thread of its own, a batch or two ahead of its checks, and
+    checked in another, ahead of DuckDB's INSERT (which releases the GIL too): reading and checking in one thread
+    was the slowest stage of the load, which DuckDB waited on for 1.0 s (tokens) and 1.7 s (routing) of the
+    40M-token benchmark. A small file is one batch, with nothing to overlap."""
+    batches = unit.reader(unit, limits)
+    if large:
+        batches = read_ahead(batches, name="ingest-read")
+    items = whole_row_groups(state.items(batches, tx.w))
+    rows = {"tokens": 0, "routing": 0, "sequences": 0}
+    insert_items(tx.w, read_ahead(items) if large else items, SIDE_TABLES, rows, state.fid,
+                 _rows_reporter(unit, on_rows))
+    return rows
+
+
+def _rows_reporter(unit: Unit, on_rows: RowsCallback | None) -> Callable[[str, int], None] | None:
+    if on_rows is None:
+        return None
+    total, done = expected_rows(unit), 0
+
+    def report(table: str, n: int) -> None:
+        nonlocal done
+        done += n
+        on_rows(done, total)
+    return report
+
+
+def _check_file(w, name: str, fid: int, rows: dict[str, int],
+                keys: dict[str, TableKeys]) -> tuple[str | None, dict[str, bool]]:
+    """Refuse the file if a key repeats, a routing row has no token, a layer's k disagrees or a token's routing
+    layers span two files. Returns the temporary table of the file's routed tokens joined with their token
+    rows' log-probs (ROUTED_TOKENS), where the orphan check made one (a key-ordered routing file): the routing
+    summaries read it; and per table whether other files hold rows of its runs in its step range."""
+    # only other files' rows of this file's runs in its step range can share a key (or a layer's k) with it
+    others = {t: bool(rows[t]) and _others_in_range(w, t, keys[t], fid) for t in rows}
+    for table, cols in (("tokens", "run, step, sample, pos"), ("routing", "run, step, sample, pos, layer"),
+                        ("sequences", "run, step, sample")):
+        # a file in key order holds no key twice (TableKeys): only a clash with other files' rows is possible
+        if rows[table] and (others[table] or not keys[table].ordered):
+            dup = w.first_duplicate(table, fid, within=not keys[table].ordered)
+            if dup:
+                key = ", ".join(f"{c}={v!r}" for c, v in zip(cols.split(", "), dup[0]))
+                raise DuplicateKey(name, f"{table} key ({key})", f"duplicate key: this key {dup[1]}",
+                                   "each key may be loaded once; remove the repeated rows or use another run name")
+    if not rows["routing"]:
+        return None, others
+    # a key-ordered file's routed tokens were staged one row each as it streamed (FileRows): checking those,
+    # joined with their token rows, is `layers` times less work than checking every routing row
+    routed = w.join_token_logprobs(STAGED_TOKENS, ROUTED_TOKENS) if keys["routing"].ordered else None
+    orphan = w.first_orphan_routing(fid, (STAGED_TOKENS, routed) if routed else None)
+    if orphan:
+        key = ", ".join(f"{c}={v!r}" for c, v in zip(("run", "step", "sample", "pos", "layer"), orphan)
+                        if v is not None)
+        raise OrphanRouting(name, f"routing row ({key})", "no token with this (run, step, sample, pos) exists",
+                            "load the tokens file first or in the same call, and check the run name")
+    conflict = w.first_k_conflict(fid) if others["routing"] else None
+    if conflict:
+        run, step, layer, k_new, k_old = conflict
+        raise BadExperts(name, f"run {run!r}, step {step}, layer {layer}",
+                         f"top-k has {k_new} experts here but {k_old} in rows already loaded",
+                         "every routing row of a layer needs the same k")
+    if others["routing"]:  # without other files' routing rows in range (the usual case) there is none to span
+        summaries.check_routing_whole(w, fid, name)
+    return routed, others
+
+
+def _others_in_range(w, table: str, keys: TableKeys, fid: int) -> bool:
+    """Whether other files hold `table` rows of this file's runs within its step range: only those can share a
+    key (or a layer's k) with it. One LIMIT 1 probe, pruned by the step column's zone maps, where the exact
+    checks scan every row of the table: without it, each file of a 1,000-step run paid for all earlier ones."""
+    if keys.steps is None:
         return False
-    if not streamed.ok:
-        log.info("%s: token summaries by SQL (%s)", name, streamed.why)
-        if held is None and streamed.emitted:
-            for table in stream_summaries.TOKEN_TABLES:
-                tx.w.execute(f"DELETE FROM {table} WHERE file_id = ?", [fid])
-        return False
-    for table, data in held or ():
-        tx.append(table, with_file_id(data, fid))
-    log.info("%s: token summaries of %d steps computed while streaming", name, streamed.steps)
-    return True
+    lo, hi = keys.steps
+    return bool(w.execute(f"SELECT 1 FROM {table} WHERE step BETWEEN ? AND ? AND list_contains(?, run) "
+                          "AND file_id <> ? LIMIT 1", [lo, hi, sorted(keys.runs), fid]).fetchall())
+
+
+def _summarise(tx: Transaction, name: str, fid: int, rows: dict[str, int], state: FileRows,
+               routed: str | None, tokens_alone: bool) -> None:
+    """Add the file's summaries: its token summaries as streamed where the stream could (else the SQL over its
+    rows), the logging checks' pairs of neighbouring tokens across this file and another (unless `tokens_alone`:
+    no other file holds tokens in its step range), its routing ones by SQL, from the routed tokens the orphan
+    check joined with their log-probs (`routed`, where it made them)."""
+    w = tx.w
+    if state.summarised:  # DriftLogger's sample: its summaries (and expert load) come in a summary file
+        summaries.skip_file(w, fid)
+        return
+    if rows["tokens"]:
+        if state.keep_summaries(tx):
+            log.info("%s: token summaries of %d steps computed while streaming", name, state.summaries.steps)
+        else:
+            log.info("%s: token summaries by SQL (%s)", name, state.summaries.why)
+            summaries.add_tokens(w, fid)
+        if not tokens_alone:
+            summaries.add_seams(w, fid)
+    if rows["routing"]:
+        if not state.counts.merged:
+            w.regroup_expert_load(fid)  # a file out of order appended partial counts: one row per key now
+        summaries.add_routing(w, fid, routed)
 
 
 def _load_summary(tx: Transaction, unit: Unit, sha: str, size: int, run: str | None, limits: Limits,
@@ -343,148 +360,6 @@ def _load_summary(tx: Transaction, unit: Unit, sha: str, size: int, run: str | N
     tx.ensure_runs(sorted(runs), config or unit.config)
     tx.w.finish_file(fid, sum(rows.values()))
     return Outcome(unit.name, "loaded", "summary", rows, sorted(runs))
-
-
-# DuckDB stores tables in row groups of 122,880 rows; appends in whole multiples of that fill row groups
-# completely and were measured ~25% cheaper than 500,000-row appends (benchmarks/RESULTS-ingest.md).
-ROW_GROUP = 122_880
-INSERT_ROWS = 4 * ROW_GROUP
-
-# Token summaries computed while the batches stream (analysis/ingest/summary_stream.py); off: compute.py's SQL only.
-STREAM_SUMMARIES = True
-
-# Temporary tables of one load: the tokens that key-ordered routing rows refer to, with their flip counts, and
-# the same joined with their token rows' log-probs by the orphan check (Writer.first_orphan_routing).
-STAGED_TOKENS, ROUTED_TOKENS = "_staged_routing_tokens", "_staged_routed_tokens"
-
-
-def with_file_id(data: pa.Table, fid: int) -> pa.Table:
-    """`data` with the file_id column of file `fid`."""
-    return data.append_column("file_id", pa.array(np.full(data.num_rows, fid, np.int32)))
-
-
-def whole_row_groups(items: Iterator[tuple[str, pa.Table]], size: int = INSERT_ROWS,
-                     first: int = ROW_GROUP) -> Iterator[tuple[str, pa.Table]]:
-    """Re-cut (table, rows) items into appends of exactly `size` rows per table (the remainder last), the first
-    of each table `first` rows: the database starts on a file after one batch has been read and checked, not
-    after four (the serial start of each large file, ~0.1 s). Batches of one table whose columns differ (a
-    routing batch whose ids pack into one integer beside one whose ids do not) are never joined: the rows held
-    of the earlier columns are let go first, a shorter append."""
-    buffers: dict[str, list[pa.Table]] = {}
-    counts: dict[str, int] = {}
-    started: set[str] = set()
-    for table, data in items:
-        buf = buffers.setdefault(table, [])
-        if buf and data.schema != buf[0].schema:
-            yield table, pa.concat_tables(buf)
-            started.add(table)
-            buf.clear()
-            counts[table] = 0
-        buf.append(data)
-        counts[table] = counts.get(table, 0) + data.num_rows
-        while counts[table] >= (want := size if table in started else first):
-            whole = pa.concat_tables(buffers[table])
-            n = (whole.num_rows // want) * want if table in started else want
-            for lo in range(0, n, want):
-                yield table, whole.slice(lo, want)
-            started.add(table)
-            rest = whole.slice(n)
-            buffers[table], counts[table] = ([rest] if rest.num_rows else []), rest.num_rows
-    for table, buf in buffers.items():
-        if buf:
-            yield table, pa.concat_tables(buf)
-
-
-def prefetch(gen: Iterator, depth: int = 2, name: str = "ingest-prefetch") -> Iterator:
-    """Run `gen` in a worker thread, `depth` items ahead (bounded memory); re-raise its errors here."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
-
-    def put(msg) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(msg, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def work():
-        try:
-            for item in gen:
-                if not put(("item", item)):
-                    return
-            put(("end", done))
-        except BaseException as e:  # handed to the consumer, which raises it in its own thread
-            put(("error", e))
-
-    t = threading.Thread(target=work, daemon=True, name=name)
-    t.start()
-    try:
-        while True:
-            kind, item = q.get()
-            if kind == "item":
-                yield item
-            elif kind == "error":
-                raise item
-            else:
-                return
-    finally:
-        stop.set()
-        t.join()
-
-
-def _rows_reporter(unit: Unit, on_rows: RowsCallback | None) -> Callable[[str, int], None] | None:
-    if on_rows is None:
-        return None
-    total, done = expected_rows(unit), 0
-
-    def report(table: str, n: int) -> None:
-        nonlocal done
-        done += n
-        on_rows(done, total)
-    return report
-
-
-def _check_file(w, name: str, fid: int, rows: dict[str, int], keys: dict[str, TableKeys]) -> dict[str, bool]:
-    """Refuse the file if a key repeats, a routing row has no token or a layer's k disagrees; returns, per table,
-    whether other files hold rows that could share a key with this one's (see _others_in_range)."""
-    others = {t: bool(rows[t]) and _others_in_range(w, t, keys[t], fid) for t in rows}
-    for table, cols in (("tokens", "run, step, sample, pos"), ("routing", "run, step, sample, pos, layer"),
-                        ("sequences", "run, step, sample")):
-        # a file in key order holds no key twice (TableKeys): only a clash with other files' rows is possible
-        if rows[table] and (others[table] or not keys[table].ordered):
-            dup = w.first_duplicate(table, fid, within=not keys[table].ordered)
-            if dup:
-                key = ", ".join(f"{c}={v!r}" for c, v in zip(cols.split(", "), dup[0]))
-                raise DuplicateKey(name, f"{table} key ({key})", f"duplicate key: this key {dup[1]}",
-                                   "each key may be loaded once; remove the repeated rows or use another run name")
-    if rows["routing"]:
-        orphan = w.first_orphan_routing(fid, (STAGED_TOKENS, ROUTED_TOKENS) if keys["routing"].ordered else None)
-        if orphan:
-            key = ", ".join(f"{c}={v!r}" for c, v in zip(("run", "step", "sample", "pos", "layer"), orphan)
-                            if v is not None)
-            raise OrphanRouting(name, f"routing row ({key})", "no token with this (run, step, sample, pos) exists",
-                                "load the tokens file first or in the same call, and check the run name")
-        conflict = w.first_k_conflict(fid) if others["routing"] else None
-        if conflict:
-            run, step, layer, k_new, k_old = conflict
-            raise BadExperts(name, f"run {run!r}, step {step}, layer {layer}",
-                             f"top-k has {k_new} experts here but {k_old} in rows already loaded",
-                             "every routing row of a layer needs the same k")
-    return others
-
-
-def _others_in_range(w, table: str, keys: TableKeys, fid: int) -> bool:
-    """Whether other files hold `table` rows of this file's runs within its step range: only those can share a
-    key (or a layer's k) with it. One LIMIT 1 probe, pruned by the step column's zone maps, where the exact
-    checks scan every row of the table: without it, each file of a 1,000-step run paid for all earlier ones."""
-    if keys.steps is None:
-        return False
-    lo, hi = keys.steps
-    return bool(w.execute(f"SELECT 1 FROM {table} WHERE step BETWEEN ? AND ? AND list_contains(?, run) "
-                          "AND file_id <> ? LIMIT 1", [lo, hi, sorted(keys.runs), fid]).fetchall())
 
 
 def ingest_paths(store: Store, paths: Sequence[str | Path], run: str | None = None, config: dict | None = None,

@@ -1,7 +1,8 @@
 """Partial summaries of one loaded file, computed with SQL over its rows inside the ingest transaction.
 
-`add_file(writer, file_id)` is the one call ingest makes per loaded unit. It reads `tokens` / `routing`
-WHERE file_id = ? and appends that file's rows to the summary tables (schema.py); rows of other files are
+Ingest's load calls `add_tokens` (where the token summaries could not be computed while the file streamed) and
+`add_routing` once per loaded file; `add_file` does both for other callers. They read `tokens` / `routing`
+WHERE file_id = ? and append that file's rows to the summary tables (schema.py); rows of other files are
 never read or rewritten (except to join a routing row to its token's Δ), so loading is O(this file).
 
 The per-token terms are SQL of analysis/summaries/sql.py, which the token-level drill-down SQL
@@ -29,43 +30,32 @@ def tokens_summarised(paths, fmt: str) -> bool:
     return meta.get(S.SUMMARISED_KEY) == S.SUMMARISED_VALUE
 
 
-def add_file(writer, file_id: int, tokens_summarised: bool = False, name: str = "", tokens_done: bool = False,
-             routing_alone: bool = False, has: tuple[bool, bool] | None = None,
-             routed_tokens: str | None = None, tokens_alone: bool = False) -> None:
-    """Append the summaries of the rows file `file_id` brought (call once, after its rows are inserted and
-    checked, inside the same transaction). tokens_summarised=True (see `tokens_summarised`): the file's token
-    and routing rows are a sample whose summaries come in their own summary file; nothing is added but a
-    summary_skip row. tokens_done: the token summaries are already stored (computed while the file streamed,
-    analysis/ingest/summary_stream.py); only routing is summarised here. Raises IngestError when a token's routing
-    layers would span two files; routing_alone: the caller found no other file's routing rows of these runs in
-    the file's step range, so that check has nothing to find (it scanned ~0.25 s per 16M routing rows);
-    has: whether the file brought (token rows, routing rows), where the caller counted them (else looked up:
-    ~2.6 ms through the views, per file of a 2,000-file run); routed_tokens: the staged table of the file's
-    routed tokens, one row each with its flip counts and log-probs (Writer.first_orphan_routing), where ingest
-    made one; tokens_alone: no other file holds token rows of these runs in the file's step range, so no pair of
-    neighbouring tokens spans this file and another (`_add_seams` has nothing to find)."""
-    if tokens_summarised:
-        writer.execute("INSERT INTO summary_skip (file_id) VALUES (?)", [file_id])
-        return
-    if has is None:
-        has = writer.execute("SELECT (SELECT count(*) > 0 FROM (SELECT 1 FROM tokens WHERE file_id = $f LIMIT 1)), "
-                             "(SELECT count(*) > 0 FROM (SELECT 1 FROM routing WHERE file_id = $f LIMIT 1))",
-                             {"f": file_id}).fetchall()[0]
-    if has[0] and not tokens_done:
-        _add_tokens(writer, file_id)
-    if has[0] and not tokens_alone:
-        _add_seams(writer, file_id)
+def add_file(writer, file_id: int, name: str = "") -> None:
+    """Append the summaries of the rows file `file_id` brought, all by SQL over its stored rows (call once, after
+    they are inserted and checked, inside the same transaction). Raises IngestError when a token's routing layers
+    would span two files. Ingest's own load calls the parts below it needs (analysis/ingest/load.py)."""
+    has = writer.execute("SELECT (SELECT count(*) > 0 FROM (SELECT 1 FROM tokens WHERE file_id = $f LIMIT 1)), "
+                         "(SELECT count(*) > 0 FROM (SELECT 1 FROM routing WHERE file_id = $f LIMIT 1))",
+                         {"f": file_id}).fetchall()[0]
+    if has[0]:
+        add_tokens(writer, file_id)
+        add_seams(writer, file_id)
     if has[1]:
-        if not routing_alone:
-            _check_routing_whole(writer, file_id, name)
-        _add_routing(writer, file_id, routed_tokens)
+        check_routing_whole(writer, file_id, name)
+        add_routing(writer, file_id)
+
+
+def skip_file(writer, file_id: int) -> None:
+    """Record that file `file_id` gets no summaries of its own: its token and routing rows are a sample whose
+    summaries come in their own summary file (see `tokens_summarised`)."""
+    writer.execute("INSERT INTO summary_skip (file_id) VALUES (?)", [file_id])
 
 
 _DIM_COLS = {"prob": "b_prob", "position": "b_position", "entropy": "b_entropy", "lag": "b_lag"}
 _BAND = S.BAND_SUM_NAMES
 
 
-def _add_tokens(writer, file_id: int) -> None:
+def add_tokens(writer, file_id: int) -> None:
     """One wide aggregation over the file's tokens, into a small temporary table from which the summary tables
     are merged, plus one narrow one for the Δ histogram. The wide one has two grouping sets:
 
@@ -119,7 +109,7 @@ def _add_tokens(writer, file_id: int) -> None:
         f"SELECT run, step, bin, count(*), fsum(rm1), fsum(rm1 * rm1), $fid FROM ({fine}) GROUP BY run, step, bin")
 
 
-def _add_seams(writer, file_id: int) -> None:
+def add_seams(writer, file_id: int) -> None:
     """The logging checks' pairs of neighbouring tokens (positions p and p + 1 of a sequence) whose two tokens came
     in different files: the file's own summaries count the pairs within it, and each pair across files is counted
     here once, in a summary_step row (n_tokens 0) of the later of its two files (file ids grow with each load, and
@@ -144,10 +134,11 @@ def _add_seams(writer, file_id: int) -> None:
                    {"f": file_id})
 
 
-def _check_routing_whole(writer, file_id: int, name: str) -> None:
+def check_routing_whole(writer, file_id: int, name: str) -> None:
     """Refuse a routing file holding a token of which another file already brought routing layers: the
     per-token flip columns (any layer flipped, how many, the first) are computed per file and would count
-    such a token twice."""
+    such a token twice. Only another file's routing rows in the file's step range can hold one (~0.25 s per 16M
+    routing rows where ingest does not know that there are none)."""
     row = writer.execute("""
         WITH mine AS (SELECT DISTINCT run, step, sample, pos FROM routing WHERE file_id = $f)
         SELECT m.run, m.step, m.sample, m.pos FROM mine m
@@ -163,7 +154,10 @@ def _check_routing_whole(writer, file_id: int, name: str) -> None:
                           "write all MoE layers of a token in one routing file")
 
 
-def _add_routing(writer, file_id: int, routed_tokens: str | None = None) -> None:
+def add_routing(writer, file_id: int, routed_tokens: str | None = None) -> None:
+    """The routing summaries of file `file_id` (summary_step, summary_seq and summary_layer rows). `routed_tokens`:
+    a temporary table of the file's routed tokens, one row each with its flip counts and log-probs s and t (made
+    by ingest's orphan check, Writer.join_token_logprobs), where there is one."""
     params = {"fid": file_id}
     # one row per token with trainer routing, with its flip counts and the log-probs of its token row: read from
     # the table the orphan check made of the tokens staged while the file streamed, where there is one (no GROUP
@@ -234,10 +228,10 @@ def backfill(store) -> int:
     for fid in unsummarised_files(store.cursor()):
         with store.transaction() as w:
             if w.execute("SELECT count(*) FROM tokens WHERE file_id = ?", [fid]).fetchall()[0][0]:
-                _add_tokens(w, fid)
-                _add_seams(w, fid)
+                add_tokens(w, fid)
+                add_seams(w, fid)
             if w.execute("SELECT count(*) FROM routing WHERE file_id = ?", [fid]).fetchall()[0][0]:
-                _add_routing(w, fid)
+                add_routing(w, fid)
         done += 1
     return done
 

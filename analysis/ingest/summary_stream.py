@@ -1,14 +1,14 @@
 """A file's token summaries computed while its batches stream in, by the one-pass kernel (kernel.py).
 
-Ingest hands every checked `tokens` batch to `StepSummaries.feed` (in its prefetch worker, while DuckDB inserts
-on the main thread). The batches of a file in (run, step) order make one group of accumulators per (run, step):
+Ingest hands every checked `tokens` batch to `StepSummaries.feed` (file_rows.FileRows, in a large file's
+read-ahead worker, while DuckDB inserts on the main thread). The batches of a file in (run, step) order make one group of accumulators per (run, step):
 a step may span several batches, its sequences get a dense index as their samples first appear. When the
 (run, step) changes, the finished step becomes summary rows (`kernel.tables`), an Arrow table per summary
 table, which ingest appends to the summary tables with the file's id, in the file's transaction (a file that is
 then refused takes them with it in the rollback).
 
 A file this does not handle gives up (`ok` False) and ingest deletes the rows it appended (`emitted`) and falls
-back to compute.py's SQL over the stored rows:
+back to the SQL over the stored rows (summarise.py):
 a (run, step) that comes back after another one started (a file not ordered by step), a step with more than
 `max_sequences` sequences (its accumulators take ~3 KB per sequence) or with lags over more than MAX_LAGS
 versions; and a file of many small steps (SMALL_STEPS), which the SQL summarises faster. The rows are the SQL's
@@ -17,8 +17,6 @@ to a few ulps (tests/test_summary_kernel.py, tests/test_summary_stream.py).
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 
 import numpy as np
 import pyarrow as pa
@@ -296,57 +294,3 @@ class StepSummaries:
         out = self._step_done(self._cur) if self._cur is not None else []
         self._cur = None
         return out + self._flush()
-
-
-class InThread:
-    """A StepSummaries fed from a thread of its own, up to `depth` batches behind the caller.
-
-    In a large load the prefetch worker reads and checks batch i + 1 while DuckDB inserts batch i; with the
-    summaries in that worker too, it was the slowest of the two (12 s of a 13.7 s load of 40M tokens: the
-    kernel, which releases the GIL, plus the per-step numpy). Here they overlap with both. `feed` returns the
-    summary rows finished so far and waits only while `depth` batches are queued; `finish` waits for the rest;
-    `close` stops the thread (a load that failed part-way)."""
-
-    def __init__(self, summaries: StepSummaries, depth: int = 2):
-        self.summaries = summaries
-        self._todo: queue.Queue = queue.Queue(maxsize=depth)
-        self._done: list[tuple[str, pa.Table]] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._work, daemon=True, name="ingest-summaries")
-        self._thread.start()
-
-    def _work(self) -> None:
-        while not self._stop.is_set():
-            try:
-                item = self._todo.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if item is None:
-                return
-            rows = self.summaries.feed(*item)  # never raises: gives up instead
-            with self._lock:
-                self._done.extend(rows)
-
-    def _ready(self) -> list[tuple[str, pa.Table]]:
-        with self._lock:
-            rows, self._done = self._done, []
-        return rows
-
-    def feed(self, data: pa.Table, runs: Runs | None = None) -> list[tuple[str, pa.Table]]:
-        while not self._stop.is_set():
-            try:
-                self._todo.put((data, runs), timeout=0.1)
-                break
-            except queue.Full:
-                continue
-        return self._ready()
-
-    def finish(self) -> list[tuple[str, pa.Table]]:
-        self._todo.put(None)
-        self._thread.join()
-        return self._ready() + self.summaries.finish()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()

@@ -53,3 +53,19 @@ def check_derived(store, rows):
     got_load = store.rows("SELECT step, layer, expert, sum(n_sampler)::BIGINT, sum(n_trainer)::BIGINT "
                           "FROM expert_load GROUP BY ALL ORDER BY ALL")
     assert got_load == sorted((k[0], k[1], k[2], v[0], v[1]) for k, v in load.items())
+
+
+def summaries_by_sql(monkeypatch, by_sql: bool = True) -> None:
+    """Make every tokens file's summaries come from ingest's SQL over its stored rows (analysis/ingest/summarise.py)
+    instead of the kernel that streams with the batches: the stream is told to give up just before its rows
+    would be kept, which takes the load's own fallback path."""
+    if not by_sql:
+        return
+    from analysis.ingest.file_rows import FileRows
+    keep = FileRows.keep_summaries
+
+    def given_up(self, tx):
+        if self.summaries is not None:
+            self.summaries._give_up("the test asks for the SQL")
+        return keep(self, tx)
+    monkeypatch.setattr(FileRows, "keep_summaries", given_up)

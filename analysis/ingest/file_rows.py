@@ -1,0 +1,104 @@
+"""One file's batches on their way to the database, and what they build up as they pass.
+
+`FileRows.items` checks each read batch (validate.normalise) and gives the (table, rows) items to insert: the
+batch's rows, and the side rows it adds (expert-load counts, the tokens its routing rows refer to, token
+summaries). What the checks and summaries after the insert need to know of the whole file stays on the object:
+its keys (order, runs, step range), whether its expert-load counts were summed, its token summaries.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from analysis.ingest import summary_stream
+from analysis.ingest.keys import StepCounts, TableKeys, TokenFlips, expert_load, routing_tokens
+from analysis.ingest.validate import Batch, normalise
+
+# The temporary table of the tokens that key-ordered routing rows refer to, one row each with its flip counts
+# (keys.TokenFlips), filled while the file streams.
+STAGED_TOKENS = "_staged_routing_tokens"
+# Tables whose rows are side rows of a load (stream.insert_items): appended between the streamed INSERTs.
+SIDE_TABLES = ("expert_load", STAGED_TOKENS, *summary_stream.TOKEN_TABLES)
+
+
+def with_file_id(data: pa.Table, fid: int) -> pa.Table:
+    """`data` with the file_id column of file `fid`."""
+    return data.append_column("file_id", pa.array(np.full(data.num_rows, fid, np.int32)))
+
+
+class FileRows:
+    """The per-batch state of one file's load.
+
+    `summarised`: the file's token rows are a sample whose summaries (and expert load) come in a summary file of
+    their own. `large`: the file's token summaries are appended to the summary tables as they come; a small
+    file's wait in `held` and go with its transaction's other summary rows."""
+
+    def __init__(self, name: str, fid: int, run: str | None, summarised: bool, large: bool):
+        self.name, self.fid, self.run, self.summarised = name, fid, run, summarised
+        self.keys = {t: TableKeys(t) for t in ("tokens", "routing", "sequences")}
+        self.counts = StepCounts()  # expert-load rows summed across batches where the file is in key order
+        self.flips = TokenFlips()  # the tokens key-ordered routing rows refer to, one row each
+        self.summaries = None if summarised else summary_stream.StepSummaries()
+        self.held: list[tuple[str, pa.Table]] | None = None if large or summarised else []
+
+    def items(self, batches: Iterable[Batch], w) -> Iterator[tuple[str, pa.Table]]:
+        """(table, rows) to insert: each batch checked, its rows (with run codes of the Writer `w`) and the side
+        rows it adds, then the side rows held back for the file's end."""
+        for batch in batches:
+            yield from self._batch(batch, w)
+        yield from self._side("expert_load", self.counts.finish())
+        if self.keys["routing"].ordered:
+            yield from self._side(STAGED_TOKENS, self.flips.finish())
+        if self.summaries is not None:
+            yield from self._summary_rows(self.summaries.finish())
+
+    def _batch(self, batch: Batch, w) -> Iterator[tuple[str, pa.Table]]:
+        # runs: the run_codes of the run column, found once per batch for the keys, summaries and rows
+        data, experts, runs = normalise(self.name, batch, self.run, self.fid)
+        if data.num_rows == 0:
+            return
+        keys = self.keys[batch.table]
+        keys.add(data, runs)
+        if batch.table == "tokens" and self.summaries is not None:
+            # in the worker that checks a large file's batches: a thread of their own did not pay once the file was
+            # read in another (the 40M-token tokens file alone took 0.18 s longer with it, six pairs)
+            yield from self._summary_rows(self.summaries.feed(data, runs))
+        if experts is not None:
+            # per-batch results go to the database, which spills: nothing here grows with the file
+            if not self.summarised:
+                part = expert_load(data, experts.S, experts.T, experts.t_rows, runs)
+                yield from self._side("expert_load", self.counts.add(part, keys.ordered))
+            if keys.ordered:
+                yield from self._side(STAGED_TOKENS, self.flips.add(routing_tokens(data)))
+        yield batch.table, w.coded(batch.table, data, runs)
+
+    def _side(self, table: str, part: pa.Table | None) -> Iterator[tuple[str, pa.Table]]:
+        if part is not None:
+            yield table, with_file_id(part, self.fid) if table == "expert_load" else part
+
+    def _summary_rows(self, out: list[tuple[str, pa.Table]]) -> Iterator[tuple[str, pa.Table]]:
+        if self.held is None:
+            yield from ((table, with_file_id(data, self.fid)) for table, data in out)
+        else:
+            self.held.extend(out)
+
+    def runs(self) -> list[str]:
+        return sorted(set().union(*(k.runs for k in self.keys.values())))
+
+    def keep_summaries(self, tx) -> bool:
+        """Store the token summaries computed while the file streamed (already appended to the summary tables, or
+        `held` rows that join the transaction's other summary rows); False where the stream gave up, after
+        deleting the rows it appended before (the caller then runs the SQL)."""
+        s = self.summaries
+        if s is None:
+            return False
+        if not s.ok:
+            if self.held is None and s.emitted:
+                for table in summary_stream.TOKEN_TABLES:
+                    tx.w.execute(f"DELETE FROM {table} WHERE file_id = ?", [self.fid])
+            return False
+        for table, data in self.held or ():
+            tx.append(table, with_file_id(data, self.fid))
+        return True
