@@ -46,7 +46,7 @@ TARGET_S = {"demo": 2.0, "large": 2.0, "scale": 1.0}  # scale: issue 12, every f
 def build_large() -> None:
     """The large database: the metrics database (inputs/metrics_db.py) plus the second run."""
     source = metrics_db.ensure()
-    if not _current(LARGE, LARGE_VERSION):
+    if not harness.is_built(LARGE, LARGE_VERSION):
         _with_second_run(source, LARGE, LARGE_VERSION)
 
 
@@ -54,22 +54,8 @@ def build_scale() -> None:
     """The run-scale database: the summaries database (inputs/summaries_db.py: 40M tokens over 400 steps, 16M
     routing rows, summaries) plus the second run."""
     source, _ = summaries_db.ensure()
-    if not _current(SCALE, SCALE_VERSION):
+    if not harness.is_built(SCALE, SCALE_VERSION):
         _with_second_run(source, SCALE, SCALE_VERSION)
-
-
-def _current(path: Path, version: str) -> bool:
-    """Whether `path` was built by this version of its builder."""
-    if not path.exists():
-        return False
-    try:
-        con = duckdb.connect(str(path), read_only=True)
-        try:
-            return con.execute("SELECT version FROM pages_meta").fetchall()[0][0] == version
-        finally:
-            con.close()
-    except duckdb.Error:
-        return False
 
 
 def _with_second_run(source: Path, target: Path, version: str) -> None:
@@ -98,7 +84,7 @@ def _with_second_run(source: Path, target: Path, version: str) -> None:
     con.execute("""UPDATE runs SET config = '{"sampler_dtype": "bf16", "trainer_dtype": "fp32"}' WHERE run = 'bench'""")
     con.execute("""INSERT INTO runs (run, config) VALUES
                    ('bench-b', '{"sampler_dtype": "fp16", "trainer_dtype": "fp32"}')""")
-    con.execute("CREATE TABLE pages_meta AS SELECT ? AS version", [version])
+    harness.stamp_built(con, version)
     con.execute("COMMIT")
     con.execute("CHECKPOINT")
     con.close()

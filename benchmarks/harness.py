@@ -33,6 +33,26 @@ def fresh_db(path: Path) -> Path:
     return path
 
 
+def stamp_built(con, version: str, table: str = "build_info") -> None:
+    """Mark a database a builder made as built by `version` (read back by `is_built`)."""
+    con.execute(f"CREATE OR REPLACE TABLE {table} AS SELECT ? AS version", [version])
+
+
+def is_built(path: Path, version: str, table: str = "build_info") -> bool:
+    """Whether `path` holds a database a builder stamped with this `version` (so it need not be built again)."""
+    import duckdb
+    if not path.exists():
+        return False
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+        try:
+            return con.execute(f"SELECT version FROM {table}").fetchall()[0][0] == version
+        finally:
+            con.close()
+    except duckdb.Error:
+        return False
+
+
 def browser():
     """tests/helpers/browser.py: the seeded page fixtures, a `streamlit run` server and headless Chromium that the
     page tests use, which the page benchmarks drive the same way."""

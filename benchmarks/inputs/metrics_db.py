@@ -7,9 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import duckdb
-
-from harness import WORK
+import harness
+from harness import WORK, stamp_built
 from inputs import seeded_store
 
 from analysis import schema
@@ -66,7 +65,7 @@ def build(path: Path) -> None:
     con.execute("INSERT INTO runs (run, config) VALUES (?, '{}')", [RUN])
     with store.transaction() as w:  # the summaries ingest writes (routing by layer reads summary_layer)
         compute.add_file(w, 1)
-    con.execute("CREATE TABLE bench_meta AS SELECT ? AS version", [BUILD_VERSION])
+    stamp_built(con, BUILD_VERSION)
     con.execute("CHECKPOINT")
     t3 = time.perf_counter()
     print(f"built {path}: tokens {t1 - t0:.1f}s, routing {t2 - t1:.1f}s, expert_load {t3 - t2:.1f}s")
@@ -74,16 +73,8 @@ def build(path: Path) -> None:
 
 
 def is_built(path: Path) -> bool:
-    if not path.exists():
-        return False
-    try:
-        con = duckdb.connect(str(path), read_only=True)
-        try:
-            return con.execute("SELECT version FROM bench_meta").fetchall()[0][0] == BUILD_VERSION
-        finally:
-            con.close()
-    except duckdb.Error:
-        return False
+    """Whether `path` holds a database built by this version of build()."""
+    return harness.is_built(path, BUILD_VERSION)
 
 
 def ensure(rebuild: bool = False) -> Path:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from harness import WORK
+import harness
+from harness import WORK, stamp_built
 from inputs import seeded_store
 
 from analysis import schema
@@ -81,7 +82,7 @@ def build(path: Path) -> dict:
             for table in SUMMARY_TABLES:
                 w.execute(f"INSERT INTO {table} SELECT * REPLACE (step + {j * block} AS step, "
                           f"file_id + {j * COMPUTED_FILES} AS file_id) FROM {table} WHERE step < {block}")
-    con.execute(f"CREATE OR REPLACE TABLE build_info AS SELECT '{BUILD_VERSION}' AS version")
+    stamp_built(con, BUILD_VERSION)
     store.close()
     return {"tokens_s": t1 - t0, "routing_s": t2 - t1, "summaries_tokens_s": t3 - t2, "summaries_routing_s": t4 - t3,
             "computed_tokens": block * SEQS * LEN, "computed_routing": block * ROUTED_LEN * LAYERS}
@@ -89,11 +90,7 @@ def build(path: Path) -> dict:
 
 def is_built(path: Path) -> bool:
     """Whether `path` holds a database built by this version of build()."""
-    if not path.exists():
-        return False
-    with Store(path, read_only=True) as s:
-        return bool(s.scalar("SELECT count(*) FROM information_schema.tables WHERE table_name = 'build_info'")) \
-            and s.scalar("SELECT version FROM build_info") == BUILD_VERSION
+    return harness.is_built(path, BUILD_VERSION)
 
 
 def ensure(rebuild: bool = False) -> tuple[Path, dict]:
