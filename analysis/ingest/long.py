@@ -14,7 +14,7 @@ from analysis import schema
 from analysis.ingest.errors import CorruptFile, UnknownFormat, WrongType
 from analysis.ingest.limits import Limits
 from analysis.ingest.suggest import map_hint
-from analysis.ingest.textio import iter_lines
+from analysis.ingest.textio import iter_lines, json_line
 from analysis.ingest.validate import Batch, row_where, valid_names
 
 
@@ -156,10 +156,9 @@ def _jsonl_batch(name: str, lines: list[bytes], first_line: int, kind: str) -> B
     try:
         t = pajson.read_json(io.BytesIO(b"".join(lines)))
     except pa.ArrowException as e:
-        import json
         for j, line in enumerate(lines):  # locate the bad line for the message
             try:
-                json.loads(line)
+                json_line(line)
             except ValueError as e2:
                 raise CorruptFile(name, f"line {first_line + j}", f"invalid JSON ({e2})",
                                   "each line must be one JSON object") from None

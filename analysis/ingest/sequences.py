@@ -1,7 +1,6 @@
 """Sequence JSON Lines (plain or gzip): one sequence per line, arrays indexed by token (SCHEMA.md family 2)."""
 from __future__ import annotations
 
-import json
 from typing import BinaryIO, Iterator
 
 import numpy as np
@@ -9,7 +8,7 @@ import pyarrow as pa
 
 from analysis.ingest.errors import BadExperts, CorruptFile, LengthMismatch, MissingColumn, WrongType
 from analysis.ingest.limits import Limits
-from analysis.ingest.textio import iter_lines
+from analysis.ingest.textio import iter_lines, json_line
 from analysis.ingest.validate import Batch
 from analysis.routing_rows import routing_columns
 
@@ -46,10 +45,11 @@ def parsed_lines(fp: BinaryIO, name: str, limits: Limits) -> Iterator[tuple[int,
         if not line.strip():
             continue
         try:
-            yield line_no, json.loads(line)
+            obj = json_line(line)
         except ValueError as e:
             raise CorruptFile(name, f"line {line_no}", f"invalid JSON ({e})",
                               "each line must be one complete JSON object; the file may be truncated") from None
+        yield line_no, obj
 
 
 def read_sequence_records(records: Iterator[tuple[int, object]], name: str, limits: Limits) -> Iterator[Batch]:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import gzip
+import json
+import re
 import zlib
 from typing import BinaryIO, Iterator
 
@@ -54,3 +56,15 @@ def iter_lines(fp: BinaryIO, name: str, limits: Limits) -> Iterator[tuple[int, b
             raise TooLarge(name, f"line {n}", f"a line is longer than the cap of {human_size(limits.max_line_bytes)}",
                            "write one sequence per line, or raise DRIFT_MAX_LINE_MB")
         yield n, line
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def json_line(line: bytes) -> object:
+    """One line's JSON value; ValueError when it is not JSON or holds text that is not valid Unicode (a lone
+    \\uD800-\\uDFFF escape decodes in Python but cannot be stored as UTF-8)."""
+    obj = json.loads(line)
+    if _SURROGATE_ESCAPE.search(line):  # rare: check the decoded text only when an escape could be half a pair
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")  # UnicodeEncodeError is a ValueError
+    return obj
