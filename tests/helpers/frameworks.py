@@ -136,7 +136,7 @@ def write_primerl_single_file(root: Path, run: str = "old-run", steps=(1, 2, 3),
 # prime-rl traces with the trainer's annotations (2026-H2)
 # ---------------------------------------------------------------------------------------------------
 def _node(parent, role: str, text: str, n_scaffold: int, n_sampled: int, rng, *, kl_decimals=6,
-          lp_decimals=None, annotate=True) -> tuple[dict, list[dict]]:
+          lp_decimals=None, annotate=True, noise=0.02) -> tuple[dict, list[dict]]:
     """A verifiers MessageNode record (verifiers/v1/graph.py:64-123 at a60a606): its scaffold tokens, then, for an
     assistant turn, its sampled tokens with the sampler's `logprobs` and the trainer's annotations in the same
     compact layout (one value per sampled token). Returns the node and its sampled tokens' values."""
@@ -147,7 +147,7 @@ def _node(parent, role: str, text: str, n_scaffold: int, n_sampled: int, rng, *,
     toks = []
     for k in range(n_sampled):
         s = f32(-rng.exponential(0.7))
-        t = s + rng.normal(0, 0.02) if s < -0.1 else s
+        t = s + rng.normal(0, noise) if s < -0.1 else s
         t = round(t, lp_decimals) if lp_decimals is not None else f32(t)
         t = min(t, 0.0)
         d = t - s
@@ -166,13 +166,13 @@ def _node(parent, role: str, text: str, n_scaffold: int, n_sampled: int, rng, *,
 
 
 def traces_episode(rng, step: int, e: int, *, branching=False, annotate=True, lp_decimals=None,
-                   policy=(0, 1)) -> tuple[dict, list[dict]]:
+                   policy=(0, 1), noise=0.02) -> tuple[dict, list[dict]]:
     """One verifiers Episode record (verifiers/v1/episode.py:86-155: `model_dump(mode="json", exclude_none=True)`)
     with a two-turn trainable trace (system, user, assistant, tool, assistant; `branching`: a second assistant
     answer to the user, a second leaf), a trace of a non-trainable agent and a failed trace (neither trains).
     Returns the record and one dict per trained (trace, branch): its tokens, reward, advantage, prompt, response."""
     def node(*a, **k):
-        return _node(*a, rng=rng, lp_decimals=lp_decimals, annotate=annotate, **k)
+        return _node(*a, rng=rng, lp_decimals=lp_decimals, annotate=annotate, noise=noise, **k)
     n0, _ = node(None, "system", "You are terse.", 3, 0)
     n1, _ = node(0, "user", f"What is {e} + {step}?", 4, 0)
     n2, t2 = node(1, "assistant", "Let me compute.", 2, int(rng.integers(2, 6)))
@@ -210,10 +210,11 @@ def traces_episode(rng, step: int, e: int, *, branching=False, annotate=True, lp
 
 
 def write_primerl_traces(root: Path, run: str = "traces-run", steps=(1, 2), episodes: int = 3, seed: int = 0,
-                         lp_decimals=None, extra_files: bool = True) -> tuple[Path, Expected]:
+                         lp_decimals=None, extra_files: bool = True, noise: float = 0.02) -> tuple[Path, Expected]:
     """`<root>/<run>/rollouts/step_<n>/train/effective/traces.jsonl` as prime-rl's file monitor writes it
     (src/prime_rl/monitors/file.py:48-55 at 559b447), with, when `extra_files`, the step's `train/all` cohort
-    (the same episodes and a filtered one), an `eval/effective` file and the run's `metrics.jsonl`.
+    (the same episodes and a filtered one), an `eval/effective` file and the run's `metrics.jsonl`. `noise`: the
+    standard deviation of t - s on tokens with s < -0.1 (the others have t = s).
     Returns (the run's output dir, expected rows: tokens with mismatch_kl, sequences)."""
     rng = np.random.default_rng(seed)
     out = root / run
@@ -223,7 +224,8 @@ def write_primerl_traces(root: Path, run: str = "traces-run", steps=(1, 2), epis
         records = []
         for e in range(episodes):
             policy = (max(step - 2, 0), max(step - 1, 0))
-            rec, samples = traces_episode(rng, step, e, branching=e == 1, lp_decimals=lp_decimals, policy=policy)
+            rec, samples = traces_episode(rng, step, e, branching=e == 1, lp_decimals=lp_decimals, policy=policy,
+                                          noise=noise)
             records.append(rec)
             for k, x in enumerate(samples):
                 sample = e * 1000 + k
