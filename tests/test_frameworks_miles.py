@@ -50,13 +50,13 @@ def write_miles(root, name="miles-dump", rollout_ids=(0, 1), n=6, dp=2, tp=2, se
     tokens, seqs = [], []
     for rid in rollout_ids:
         samples = [_sample(rng, rid * n + i, i // 2, remove=i in remove) for i in range(n)]
-        # save_debug_rollout_data (miles/ray/rollout/debug_data.py:96-113)
+        # save_debug_rollout_data (miles/ray/rollout/debug_data.py:103-117)
         (dump / "rollout_data").mkdir(parents=True, exist_ok=True)
         torch.save({"rollout_id": rid, "metadata": {}, "samples": samples}, dump / "rollout_data" / f"{rid}.pt")
         if with_eval and rid == rollout_ids[0]:
             torch.save({"rollout_id": rid, "metadata": {}, "samples": samples[:2]},
                        dump / "rollout_data" / f"eval_{rid}.pt")
-        if columns:  # save_dashboard_columns (debug_data.py:36-71), with its polars schema
+        if columns:  # save_dashboard_columns (debug_data.py:36-72), with its polars schema
             schema = dict(sample_index=pl.Int32, response_length=pl.Int32, total_length=pl.Int32,
                           tokens=pl.List(pl.Int32), loss_mask=pl.List(pl.Int8), rollout_log_probs=pl.List(pl.Float32))
             frame = pl.DataFrame([dict(sample_index=s["index"], response_length=s["response_length"],
@@ -64,7 +64,7 @@ def write_miles(root, name="miles-dump", rollout_ids=(0, 1), n=6, dp=2, tp=2, se
                                        rollout_log_probs=s["rollout_log_probs"]) for s in samples], schema=schema)
             (dump / "dashboard_columns").mkdir(exist_ok=True)
             frame.write_parquet(dump / "dashboard_columns" / f"rollout_{rid}.parquet", row_group_size=8)
-        # convert_samples_to_train_data (miles/ray/rollout/train_data_conversion.py:56-140): a removed sample's
+        # convert_samples_to_train_data (miles/ray/rollout/train_data_conversion.py:50-159): a removed sample's
         # loss mask becomes all zeros; raw_reward stays batch-global
         data = {"tokens": [s["tokens"] for s in samples], "response_lengths": [s["response_length"] for s in samples],
                 "rewards": [s["reward"] - 0.5 for s in samples], "raw_reward": [s["reward"] for s in samples],

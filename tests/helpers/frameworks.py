@@ -137,7 +137,7 @@ def write_primerl_single_file(root: Path, run: str = "old-run", steps=(1, 2, 3),
 # ---------------------------------------------------------------------------------------------------
 def _node(parent, role: str, text: str, n_scaffold: int, n_sampled: int, rng, *, kl_decimals=6,
           lp_decimals=None, annotate=True, noise=0.02) -> tuple[dict, list[dict]]:
-    """A verifiers MessageNode record (verifiers/v1/graph.py:64-123 at a60a606): its scaffold tokens, then, for an
+    """A verifiers MessageNode record (verifiers/v1/graph.py:64-133 at a60a606): its scaffold tokens, then, for an
     assistant turn, its sampled tokens with the sampler's `logprobs` and the trainer's annotations in the same
     compact layout (one value per sampled token). Returns the node and its sampled tokens' values."""
     ids = [int(rng.integers(0, VOCAB)) for _ in range(n_scaffold + n_sampled)]

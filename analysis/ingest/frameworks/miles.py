@@ -1,14 +1,14 @@
 """miles `--dump-details DIR` (radixark/miles, read at 31f1ca9; docs/FORMATS.md, "miles"):
 
     DIR/rollout_data/{id}.pt                   the rollout's samples: Sample.to_dict() each (miles/ray/rollout/
-                                               debug_data.py:96-113; miles/utils/types.py:153-158)
+                                               debug_data.py:103-117; miles/utils/types.py:153-158)
     DIR/train_data/{id}_{rank}.pt              one rank's shard: {rollout_id, rank, rollout_data: columns, cp_rank,
-                                               cp_size, qkv_format} (miles/utils/train_dump_utils.py:24-47)
+                                               cp_size, qkv_format} (miles/utils/train_dump_utils.py:24-44)
     DIR/dashboard_columns/rollout_{id}.parquet the per-token rollout mirror, one row per sample in rollout order:
                                                sample_index, response_length, total_length, tokens, loss_mask,
-                                               rollout_log_probs (debug_data.py:36-71)
+                                               rollout_log_probs (debug_data.py:36-72)
 
-One load unit per rollout id, joined as miles' own dashboard joins them (miles/dashboard/dump_reader.py:380-420):
+One load unit per rollout id, joined as miles' own dashboard joins them (miles/dashboard/dump_reader.py:335-372):
 train rows by `sample_indices`, the first rank holding a field answering for it (tensor-parallel ranks hold
 copies, pipeline stages only some fields). step = rollout id; sample = Sample.index; pos = response token index j
 of the tokens with loss_mask != 0; token_id = tokens[prompt + j]. Sampler log-probs: the parquet mirror's (it must
@@ -16,7 +16,7 @@ agree with the train shard's `rollout_log_probs` where both exist), else the sha
 Trainer log-probs: the shard's `log_probs`; entropy: its `entropy` (`--use-rollout-entropy`).
 sampler_version = the oldest numeric weight version of the sample; trainer_version = the rollout id, so that their
 difference is miles' own per-sample staleness (dump_reader.py:628-630). Sequences: reward (the sample's own
-`reward`, else the batch-global `raw_reward` at its rollout position: dump_reader.py:389-402), advantage (mean over
+`reward`, else the batch-global `raw_reward` at its rollout position: dump_reader.py:340-356), advantage (mean over
 trained tokens), prompt and response text from the rollout dump. Context-parallel shards (cp_size > 1) are refused.
 """
 from __future__ import annotations
@@ -116,7 +116,7 @@ def lone_columns(unit: Unit, limits: Limits) -> Iterator[Batch]:
 
 
 def is_train_dump(d: Any) -> bool:
-    """A miles per-rank train dump (train_dump_utils.py:40-47), as the generic tensor reader loads it."""
+    """A miles per-rank train dump (train_dump_utils.py:34-44), as the generic tensor reader loads it."""
     return isinstance(d, dict) and isinstance(d.get("rollout_data"), dict) and "rollout_id" in d and "rank" in d
 
 
@@ -174,7 +174,7 @@ def _train_shards(name: str, rid: int, train: list[Path], limits: Limits) -> tup
 
 
 def _field(shards: list[dict], locations: list[tuple[int, int]], key: str) -> tuple[Any, int | None]:
-    """The first holder's value of a per-sample field (dump_reader.py:236-260: PP stages hold some fields, TP peers
+    """The first holder's value of a per-sample field (dump_reader.py:233-282: PP stages hold some fields, TP peers
     copies), and which shard gave it."""
     for shard, row in locations:
         col = shards[shard].get(key)
@@ -326,7 +326,7 @@ def _sample(name, labels, shards, locations, si, rid, run, mirror, rollout, toke
 
 
 def _raw_reward(shards: list[dict], position: int | None) -> tuple[float | None, int | None]:
-    """The batch-global `raw_reward` at a sample's rollout position (dump_reader.py:389-402)."""
+    """The batch-global `raw_reward` at a sample's rollout position (dump_reader.py:340-356)."""
     if position is None:
         return None, None
     for k, cols in enumerate(shards):

@@ -5,9 +5,9 @@
 Written by prime-rl's file monitor (src/prime_rl/monitors/file.py:48-55 at 559b447), one line per episode:
 verifiers' `Episode.to_record()` (verifiers/v1/episode.py:149-155 at a60a606) = {run: {work: {step, policy:
 {start, end}}}, traces: [{agent: {trainable}, ok, rewards: {name: {score, weight} | null}, nodes: [...]}], ...}.
-A node (verifiers/v1/graph.py:64-123) adds `token_ids` to its branch, `mask` (True = sampled, trained) parallel to
+A node (verifiers/v1/graph.py:64-133) adds `token_ids` to its branch, `mask` (True = sampled, trained) parallel to
 them, and `logprobs`, the sampler's log-probs of the sampled tokens only ("compact": len = sum(mask)); `advantages`
-has the same compact layout. A branch is the path from a root to a leaf (trace.py:437-456); each is one sample.
+has the same compact layout. A branch is the path from a root to a leaf (trace.py:450-469); each is one sample.
 
 The trainer's annotations (prime-rl #3444, verifiers #2481, after the commits read here) are read from each node as
 `trainer_logprobs`, `entropies`, `mismatch_kl` (rounded to 6 decimals: the file's precision floor is 1e-6) and
@@ -262,7 +262,7 @@ def _text(content: Any) -> str:
 
 
 def _reward(rewards: Any) -> float | None:
-    """The trace's reward: Σ score · weight over the rewards that ran (verifiers/v1/trace.py:409-411)."""
+    """The trace's reward: Σ score · weight over the rewards that ran (verifiers/v1/trace.py:412-414)."""
     if not isinstance(rewards, dict):
         return None
     values = [r for r in rewards.values() if isinstance(r, dict) and isinstance(r.get("score"), (int, float))]
