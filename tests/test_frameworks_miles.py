@@ -13,7 +13,7 @@ import torch
 
 from analysis.ingest import ingest_paths
 
-from helpers.frameworks import expected, f32, stored
+from helpers.frameworks import expected, f32, stored, zip_folder
 
 COLS = ("run", "step", "sample", "pos", "token_id", "sampler_logprob", "trainer_logprob", "trainer_entropy",
         "sampler_version", "trainer_version")
@@ -186,3 +186,15 @@ def test_context_parallel_and_missing_trainer_logprobs_are_refused(tmp_path, sto
     torch.save(pack, f)
     (o,) = ingest_paths(store, [dump])
     assert o.status == "refused" and "'log_probs'" in o.message and "sample_index" in o.message, o.message
+
+
+def test_an_uploaded_zip_of_the_dump_loads(tmp_path):
+    from analysis.ingest.uploads import ingest_uploads
+    from analysis.store import Store
+    dump, tokens, _ = write_miles(tmp_path / "logs")
+    store = Store(tmp_path / "up.duckdb")
+    outcomes = ingest_uploads(store, [("dump.zip", zip_folder(dump))])
+    assert sorted(o.status for o in outcomes) == ["loaded", "loaded", "skipped"], [o.line() for o in outcomes]
+    assert all(o.format == "miles" for o in outcomes)
+    assert stored(store, "tokens", COLS) == expected(tokens, COLS)
+    store.close()

@@ -12,7 +12,7 @@ import pytest
 from analysis.ingest import ingest_paths
 from analysis.ingest.detect import detect
 
-from helpers.frameworks import expected, stored, traces_episode, write_primerl_traces
+from helpers.frameworks import expected, stored, traces_episode, write_primerl_traces, zip_folder
 
 COLS = ("run", "step", "sample", "pos", "token_id", "sampler_logprob", "trainer_logprob", "trainer_entropy",
         "sampler_version", "trainer_version")
@@ -154,3 +154,22 @@ def test_a_step_without_its_effective_cohort_waits(tmp_path, store):
     _write(tmp_path / "run" / "rollouts" / "step_1" / "train" / "all" / "traces.jsonl", [traces_episode(rng, 1, 0)[0]])
     (o,) = ingest_paths(store, [tmp_path / "run"])
     assert o.status == "skipped" and "not finalised" in o.message, o.line()
+
+
+def test_the_command_line_and_the_upload_recognise_the_layout(tmp_path, capsys):
+    from analysis.__main__ import main
+    from analysis.ingest.uploads import ingest_uploads
+    from analysis.store import Store
+    out, exp = write_primerl_traces(tmp_path / "logs", steps=(1, 2), episodes=2)
+    assert main(["ingest", str(out), "--db", str(tmp_path / "cli.duckdb")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith("loaded ") and "[prime-rl-traces]" in line for line in lines) == 2, lines
+    store = Store(tmp_path / "up.duckdb")
+    outcomes = ingest_uploads(store, [("my-run.zip", zip_folder(out))])
+    assert sorted(o.status for o in outcomes) == ["loaded"] * 2 + ["skipped"] * 4, [o.line() for o in outcomes]
+    assert stored(store, "tokens", COLS) == expected(exp.tokens, COLS)  # the run: the zipped output dir
+    # one traces file uploaded alone: recognised by content; the run named at upload, the step its episodes'
+    with open(out / TRACES.format(2), "rb") as fp:
+        (o,) = ingest_uploads(Store(tmp_path / "one.duckdb"), [("traces.jsonl", fp)], run="uploaded")
+    assert o.status == "loaded" and o.format == "prime-rl-traces" and o.runs == ["uploaded"], o.line()
+    store.close()

@@ -413,6 +413,19 @@ TOKEN_COLS = ("run", "step", "sample", "pos", "token_id", "sampler_logprob", "tr
 ROUTING_COLS = ("run", "step", "sample", "pos", "layer", "sampler_experts")
 
 
+def zip_folder(folder: Path):
+    """The folder as a zip archive in memory (an upload), its members named from the folder itself down."""
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for f in sorted(folder.rglob("*")):
+            if f.is_file():
+                zf.write(f, str(f.relative_to(folder.parent)))
+    buf.seek(0)
+    return buf
+
+
 def stored(store, table: str, cols: tuple[str, ...]) -> list[dict]:
     """Rows of `table` as dicts with `cols`, sorted by the table's key (run, step, sample, pos[, layer])."""
     key = "run, step, sample" + (", pos" if table != "sequences" else "") + (", layer" if table == "routing" else "")
