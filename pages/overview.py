@@ -63,6 +63,9 @@ def drift_tab() -> None:
         with st.expander("All run-level metrics"):
             st.dataframe(summary, hide_index=True, key="overview_summary_table",
                          column_config=S.number_columns(summary))
+            if shown := [r for r in sel.runs if r in floors]:
+                st.caption("Precision floors (the log was rounded; a metric in nats below it measures nothing): "
+                           + ", ".join(f"{md_escape(r)} {glossary.fmt_floor(floors[r])}" for r in shown))
 
     st.subheader("Per step")
     with S.guard("compute the per-step metrics"):

@@ -198,3 +198,10 @@ def test_an_uploaded_zip_of_the_dump_loads(tmp_path):
     assert all(o.format == "miles" for o in outcomes)
     assert stored(store, "tokens", COLS) == expected(tokens, COLS)
     store.close()
+
+
+def test_a_missing_rank_file_waits(tmp_path, store):
+    dump, _, _ = write_miles(tmp_path, rollout_ids=(0,), with_eval=False, tp=1, dp=3)
+    (dump / "train_data" / "0_1.pt").unlink()  # ranks 0 and 2 are there
+    (o,) = ingest_paths(store, [dump])
+    assert o.status == "skipped" and "train_data/0_1.pt is missing" in o.message, o.line()

@@ -89,13 +89,19 @@ def adapter(path: Path, limits: Limits) -> tuple[list[Unit], set[Path]]:
                 claimed |= {f for f in (dump / sub).rglob("*") if f.is_file()}
         for rid in sorted(ids):
             files = ids[rid]
-            train = [f for _, f in sorted(files.get("train", []))]
+            ranks = sorted(files.get("train", []))
+            train = [f for _, f in ranks]
             paths = [files[k] for k in ("dashboard_columns", "rollout_data") if k in files] + train
             name = f"{dump.relative_to(path.parent)}/{{rollout_data,train_data,dashboard_columns}}/{rid}"
             skip = None
+            missing = sorted(set(range(ranks[-1][0] + 1)) - {r for r, _ in ranks}) if ranks else []
             if not train:
                 skip = (f"no train_data/{rid}_<rank>.pt beside the rollout of id {rid}: the trainer's log-probs are "
                         "written after its update; load the folder again once they exist")
+            elif missing:  # every rank writes its shard: a gap is a file not (yet) there, and its samples with it
+                skip = (f"train_data/{rid}_{missing[0]}.pt is missing (ranks {', '.join(str(r) for r, _ in ranks)} "
+                        "are there): its samples' trainer log-probs would be absent; load the folder again once "
+                        "every rank's file exists")
             units.append(Unit(name, paths, Detected(FORMAT, "mixed"),
                               partial(_read_unit, rid=rid, run=dump.name, train=train,
                                       rollout=files.get("rollout_data"), columns=files.get("dashboard_columns")),
