@@ -110,10 +110,15 @@ def write_miles(root, name="miles-dump", rollout_ids=(0, 1), n=6, dp=2, tp=2, se
                 seqs.append({"run": name, "step": rid, "sample": s["index"], "reward": s["reward"],
                              "advantage": float(adv.mean()), "prompt": prompt, "response": s["response"],
                              "response_length": s["response_length"]})
-    for sub in ("tokenizer", "trajectory"):
+    for sub in ("tokenizer", "trajectory", "policy_loss_debug", "dashboard"):
         (dump / sub).mkdir(exist_ok=True)
     (dump / "tokenizer" / "tokenizer.json").write_text("{}")
     (dump / "trajectory" / "0.jsonl").write_text(json.dumps({"sample_index": 0, "messages": []}) + "\n")
+    # maybe_dump_policy_loss_debug (backends/training_utils/debug_dump.py:24-60): per call, no step or sample id
+    torch.save({"rank": 0, "call": 0, "samples": [{"index": 0, "train_log_probs": torch.zeros(3),
+                                                   "old_log_probs": torch.zeros(3)}]},
+               dump / "policy_loss_debug" / "rank_0_call_0.pt")
+    pl.DataFrame({"rollout_id": [0], "reward_mean": [0.5]}).write_parquet(dump / "dashboard" / "summary.parquet")
     return dump, tokens, seqs
 
 

@@ -43,8 +43,10 @@ _ROLLOUT = re.compile(r"(eval_)?(\d+)\.pt")
 _TRAIN = re.compile(r"(\d+)_(\d+)\.pt")
 _COLUMNS = re.compile(r"rollout_(eval_)?(\d+)\.parquet")
 COLUMN_NAMES = ("sample_index", "response_length", "total_length", "tokens", "loss_mask", "rollout_log_probs")
-# folders of a dump that hold no log rows: the tokenizer, telemetry, conversations, events
-OTHER_DIRS = ("tokenizer", "dashboard", "trajectory", "events")
+# folders of a dump that hold no log rows to load: the tokenizer and processor (rollout/data_source.py:66-70),
+# telemetry and the dashboard's caches (dashboard/args.py:95), conversations, audit events (arguments.py:3187), and
+# the per-micro-batch loss dumps, which carry no step or sample id (backends/training_utils/debug_dump.py:24-60)
+OTHER_DIRS = ("tokenizer", "processor", "dashboard", "trajectory", "events", "policy_loss_debug")
 CONVERT = ('convert it once, in your own trusted environment: python -c "import sys,torch,numpy as np; '
            "d=torch.load(sys.argv[1],weights_only=False); [s.update({k:torch.as_tensor(v) for k,v in s.items() "
            'if isinstance(v,np.ndarray)}) for s in d[\'samples\']]; torch.save(d,sys.argv[2])" in.pt out.pt')
