@@ -39,7 +39,8 @@ def _ddl() -> list[str]:
                run VARCHAR PRIMARY KEY, created TIMESTAMP DEFAULT current_timestamp, config VARCHAR)""",
         """CREATE TABLE IF NOT EXISTS files (
                file_id INTEGER PRIMARY KEY, sha256 VARCHAR NOT NULL, name VARCHAR, size BIGINT,
-               format VARCHAR, run_override VARCHAR, rows BIGINT, loaded_at TIMESTAMP DEFAULT current_timestamp)""",
+               format VARCHAR, run_override VARCHAR, rows BIGINT, loaded_at TIMESTAMP DEFAULT current_timestamp,
+               precision_floor DOUBLE)""",
         "CREATE SEQUENCE IF NOT EXISTS file_ids START 1",
         # Expert load per (step, layer, expert) is aggregated at ingest: a load profile then never has to
         # unnest millions of top-k lists at query time.
@@ -51,8 +52,10 @@ def _ddl() -> list[str]:
     for table in schema.TABLES:
         for name in schema.stored_tables(table):
             stmts.append(f"CREATE TABLE IF NOT EXISTS {name} ({_columns_ddl(table, name)})")
-    # databases made before sequences had the response text, or routing rows their packed sampler ids
+    # databases made before sequences had the response text, files their precision floor, or routing rows their
+    # packed sampler ids
     stmts.append("ALTER TABLE sequences ADD COLUMN IF NOT EXISTS response VARCHAR")
+    stmts.append("ALTER TABLE files ADD COLUMN IF NOT EXISTS precision_floor DOUBLE")
     stmts += [f"ALTER TABLE {schema.ROUTING_STORE} ADD COLUMN IF NOT EXISTS {c.name} {c.sql_type}"
               for c in schema.ROUTING_PACKED]
     return stmts + summary_schema.ddl()
@@ -361,8 +364,20 @@ class Store:
                     w.execute("DELETE FROM summary_skip WHERE file_id = ?", [fid])
 
     def files(self) -> pl.DataFrame:
-        return self.sql("SELECT file_id, name, format, size, rows, run_override, loaded_at, sha256 "
+        floor = ", precision_floor" if self._has_columns("files", ["precision_floor"]) else ""
+        return self.sql(f"SELECT file_id, name, format, size, rows, run_override, loaded_at, sha256{floor} "
                         "FROM files ORDER BY file_id")
+
+    def precision_floors(self) -> dict[str, float]:
+        """{run: the coarsest precision floor of the files that brought its tokens} for runs with a floor (a log
+        whose values were rounded when written: ingest/precision.py). A database opened read-only from before the
+        column has none."""
+        if not self._has_columns("files", ["precision_floor"]):
+            return {}
+        return {run: float(floor) for run, floor in self.rows(
+            "SELECT s.run, max(f.precision_floor) FROM files f "
+            "JOIN (SELECT DISTINCT run, file_id FROM summary_step) s ON s.file_id = f.file_id "
+            "WHERE f.precision_floor IS NOT NULL GROUP BY s.run ORDER BY s.run")}
 
 
 class Writer:
@@ -422,8 +437,10 @@ class Writer:
                          "VALUES (?, ?, ?, ?, ?, ?, 0)", [fid, sha256, name, size, fmt, run_override])
         return fid
 
-    def finish_file(self, file_id: int, rows: int) -> None:
-        self.cur.execute("UPDATE files SET rows = ? WHERE file_id = ?", [rows, file_id])
+    def finish_file(self, file_id: int, rows: int, precision_floor: float | None = None) -> None:
+        """The file's row count, and its precision floor (ingest/precision.py) where its log is rounded."""
+        self.cur.execute("UPDATE files SET rows = ?, precision_floor = ? WHERE file_id = ?",
+                         [rows, precision_floor, file_id])
 
     def set_file_hash(self, file_id: int, sha256: str) -> None:
         """The content hash of a file whose row `new_file` wrote before its hash was known."""

@@ -5,6 +5,7 @@ import streamlit as st
 from analysis.findings import ranking as findings
 from analysis.metrics import compare, context, dashboard
 from analysis.metrics.frameworks import compare as frameworks
+from analysis.store import Store
 from ui import auth, charts, context_charts, glossary, plot
 from ui import state as S
 from ui.auth import md_escape
@@ -29,6 +30,7 @@ def drift_tab() -> None:
         # the run table and the per-step table below come from one pass (dashboard.run_and_step_tables)
         summary = S.cached(dashboard.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)["run"]
         checks = S.cached(findings.logging_checks, sel.runs, steps=sel.steps)
+        floors = S.cached(Store.precision_floors)  # {run: its files' precision floor} where a log was rounded
         if summary.is_empty():
             st.info("The chosen runs have no tokens in this step range: widen the **Step range** in the sidebar.")
         for run in sel.runs:
@@ -38,6 +40,8 @@ def drift_tab() -> None:
             row = rows.row(0, named=True)
             with st.container(border=True):
                 note = f"{row['n_tokens']:,} tokens · {row['n_sequences']:,} sequences"
+                if run in floors:
+                    note += f" · precision floor {glossary.fmt_floor(floors[run])}"
                 S.run_badge(run, colors.get(run, "#888"), note)
                 if run in checks and checks[run].holds:  # misaligned or processed log-probs: no number below means much
                     st.badge("check the logging first", icon=":material/rule:", color="red")
@@ -51,12 +55,17 @@ def drift_tab() -> None:
                     col.metric(label, glossary.fmt_value(metric, row.get(metric)), help=help_text)
                     if count := glossary.token_count(metric, row.get(metric), row.get("n_tokens")):
                         col.caption(count)  # a rare tail as a number of tokens, beside its share
+                    if below := glossary.below_floor(metric, row.get(metric), floors.get(run)):
+                        col.caption(f":orange[{below}]")
         st.caption(f"C = {sel.cap:g}, ε = {sel.clip:g}"
                    + (f", steps {sel.steps[0]}–{sel.steps[1]}" if sel.steps else "")
                    + ". Hover the ? next to a name for its definition.")
         with st.expander("All run-level metrics"):
             st.dataframe(summary, hide_index=True, key="overview_summary_table",
                          column_config=S.number_columns(summary))
+            if shown := [r for r in sel.runs if r in floors]:
+                st.caption("Precision floors (the log was rounded; a metric in nats below it measures nothing): "
+                           + ", ".join(f"{md_escape(r)} {glossary.fmt_floor(floors[r])}" for r in shown))
 
     st.subheader("Per step")
     with S.guard("compute the per-step metrics"):

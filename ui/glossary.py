@@ -58,6 +58,10 @@ CARD_METRICS: list[tuple[str, str]] = [
     ("ess", "ESS"),
     ("token_any_flip_rate", "tokens with a flip"),
 ]
+# metrics in nats of log-prob difference, read against a log's precision floor (files.precision_floor: the
+# smallest difference its rounded numbers resolve, analysis/ingest/precision.py)
+FLOOR_METRICS = {"kl_k1", "kl_k2", "kl_k3", "kl_k3_reverse", "log_ratio_abs_mean", "log_ratio_abs_max",
+                 "seq_log_ratio_abs_max"}
 # shares whose denominator is the group's token count: a card can give the count beside the share
 TOKEN_SHARES = {"ratio_frac_high", "ratio_frac_low", "clip_frac"}
 PERCENT_METRICS = {"ratio_frac_high", "ratio_frac_low", "clip_frac", "token_any_flip_rate", "flip_rate",
@@ -98,3 +102,17 @@ def token_count(metric: str, v, n_tokens: int | None) -> str | None:
     if metric not in TOKEN_SHARES or v is None or not n_tokens:
         return None
     return f"{round(v * n_tokens):,} of {n_tokens:,} tokens"
+
+
+def below_floor(metric: str, v, floor: float | None) -> str | None:
+    """"below the log's precision (1e-6)" where `metric` is in nats and |v| is under the run's precision floor:
+    the log's rounding could make such a value, so it measures nothing; None otherwise."""
+    if floor is None or v is None or metric not in FLOOR_METRICS or not abs(v) < floor:
+        return None
+    return f"below the log's precision ({fmt_floor(floor)})"
+
+
+def fmt_floor(floor: float) -> str:
+    """A precision floor as written in a label: 1e-6, 5e-5."""
+    mantissa, exponent = f"{floor:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"

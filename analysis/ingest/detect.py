@@ -18,6 +18,8 @@ from analysis.ingest.suggest import map_hint
 
 # What zipfile raises on a damaged archive: besides BadZipFile, a mangled member name fails to decode
 # (UnicodeDecodeError is a ValueError) and a cut directory record fails to unpack.
+# The columns of miles' per-token dashboard mirror (miles/ray/rollout/debug_data.py:47-54 at 31f1ca9).
+MILES_COLUMNS = {"sample_index", "response_length", "total_length", "tokens", "loss_mask", "rollout_log_probs"}
 ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError, struct.error)
 
 
@@ -51,6 +53,8 @@ def detect(fp: BinaryIO, name: str) -> Detected:
                                   "the file is truncated or corrupt; re-export it") from None
             if summary_files.is_summary_file(arrow_schema.metadata):  # DriftLogger's per-step summaries
                 return Detected("summary", "summary")
+            if MILES_COLUMNS <= set(arrow_schema.names):  # miles' dashboard_columns mirror (sampler side only)
+                return Detected("miles-columns", "tokens")
             return Detected("parquet", table_kind(arrow_schema.names) or "unknown")
         if head[:2] == b"\x1f\x8b":
             try:
@@ -98,11 +102,15 @@ def _json_kind(name: str, line: bytes, gz: bool) -> Detected:
         text = line[:2000].decode("utf-8", "replace")
         if '"sampler_logprobs"' in text:
             return Detected("sequence-jsonl", "mixed", gz)
+        if '"traces"' in text and '"task"' in text:  # a long verifiers episode
+            return Detected("prime-rl-traces", "mixed", gz)
         raise CorruptFile(name, "line 1", "invalid JSON", "each line must be one JSON object") from None
     if not isinstance(obj, dict):
         raise UnknownFormat(name, "line 1", "expected a JSON object per line", "see SCHEMA.md")
     if "inference_logprobs" in obj and "loss_mask" in obj:
         return Detected("prime-rl", "tokens", gz)
+    if isinstance(obj.get("traces"), list) and "task" in obj:  # verifiers Episode.to_record(): prime-rl traces
+        return Detected("prime-rl-traces", "mixed", gz)
     if isinstance(obj.get("sampler_logprobs"), list):
         return Detected("sequence-jsonl", "mixed", gz)
     kind = table_kind(obj.keys())

@@ -12,7 +12,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from analysis.ingest import summary_stream
+from analysis.ingest import precision, summary_stream
 from analysis.ingest.keys import StepCounts, TableKeys, TokenFlips, expert_load, routing_tokens
 from analysis.ingest.validate import Batch, normalise
 
@@ -42,6 +42,8 @@ class FileRows:
         self.flips = TokenFlips()  # the tokens key-ordered routing rows refer to, one row each
         self.summaries = None if summarised else summary_stream.StepSummaries()
         self.held: list[tuple[str, pa.Table]] | None = None if large or summarised else []
+        self.floor: float | None = None  # the log-probs' rounding (precision.py), judged on the first token batch
+        self._floor_seen = False
 
     def items(self, batches: Iterable[Batch], w) -> Iterator[tuple[str, pa.Table]]:
         """(table, rows) to insert: each batch checked, its rows (with run codes of the Writer `w`) and the side
@@ -61,6 +63,8 @@ class FileRows:
             return
         keys = self.keys[batch.table]
         keys.add(data, runs)
+        if batch.table == "tokens" and not self._floor_seen:
+            self.floor, self._floor_seen = precision.logprob_floor(data), True
         if batch.table == "tokens" and self.summaries is not None:
             # in the worker that checks a large file's batches: a thread of their own did not pay once the file was
             # read in another (the 40M-token tokens file alone took 0.18 s longer with it, six pairs)

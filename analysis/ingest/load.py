@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Sequence
 
 import pyarrow.compute as pc
 
-from analysis.ingest import frameworks, long, sequences, summary_files, tensors
+from analysis.ingest import frameworks, long, precision, sequences, summary_files, tensors
 from analysis.ingest import summarise as summaries
 from analysis.ingest.batches import ALONE_BYTES, Transaction, load_groups, unit_bytes
 from analysis.ingest.detect import detect
@@ -81,6 +81,8 @@ READERS: dict[str, Callable[[Unit, Limits], Iterator[Batch]]] = {
     "pt": partial(_tensor_dump, fmt="pt"),
     "safetensors": partial(_tensor_dump, fmt="safetensors"),
     "prime-rl": frameworks.primerl.read_unit,
+    "prime-rl-traces": frameworks.primerl_traces.read_unit,
+    "miles-columns": frameworks.miles.lone_columns,
     "summary": lambda unit, limits: iter(()),  # loaded by _load_summary: its rows go to the summary tables
 }
 
@@ -238,7 +240,7 @@ def _load_rows(tx: Transaction, unit: Unit, sha: str | None, size: int, run: str
     w.drop_staged(STAGED_TOKENS, ROUTED_TOKENS)
     runs = state.runs()
     tx.ensure_runs(runs, config or unit.config)
-    w.finish_file(fid, sum(rows.values()))
+    w.finish_file(fid, sum(rows.values()), precision.coarsest(unit.precision_floor, state.floor))
     return Outcome(unit.name, "loaded", fmt, rows, runs), fid
 
 

@@ -23,6 +23,8 @@ class Unit:
     reader: Callable[["Unit", Limits], Iterator[Batch]]
     config: dict | None = None
     skip: str | None = None  # set by an adapter for a unit it recognised but must not load yet (the reason)
+    # the smallest difference the log resolves where its writer rounds (precision.py); a reader may set it
+    precision_floor: float | None = None
 
 
 @dataclass

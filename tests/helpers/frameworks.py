@@ -133,6 +133,122 @@ def write_primerl_single_file(root: Path, run: str = "old-run", steps=(1, 2, 3),
 
 
 # ---------------------------------------------------------------------------------------------------
+# prime-rl traces with the trainer's annotations (2026-H2)
+# ---------------------------------------------------------------------------------------------------
+def _node(parent, role: str, text: str, n_scaffold: int, n_sampled: int, rng, *, kl_decimals=6,
+          lp_decimals=None, annotate=True, noise=0.02) -> tuple[dict, list[dict]]:
+    """A verifiers MessageNode record (verifiers/v1/graph.py:64-133 at a60a606): its scaffold tokens, then, for an
+    assistant turn, its sampled tokens with the sampler's `logprobs` and the trainer's annotations in the same
+    compact layout (one value per sampled token). Returns the node and its sampled tokens' values."""
+    ids = [int(rng.integers(0, VOCAB)) for _ in range(n_scaffold + n_sampled)]
+    node = {"parent": parent, "message": {"role": role, "content": text}, "sampled": n_sampled > 0,
+            "timestamp": 1.7e9, "token_ids": ids, "mask": [False] * n_scaffold + [True] * n_sampled,
+            "is_content": [], "logprobs": []}
+    toks = []
+    for k in range(n_sampled):
+        s = f32(-rng.exponential(0.7))
+        t = s + rng.normal(0, noise) if s < -0.1 else s
+        t = round(t, lp_decimals) if lp_decimals is not None else f32(t)
+        t = min(t, 0.0)
+        d = t - s
+        toks.append({"token_id": ids[n_scaffold + k], "sampler_logprob": s, "trainer_logprob": t,
+                     "trainer_entropy": f32(rng.uniform(0, 3)), "mismatch_kl": round(math.expm1(d) - d, kl_decimals),
+                     "advantage": float(rng.normal())})
+    if n_sampled:
+        node["logprobs"] = [x["sampler_logprob"] for x in toks]
+        node["advantages"] = [x["advantage"] for x in toks]
+        if annotate:
+            node["trainer_logprobs"] = [x["trainer_logprob"] for x in toks]
+            node["entropies"] = [x["trainer_entropy"] for x in toks]
+            node["mismatch_kl"] = [x["mismatch_kl"] for x in toks]
+            node["is_masked"] = [abs(x["trainer_logprob"] - x["sampler_logprob"]) > 0.03 for x in toks]
+    return node, toks
+
+
+def traces_episode(rng, step: int, e: int, *, branching=False, annotate=True, lp_decimals=None,
+                   policy=(0, 1), noise=0.02) -> tuple[dict, list[dict]]:
+    """One verifiers Episode record (verifiers/v1/episode.py:86-155: `model_dump(mode="json", exclude_none=True)`)
+    with a two-turn trainable trace (system, user, assistant, tool, assistant; `branching`: a second assistant
+    answer to the user, a second leaf), a trace of a non-trainable agent and a failed trace (neither trains).
+    Returns the record and one dict per trained (trace, branch): its tokens, reward, advantage, prompt, response."""
+    def node(*a, **k):
+        return _node(*a, rng=rng, lp_decimals=lp_decimals, annotate=annotate, noise=noise, **k)
+    n0, _ = node(None, "system", "You are terse.", 3, 0)
+    n1, _ = node(0, "user", f"What is {e} + {step}?", 4, 0)
+    n2, t2 = node(1, "assistant", "Let me compute.", 2, int(rng.integers(2, 6)))
+    n3, _ = node(2, "tool", "calc: ok", 3, 0)
+    n4, t4 = node(3, "assistant", f"It is {e + step}.", 2, int(rng.integers(2, 6)))
+    nodes = [n0, n1, n2, n3, n4]
+    score = float(rng.integers(0, 2))
+    rewards = {"correct": {"score": score, "weight": 2.0}, "format": {"score": 0.5, "weight": 1.0}, "judge": None}
+    reward = score * 2.0 + 0.5
+    prompt = f"You are terse.\n\nWhat is {e} + {step}?"
+    samples = [{"tokens": t2 + t4, "response": f"Let me compute.\n\nIt is {e + step}."}]
+    if branching:
+        n5, t5 = node(1, "assistant", "Four.", 2, int(rng.integers(2, 5)))
+        nodes.append(n5)
+        samples.append({"tokens": t5, "response": "Four."})
+    for x in samples:
+        x.update(reward=reward, prompt=prompt, advantage=float(np.mean([t["advantage"] for t in x["tokens"]])))
+
+    def trace(nodes, trainable=True, ok=True):
+        return {"version": 1, "id": f"t{e}", "verifiers": {"version": "0.1.15"},
+                "task": {"type": "MathTask", "data": {"question": "q"}}, "agent": {"config": {}, "name": "solver",
+                "trainable": trainable}, "tools": [], "nodes": nodes, "calls": [], "request_rewrites": [],
+                "response_rewrites": [], "rewards": rewards, "metrics": {"correct": score}, "info": {},
+                "extra_usage": [], "is_completed": True, "ok": ok, "errors": [],
+                "timing": {"start": 1.7e9, "boot": {"start": 0.0, "end": 0.0}}}
+    judge_nodes = [_node(None, "user", "judge this", 3, 0, rng)[0], _node(0, "assistant", "fine", 1, 3, rng)[0]]
+    work = {"type": "train", "step": max(step - 1, 0)}
+    if policy is not None:
+        work["policy"] = {"start": policy[0], "end": policy[1]}
+    rec = {"id": f"ep{e}", "env": {"id": "gsm8k"}, "task": {"type": "MathTask", "data": {"question": "q"}},
+           "group": {"id": f"g{e // 2}"}, "run": {"type": "train", "id": "run-1", "name": "x", "work": work},
+           "ok": True, "errors": [],
+           "traces": [trace(nodes), trace(judge_nodes, trainable=False), trace(judge_nodes, ok=False)]}
+    return rec, samples
+
+
+def write_primerl_traces(root: Path, run: str = "traces-run", steps=(1, 2), episodes: int = 3, seed: int = 0,
+                         lp_decimals=None, extra_files: bool = True, noise: float = 0.02) -> tuple[Path, Expected]:
+    """`<root>/<run>/rollouts/step_<n>/train/effective/traces.jsonl` as prime-rl's file monitor writes it
+    (src/prime_rl/monitors/file.py:48-55 at 559b447), with, when `extra_files`, the step's `train/all` cohort
+    (the same episodes and a filtered one), an `eval/effective` file and the run's `metrics.jsonl`. `noise`: the
+    standard deviation of t - s on tokens with s < -0.1 (the others have t = s).
+    Returns (the run's output dir, expected rows: tokens with mismatch_kl, sequences)."""
+    rng = np.random.default_rng(seed)
+    out = root / run
+    exp = Expected()
+    for step in steps:
+        d = out / "rollouts" / f"step_{step}"
+        records = []
+        for e in range(episodes):
+            policy = (max(step - 2, 0), max(step - 1, 0))
+            rec, samples = traces_episode(rng, step, e, branching=e == 1, lp_decimals=lp_decimals, policy=policy,
+                                          noise=noise)
+            records.append(rec)
+            for k, x in enumerate(samples):
+                sample = e * 1000 + k
+                for pos, t in enumerate(x["tokens"]):
+                    exp.tokens.append({"run": run, "step": step, "sample": sample, "pos": pos, **t,
+                                       "sampler_version": policy[0], "trainer_version": step - 1})
+                exp.sequences.append({"run": run, "step": step, "sample": sample, "reward": x["reward"],
+                                      "advantage": x["advantage"], "prompt": x["prompt"], "response": x["response"],
+                                      "response_length": len(x["tokens"])})
+        (d / "train" / "effective").mkdir(parents=True)
+        _dump_jsonl(d / "train" / "effective" / "traces.jsonl", records)
+        if extra_files:
+            (d / "train" / "all").mkdir(parents=True)
+            _dump_jsonl(d / "train" / "all" / "traces.jsonl", records + [traces_episode(rng, step, 9)[0]])
+            (d / "eval" / "effective").mkdir(parents=True)
+            _dump_jsonl(d / "eval" / "effective" / "traces.jsonl",
+                        [traces_episode(rng, step, 0, annotate=False)[0]])
+    if extra_files:
+        _dump_jsonl(out / "metrics.jsonl", [{"step": s, "time": 1.7e9, "mismatch_kl/all/mean": 1e-4} for s in steps])
+    return out, exp
+
+
+# ---------------------------------------------------------------------------------------------------
 # slime
 # ---------------------------------------------------------------------------------------------------
 def write_slime(root: Path, name: str = "slime-dump", rollout_ids=(0, 1), n_samples: int = 4, n_layers: int = 3,
@@ -295,6 +411,19 @@ def write_verl(folder: Path, step: int = 3, B: int = 4, P: int = 6, R: int = 8, 
 # ---------------------------------------------------------------------------------------------------
 TOKEN_COLS = ("run", "step", "sample", "pos", "token_id", "sampler_logprob", "trainer_logprob")
 ROUTING_COLS = ("run", "step", "sample", "pos", "layer", "sampler_experts")
+
+
+def zip_folder(folder: Path):
+    """The folder as a zip archive in memory (an upload), its members named from the folder itself down."""
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for f in sorted(folder.rglob("*")):
+            if f.is_file():
+                zf.write(f, str(f.relative_to(folder.parent)))
+    buf.seek(0)
+    return buf
 
 
 def stored(store, table: str, cols: tuple[str, ...]) -> list[dict]:

@@ -1,12 +1,15 @@
 """Pieces the framework importers share: dense-layer detection, canonical batches."""
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import json
+from typing import Any, BinaryIO, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from analysis.ingest.errors import WrongType
+from analysis.ingest.errors import CorruptFile, WrongType
+from analysis.ingest.limits import Limits
+from analysis.ingest.textio import iter_lines
 from analysis.ingest.validate import Batch
 from analysis.routing_rows import routing_columns
 
@@ -92,3 +95,24 @@ def routing_part(run: str | None, step: int, sample: np.ndarray, pos: np.ndarray
     if run is not None:
         keys["run"] = pa.array([run] * n, pa.string())
     return routing_columns(keys, experts)
+
+
+def flush(*cols: Columns) -> Iterator[Batch]:
+    """The batches of the given column parts, emptying them."""
+    for c in cols:
+        batch = c.flush()
+        if batch is not None:
+            yield batch
+
+
+def json_records(fp: BinaryIO, name: str, limits: Limits, label: str = "") -> Iterator[tuple[str, Any]]:
+    """(where, record) for each non-blank JSON line of `fp`; `label` prefixes the place (a file of a unit)."""
+    for line_no, line in iter_lines(fp, name, limits):
+        if not line.strip():
+            continue
+        where = f"{label}line {line_no}"
+        try:
+            yield where, json.loads(line)
+        except ValueError as e:
+            raise CorruptFile(name, where, f"invalid JSON ({e})", "the file is truncated or still being written") \
+                from None

@@ -12,7 +12,6 @@ exported mismatch_kl and ratio columns are ignored: metrics recompute them in do
 """
 from __future__ import annotations
 
-import json
 import re
 from functools import partial
 from pathlib import Path
@@ -22,10 +21,10 @@ import numpy as np
 import pyarrow as pa
 
 from analysis.ingest.detect import Detected
-from analysis.ingest.errors import BadValue, CorruptFile, IngestError, LengthMismatch, MissingColumn, WrongType
-from analysis.ingest.frameworks.common import SAMPLE_STRIDE, Columns
+from analysis.ingest.errors import BadValue, IngestError, LengthMismatch, MissingColumn, WrongType
+from analysis.ingest.frameworks.common import SAMPLE_STRIDE, Columns, flush, json_records
 from analysis.ingest.limits import Limits
-from analysis.ingest.textio import iter_lines, open_text
+from analysis.ingest.textio import open_text
 from analysis.ingest.units import Unit
 from analysis.ingest.validate import Batch, as_int
 
@@ -118,30 +117,16 @@ def read_unit(unit, limits: Limits, run: str | None = None, check_stable: bool =
             for batch in _read_file(open_text(raw, unit.name, limits, gz), unit.name, label, limits, run, file_rank,
                                     tokens, seqs):
                 yield batch
-    for c in (tokens, seqs):
-        batch = c.flush()
-        if batch is not None:
-            yield batch
+    yield from flush(tokens, seqs)
 
 
 def _read_file(fp: BinaryIO, name: str, label: str, limits: Limits, run: str | None, file_rank: int | None,
                tokens: Columns, seqs: Columns) -> Iterator[Batch]:
     counters: dict[tuple[int, int], int] = {}  # (step, rank) -> records seen, for exports without the index
-    for line_no, line in iter_lines(fp, name, limits):
-        if not line.strip():
-            continue
-        where = f"{label}line {line_no}"
-        try:
-            rec = json.loads(line)
-        except ValueError as e:
-            raise CorruptFile(name, where, f"invalid JSON ({e})", "the file is truncated or still being written") \
-                from None
+    for where, rec in json_records(fp, name, limits, label):
         _record(name, where, rec, run, file_rank, counters, tokens, seqs)
         if tokens.rows >= limits.batch_rows:
-            for c in (tokens, seqs):
-                batch = c.flush()
-                if batch is not None:
-                    yield batch
+            yield from flush(tokens, seqs)
 
 
 def _int(name: str, where: str, rec: dict, key: str, default: Any = None) -> int:

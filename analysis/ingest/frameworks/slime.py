@@ -15,7 +15,8 @@ import numpy as np
 
 from analysis.ingest.detect import Detected
 from analysis.ingest.errors import BadValue, LengthMismatch, MissingColumn, WrongType
-from analysis.ingest.frameworks.common import Columns, need_dict, routing_part, scalar_config
+from analysis.ingest.frameworks import miles
+from analysis.ingest.frameworks.common import Columns, flush, need_dict, routing_part, scalar_config
 from analysis.ingest.limits import Limits
 from analysis.ingest.tensors import load_tensors
 from analysis.ingest.units import Unit
@@ -35,7 +36,7 @@ def _dump_dirs(path: Path) -> list[Path]:
         path = path.parent
     found = {path} | {d.parent for name in ("rollout_data", "train_data") for d in path.rglob(name) if d.is_dir()}
     return sorted(d for d in found if any((d / sub).is_dir() and any((d / sub).glob("*.pt"))
-                                          for sub in ("rollout_data", "train_data")))
+                                          for sub in ("rollout_data", "train_data")) and not miles.is_dump(d))
 
 
 def adapter(path: Path, limits: Limits) -> tuple[list[Unit], set[Path]]:
@@ -133,16 +134,9 @@ def _read_unit(unit, limits: Limits, dump: Path, rid: int, run: str | None) -> I
         ts = need_dict(ts, name, where, "train dump samples are dicts")
         _sample(name, where, ts, rollout, step, run, moe, tokens, routing, seqs)
         if tokens.rows + routing.rows >= limits.batch_rows:
-            yield from _flush(tokens, routing, seqs)
-    yield from _flush(tokens, routing, seqs)
+            yield from flush(tokens, routing, seqs)
+    yield from flush(tokens, routing, seqs)
     unit.config = config  # applied to new runs once the whole unit has loaded
-
-
-def _flush(*cols: Columns) -> Iterator[Batch]:
-    for c in cols:
-        batch = c.flush()
-        if batch is not None:
-            yield batch
 
 
 def _moe_layers(name: str, rollout: list) -> np.ndarray | None:
