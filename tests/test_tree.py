@@ -106,6 +106,7 @@ LAYERS = [
     {"analysis.findings", "analysis.lake"},           # above the metrics | above ingest
     {"analysis.record"},          # the trainer side: writes what ingest and the lake read
     {"analysis.lab", "analysis.commands"},
+    {"analysis.probe"},          # the drift-origin probe: runs lab and Hugging Face models, loads through ingest
     {"analysis.__main__", "analysis.logger", "analysis.capture"},   # the CLI; the old trainer import paths
 ]
 UI_LAYERS = [  # above every analysis layer
