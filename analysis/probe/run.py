@@ -193,6 +193,19 @@ def run_probe(model: str | Target = "lab", out_dir: str | Path = "probe_runs", s
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda: CUDA is not available on this machine; use --device cpu")
+    # One CPU thread, as in the lab (analysis/lab/run.py): at these sizes a second thread only waits, and on a busy
+    # 2-core machine a decoding step took 20-50x longer with two (benchmarks/RESULTS-probe.md)
+    threads = torch.get_num_threads()
+    if dev.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        return _probe(model, Path(out_dir), sampler_dtype, trainer_dtype, prompts, tokens, dev, seed, run, prompt_len,
+                      perturb)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _probe(model, out_dir, sampler_dtype, trainer_dtype, prompts, tokens, dev, seed, run, prompt_len, perturb) -> dict:
     started = time.perf_counter()
     longest = max((len(p) for p in prompts), default=prompt_len) if prompts else prompt_len
     master = model if isinstance(model, Target) else load_target(model, seed, dev, max_len=longest + tokens)
