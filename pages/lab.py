@@ -194,7 +194,7 @@ def origin_tab() -> None:
         plot.show(probe_charts.divergence_by_site(table, first), key="probe_sites")
         flips = S.cached(probe.first_flips, run)
         if flips.height:
-            st.markdown("**First flipped layer per token**")
+            st.markdown("**First flipped layer per token** (none: its router top-k sets agree in every layer)")
             plot.show(probe_charts.first_flip_layers(flips), key="probe_first_flip")
         tokens = S.cached(probe.token_deltas, run)
         if tokens.height:

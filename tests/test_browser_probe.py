@@ -15,18 +15,12 @@ pytestmark = [pytest.mark.browser,
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from analysis.ingest import open_store
-    from analysis.metrics import probe as P
-    from analysis.probe.load import load_probe
-    from analysis.probe.run import run_probe
+    from helpers.probe import probe_database
 
     root = tmp_path_factory.mktemp("browser-probe")
-    out = run_probe("lab", root / "out", "bf16", "fp32", prompts=[[7, 8, 9, 10]], tokens=16, run="probe-bf16")
-    with open_store(root / "drift.duckdb") as store:
-        load_probe(store, out["out"])
-        first = P.first_above_floor(P.by_layer_op(store, "probe-bf16"))
+    db, first = probe_database(root, prompt=(7, 8, 9, 10), tokens=16)
     env = {"DRIFT_PREFETCH": "0", "DRIFT_NO_DEMO": "1"}
-    with bu.streamlit_server(root / "drift.duckdb", env=env, log=root / "server.log") as url:
+    with bu.streamlit_server(db, env=env, log=root / "server.log") as url:
         yield url, root, first
 
 

@@ -7,24 +7,16 @@ import shutil
 
 import pytest
 
-from analysis.ingest import open_store
-from analysis.metrics import probe as P
-from analysis.probe.load import load_probe
-from analysis.probe.run import run_probe
 from helpers import browser as bu
 from helpers.apptest import app_env, errors, open_app, open_tab, texts
+from helpers.probe import probe_database
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def probe_db(tmp_path_factory):
-    root = tmp_path_factory.mktemp("probe-page")
-    out = run_probe("lab", root / "out", "bf16", "fp32", prompts=[[1, 2, 3, 4]], tokens=12, run="probe-bf16")
-    with open_store(root / "drift.duckdb") as store:
-        load_probe(store, out["out"])
-        first = P.first_above_floor(P.by_layer_op(store, "probe-bf16"))
-    return root / "drift.duckdb", first
+    return probe_database(tmp_path_factory.mktemp("probe-page"))
 
 
 @pytest.fixture(autouse=True)
