@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", action="append", default=None, help="run name (repeatable; default: all runs)")
     p.add_argument("--steps", default=None, metavar="A:B", help="inclusive step range, e.g. 0:99")
     p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--baseline", action="append", default=None, metavar="RUN",
+                   help="trusted earlier run (repeatable): gate each metric on a corridor around their mean")
+    p.add_argument("--corridor", action="append", default=[], metavar="K=V",
+                   help="corridor parameter rel_up, rel_down or floor (defaults 0.5, 0.8, 0.02; repeatable)")
+    p.add_argument("--lattice-q", type=float, default=0.125, metavar="Q",
+                   help="the quantum of the lattice finding (default 0.125, an FP8 step)")
     from analysis.lake.cli import add_parser as add_summarize
     add_summarize(sub)
     sub.add_parser("warm", help="compile the ingest kernels now (once per install, ~7 s), not in the first ingest")
