@@ -301,6 +301,8 @@ def normal_band(summary: pl.DataFrame, configs: dict[str, dict], runs: Sequence[
                 continue
             vals = sorted(by_run[p][m] for p in peers if _finite(by_run[p][m]))
             v = by_run[run][m]
+            if not vals and not _finite(v):  # a metric nobody here has (routing flips of runs without routing)
+                continue
             pos = None
             if len(vals) >= MIN_PEERS and _finite(v):
                 pos = "below" if v < vals[0] else "above" if v > vals[-1] else "within"

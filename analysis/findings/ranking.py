@@ -582,6 +582,7 @@ def findings(store: Store, run: str, steps: tuple[int, int] | None = None, cap: 
 
 
 def findings_table(store: Store, runs: Sequence[str], steps: tuple[int, int] | None = None, cap: float = 2.0,
-                   clip: float = 0.2) -> list[dict]:
+                   clip: float = 0.2, baselines: Sequence[str] | None = None) -> list[dict]:
     """findings_many as plain dicts (what the page caches and draws)."""
-    return [f.as_dict() for fs in findings_many(store, runs, steps, cap, clip).values() for f in fs]
+    return [f.as_dict() for fs in findings_many(store, runs, steps, cap, clip, baselines=baselines or None).values()
+            for f in fs]
