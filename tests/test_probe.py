@@ -17,7 +17,7 @@ from analysis.probe.cli import main
 from analysis.probe.load import load_probe, read_probe_file
 from analysis.probe.models import load_target
 from analysis.probe.run import compare, read_prompts, router_view, run_probe
-from helpers.probe import mixtral_config, qwen3_moe_config
+from helpers.probe import llama_config, mixtral_config, qwen3_moe_config
 
 pytestmark = pytest.mark.lab
 
@@ -126,6 +126,19 @@ def test_a_planted_perturbation_is_located_at_its_layer(models, name, layer, op,
         load_probe(store, out["out"])
         first = P.first_above_floor(P.by_layer_op(store, "planted"))
     assert (first["layer"], first["op"]) == (layer, op)
+
+
+def test_a_dense_model_has_no_router_rows_and_no_routing(tmp_path):
+    model = llama_config(tmp_path / "llama")
+    out = run_probe(str(model), tmp_path, "bf16", "fp32", prompts=PROMPT, tokens=N, run="dense")
+    rows = rows_of(out["out"])
+    assert {r["op"] for r in rows} == {"input", "attn", "mlp"} and len(rows) == N * 2 * 3
+    assert not list((tmp_path / "dense").glob("routing-*.parquet"))
+    assert first_above(rows) == (0, "input")
+    with open_store(tmp_path / "db.duckdb") as store:
+        load_probe(store, out["out"])
+        assert P.first_flips(store, "dense").height == 0
+        assert P.by_layer_op(store, "dense")["flip_rate"].null_count() == 6
 
 
 def test_probe_table_loads_reloads_and_reads_back(models, tmp_path):

@@ -35,3 +35,12 @@ def probe_database(root: Path, run: str = "probe-bf16", prompt: tuple[int, ...] 
         load_probe(store, out["out"])
         first = P.first_above_floor(P.by_layer_op(store, run))
     return root / "drift.duckdb", first
+
+
+def llama_config(folder: Path, layers: int = 2) -> Path:
+    """A dense model: no router anywhere."""
+    from transformers import LlamaConfig
+    folder.mkdir(parents=True, exist_ok=True)
+    LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=256).to_json_file(folder / "config.json")
+    return folder
