@@ -46,6 +46,7 @@ class Target:
     model: nn.Module
     layers: list[Layer]
     top_k: int | None
+    n_experts: int | None  # what a router's logits must be as wide as (None: not stated by the config)
 
     def cast(self, dtype: torch.dtype) -> "Target":
         raise NotImplementedError
@@ -65,7 +66,7 @@ class LabTarget(Target):
 
     def __init__(self, model, name: str = LAB):
         self.model, self.name = model.eval(), name
-        self.top_k = model.cfg.top_k
+        self.top_k, self.n_experts = model.cfg.top_k, model.cfg.n_experts
         self.layers = [Layer(b, b.attn, b.moe, b.moe.gate) for b in model.blocks]
 
     @classmethod
@@ -118,6 +119,8 @@ class HFTarget(Target):
             self.layers.append(Layer(block, attn, mlp, router))
         self.top_k = next((getattr(cfg, a) for a in ("num_experts_per_tok", "moe_topk", "top_k")
                            if isinstance(getattr(cfg, a, None), int)), None)
+        self.n_experts = next((getattr(cfg, a) for a in ("num_experts", "num_local_experts", "n_routed_experts")
+                               if isinstance(getattr(cfg, a, None), int)), None)
         if any(layer.router is not None for layer in self.layers) and self.top_k is None:
             raise ModelError(f"{name}: the config names no top-k (num_experts_per_tok) for its routers")
 

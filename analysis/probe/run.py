@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from analysis import schema
-from analysis.probe.models import Recorder, Target, load_target
+from analysis.probe.models import ModelError, Recorder, Target, load_target
 from analysis.record.logger import DriftLogger
 from analysis.run_names import run_name_slug, safe_run_name
 
@@ -144,6 +144,9 @@ def probe_rows(run: str, sample: int, target: Target, s_acts, t_acts, fs_acts, f
             for name, v in (("rel_l2", rel), ("max_abs", mx), ("floor_rel_l2", frel), ("floor_max_abs", fmx)):
                 cols[name] += [None if np.isnan(x) else float(x) for x in v]
             if op == "router":
+                if target.n_experts and s.shape[-1] != target.n_experts:
+                    raise ModelError(f"{target.name}: layer {layer}'s router gives {s.shape[-1]} scores per token, "
+                                     f"the config {target.n_experts} experts: not router logits")
                 s_ids, s_m = router_view(s, target.top_k)
                 t_ids, t_m = router_view(t, target.top_k)
                 cols["sampler_topk"] += s_ids.tolist()
