@@ -214,3 +214,20 @@ def test_prompts_file_and_cli(tmp_path, capsys):
     prompts.write_text("1 2 999999\n")
     assert main(["--model", "lab", "--prompts", str(prompts), "--out", str(tmp_path / "o")]) == 2
     assert "prompt 0: token ids must lie in 0..511" in capsys.readouterr().err
+
+
+def test_a_database_from_before_the_probe_gains_the_table(tmp_path):
+    """A database made before the probe has no `probe` table: read-only, the reader says no probe runs; opened
+    for writing, the store's DDL adds the table."""
+    from analysis.store import Store
+    db = tmp_path / "old.duckdb"
+    store = Store(db)
+    store.close()
+    import duckdb
+    con = duckdb.connect(str(db))
+    con.execute("DROP TABLE probe")
+    con.close()
+    with Store(db, read_only=True) as old:
+        assert P.probe_runs(old) == []
+    with Store(db) as store:
+        assert store.scalar("SELECT count(*) FROM probe") == 0 and P.probe_runs(store) == []
