@@ -1,5 +1,6 @@
-"""What is left of a mismatch has signatures practitioners name one by one (docs/DIAGNOSIS.md#2026-h2-new-evidence-and-open-questions); two of
-them need nothing but the token rows, read here with one query per run set:
+"""What is left of a mismatch has signatures practitioners name one by one
+(docs/DIAGNOSIS.md#2026-h2-new-evidence-and-open-questions); two of them need nothing but the token rows, read
+here with one query per run set:
 
 - first_token: the share of Σ k3 at response position 0 (METRICS.md v3 `first_token_kl_share`): a mismatch
   concentrated on the first generated token (prefill against decode, a chat template's first token);
@@ -17,28 +18,25 @@ from typing import Sequence
 import polars as pl
 
 from analysis.store import Store
-from analysis.summaries.sql import run_filter
+from analysis.summaries.sql import run_filter, token_terms_sql
 
 LATTICE_Q = 0.125
 LATTICE_TOL = 1e-6
-# k3 = r − 1 − Δ, by its Taylor series where |Δ| is small (exp(Δ) − 1 − Δ loses every digit there)
-K3_SQL = ("CASE WHEN abs(d) < 0.01 THEN d * d * (0.5 + d * (1.0 / 6 + d * (1.0 / 24 + d / 120))) "
-          "ELSE exp(d) - 1 - d END")
 
 
 def signature_table(store: Store, runs: Sequence[str], q: float = LATTICE_Q,
                     steps: tuple[int, int] | None = None) -> pl.DataFrame:
-    """Per run, from the token rows: n_tokens, kl_k3, first_token_kl_share (NULL when Σ k3 is 0), k3 mean at
-    position 0 and elsewhere, n_nonzero (tokens with Δ ≠ 0), lattice_share (of those, on a non-zero multiple
-    of q) and q."""
+    """Per run, from the token rows (k3: the summaries' own per-token term, summaries/sql.py): n_tokens, kl_k3,
+    first_token_kl_share (NULL when Σ k3 is 0), k3 mean at position 0 and elsewhere, n_first, n_nonzero (tokens
+    with Δ ≠ 0), lattice_share (of those, on a non-zero multiple of q) and q."""
     if not q > 0:
         raise ValueError(f"lattice quantum q: expected a number > 0, got {q!r}")
     where, params = run_filter(list(runs), steps)
     params["q"] = q
     params["tol"] = LATTICE_TOL
     return store.sql(f"""
-        WITH d AS (SELECT run, pos, trainer_logprob - sampler_logprob AS d FROM tokens WHERE {where}),
-             k AS (SELECT run, pos, d, {K3_SQL} AS k3, round(d / $q) AS m FROM d)
+        WITH k AS (SELECT run, pos, d, k3, round(d / $q) AS m FROM ({token_terms_sql(
+                       f"SELECT run, pos, sampler_logprob AS s, trainer_logprob AS t FROM tokens WHERE {where}")}))
         SELECT run, count(*) AS n_tokens, avg(k3) AS kl_k3,
                CASE WHEN sum(k3) > 0 THEN sum(k3) FILTER (WHERE pos = 0) / sum(k3) END AS first_token_kl_share,
                avg(k3) FILTER (WHERE pos = 0) AS k3_first, avg(k3) FILTER (WHERE pos > 0) AS k3_rest,
