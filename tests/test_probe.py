@@ -130,6 +130,8 @@ def test_a_planted_perturbation_is_located_at_its_layer(models, name, layer, op,
 
 def test_a_dense_model_has_no_router_rows_and_no_routing(tmp_path):
     model = llama_config(tmp_path / "llama")
+    run_probe("lab", tmp_path, "bf16", "fp32", prompts=PROMPT, tokens=3, run="dense")  # an MoE first, same folder
+    assert list((tmp_path / "dense").glob("routing-*.parquet"))
     out = run_probe(str(model), tmp_path, "bf16", "fp32", prompts=PROMPT, tokens=N, run="dense")
     rows = rows_of(out["out"])
     assert {r["op"] for r in rows} == {"input", "attn", "mlp"} and len(rows) == N * 2 * 3
@@ -209,6 +211,10 @@ def test_prompts_file_and_cli(tmp_path, capsys):
     text = capsys.readouterr().out
     assert rc == 0 and "cli: lab, 4 layers, 8 tokens, 128 probe rows" in text
     assert "first above the fp32 noise floor at layer 0 input" in text  # the bf16 default rounds the embeddings
+    (tmp_path / "taken" / "cli").mkdir(parents=True)  # a folder of other logs is not overwritten
+    (tmp_path / "taken" / "cli" / "run.json").write_text('{"run": "cli", "config": {"engine": "vllm"}}')
+    assert main(["--model", "lab", "--tokens", "2", "--out", str(tmp_path / "taken"), "--run", "cli"]) == 2
+    assert "holds no probe output" in capsys.readouterr().err
     assert main(["--model", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 2
     assert "no such file or folder with a config.json" in capsys.readouterr().err
     prompts.write_text("1 2 999999\n")

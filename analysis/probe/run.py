@@ -181,6 +181,23 @@ def write_probe_file(path: Path, cols: dict[str, list]) -> None:
     os.replace(tmp, path)
 
 
+def _clear_previous(run_dir: Path) -> None:
+    """A rerun into the same folder replaces the probe's own earlier files (a dense rerun must not leave the old
+    routing rows behind); a folder that holds other logs is refused."""
+    meta = run_dir / "run.json"
+    if not run_dir.is_dir() or not any(run_dir.iterdir()):
+        return
+    try:
+        engine = (json.loads(meta.read_text(encoding="utf-8")).get("config") or {}).get("engine")
+    except (OSError, ValueError, AttributeError):
+        engine = None
+    if engine != ENGINE:
+        raise ValueError(f"{run_dir} exists and holds no probe output; choose another --out or --run")
+    for f in [*run_dir.glob("tokens-step*.parquet"), *run_dir.glob("routing-step*.parquet"),
+              *run_dir.glob("summary-step*.parquet"), run_dir / PROBE_FILE]:
+        f.unlink(missing_ok=True)
+
+
 def run_probe(model: str | Target = "lab", out_dir: str | Path = "probe_runs", sampler_dtype: str = "bf16",
               trainer_dtype: str = "fp32", prompts: list[list[int]] | None = None, tokens: int = 64,
               device: str = "cpu", seed: int = 0, run: str | None = None, prompt_len: int = 8,
@@ -221,7 +238,7 @@ def _probe(model, out_dir, sampler_dtype, trainer_dtype, prompts, tokens, dev, s
             raise ValueError(f"prompt {i}: token ids must lie in 0..{vocab - 1} (the model's vocabulary)")
     # the default name comes from the model's folder name: made safe; a given name must be safe as it is
     run = safe_run_name(run) if run else run_name_slug(f"probe-{master.name}-{sampler_dtype}-{trainer_dtype}")
-    sides = {d: master.cast(DTYPES[d]) for d in {sampler_dtype, trainer_dtype, "fp32"}}
+    sides = {d: master if d == "fp32" else master.cast(DTYPES[d]) for d in {sampler_dtype, trainer_dtype, "fp32"}}
     generator = torch.Generator(device=dev).manual_seed(seed + 1)
 
     s_lp, t_lp, all_tokens, s_exp, t_exp, tables = [], [], [], [], [], []
@@ -243,6 +260,7 @@ def _probe(model, out_dir, sampler_dtype, trainer_dtype, prompts, tokens, dev, s
     config = {"engine": ENGINE, "model": master.name, "sampler_dtype": sampler_dtype, "trainer_dtype": trainer_dtype,
               "tokens": tokens, "prompts": len(prompts), "seed": seed, "device": dev.type,
               "torch": torch.__version__.split("+")[0], "top_k": master.top_k, "n_layers": len(master.layers)}
+    _clear_previous(out_dir / run)
     logger = DriftLogger(out_dir, run, config)
     moe = s_exp[0] is not None
     logger.log_step(0, torch.stack(s_lp), torch.stack(t_lp), torch.ones(len(prompts), tokens, dtype=torch.bool),
