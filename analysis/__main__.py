@@ -1,4 +1,4 @@
-"""Command line: `python -m analysis {ingest,watch,runs,metrics,corrections,findings,summarize,warm,lab} ...`
+"""Command line: `python -m analysis {ingest,watch,runs,metrics,corrections,findings,summarize,warm,lab,probe} ...`
 (see README, 'Command line')."""
 from __future__ import annotations
 
@@ -61,10 +61,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", action="append", default=None, help="run name (repeatable; default: all runs)")
     p.add_argument("--steps", default=None, metavar="A:B", help="inclusive step range, e.g. 0:99")
     p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--baseline", action="append", default=None, metavar="RUN",
+                   help="trusted earlier run (repeatable): gate each metric on a corridor around their mean")
+    p.add_argument("--corridor", action="append", default=[], metavar="K=V",
+                   help="corridor parameter rel_up, rel_down or floor (defaults 0.5, 0.8, 0.02; repeatable)")
+    p.add_argument("--lattice-q", type=float, default=0.125, metavar="Q",
+                   help="the quantum of the lattice finding (default 0.125, an FP8 step)")
     from analysis.lake.cli import add_parser as add_summarize
     add_summarize(sub)
     sub.add_parser("warm", help="compile the ingest kernels now (once per install, ~7 s), not in the first ingest")
     sub.add_parser("lab", help="run the torch drift lab (options: python -m analysis lab --help)", add_help=False)
+    sub.add_parser("probe", help="where drift starts, layer by layer (options: python -m analysis probe --help)",
+                   add_help=False)
     return parser
 
 
@@ -78,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "lab":  # the lab owns its options; torch is imported only on this path
         from analysis.lab.cli import main as lab_main
         return lab_main(argv[1:])
+    if argv and argv[0] == "probe":  # the same for the drift-origin probe (torch, transformers)
+        from analysis.probe.cli import main as probe_main
+        return probe_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command in ("ingest", "watch"):  # a load's start runs on one core: leave out what it never uses
         # kept: the 40M-token ingest took 0.39 s (3.4 %) longer without it, four quiet pairs (RESULTS-scale.md)

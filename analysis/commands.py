@@ -51,11 +51,25 @@ def _corrections(store: Store, runs: list[str], args) -> int:
 
 
 def _findings(store: Store, runs: list[str], args) -> int:
+    from analysis.findings import gates
     from analysis.findings.ranking import findings_many
-    found = findings_many(store, runs, steps=parse_steps(args.steps))
+    baselines = _runs(store, args.baseline) if args.baseline else None
+    corridor = gates.parse_corridor(args.corridor)
+    if args.corridor and not baselines:
+        raise ValueError("--corridor sets the corridor of --baseline RUN: name the baseline runs")
+    steps = parse_steps(args.steps)
+    if baselines and not args.run:  # every run but the baselines
+        runs = [r for r in runs if r not in baselines]
+        if not runs:
+            raise ValueError("every run is a --baseline: name the run to gate with --run")
+    found = findings_many(store, runs, steps=steps, baselines=baselines, corridor=corridor, q=args.lattice_q)
     out = {run: [f.as_dict() for f in items] for run, items in found.items()}
+    table = gates.corridor_gates(store, runs, baselines, corridor, steps) if baselines else None
     if args.format == "json":
-        sys.stdout.write(json.dumps(out if len(runs) > 1 else out[runs[0]], indent=2) + "\n")
+        result = out if len(runs) > 1 else out[runs[0]]
+        if table is not None:  # the corridor's every gate, passed ones too, beside the findings
+            result = {"findings": result, "corridor": table.to_dicts()}
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
         return 0
     for run, items in out.items():
         print(f"== {run}")
@@ -65,4 +79,10 @@ def _findings(store: Store, runs: list[str], args) -> int:
                 print(f"     {key} = {value:.6g}" if isinstance(value, float) else f"     {key} = {value}")
             print(f"     see: {f['evidence']['url']}")
             print(f"     try: {f['action']} (source: {f['source']})")
+        if table is not None:
+            print(f"   corridor gates against {', '.join(baselines)} ({corridor.text()}):")
+            for g in table.filter(table["run"] == run).iter_rows(named=True):
+                shares = "" if g["n_tokens"] is None or g["status"] != "fail" else \
+                    f"; tokens beyond: {g['n_beyond_max']} of {g['n_tokens']}"
+                print(f"     {g['status']:8} {g['metric']}: {g['detail']}{shares}")
     return 0

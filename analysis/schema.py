@@ -63,6 +63,36 @@ SEQUENCES = (
     Column("response", "VARCHAR", False, "response text as the sampler produced it"),
 )
 
+# The drift-origin probe (analysis/probe/): one row per (token, layer, op) of a run the probe wrote, comparing the
+# sampler-side activation (KV-cache decoding, sampler dtype) with the trainer-side one (one teacher-forced forward,
+# trainer dtype); floor_* is the same comparison with both sides in fp32 (the noise floor). Router columns are
+# set on op = 'router' rows only. Not part of a log's contract: written by the probe, read by metrics/probe.py.
+PROBE_OPS = ("input", "attn", "router", "mlp")  # within a layer, in the order the block computes them
+PROBE = (
+    Column("run", "VARCHAR", True),
+    Column("step", "BIGINT", True),
+    Column("sample", "BIGINT", True, "prompt index"),
+    Column("pos", "INTEGER", True, "response position (the token predicted from this position's activations)"),
+    Column("layer", "INTEGER", True, "0-based decoder layer"),
+    Column("op", "VARCHAR", True, "input (block input), attn (attention output), router (router logits), "
+                                  "mlp (MoE or MLP output)"),
+    Column("rel_l2", "DOUBLE", True, "||a_s - a_t||_2 / ||a_t||_2"),
+    Column("max_abs", "DOUBLE", True, "max |a_s - a_t|"),
+    Column("floor_rel_l2", "DOUBLE", True, "rel_l2 with both sides in fp32"),
+    Column("floor_max_abs", "DOUBLE", True, "max_abs with both sides in fp32"),
+    Column("sampler_topk", "INTEGER[]", False, "router top-k ids, sampler side (fp32 softmax order)"),
+    Column("trainer_topk", "INTEGER[]", False, "router top-k ids, trainer side"),
+    Column("sampler_margin", "DOUBLE", False, "k-th minus (k+1)-th router probability (softmax in fp32), sampler"),
+    Column("trainer_margin", "DOUBLE", False, "the same, trainer"),
+    Column("flip", "BOOLEAN", False, "set(sampler_topk) != set(trainer_topk)"),
+)
+PROBE_TABLE = "probe"
+
+
+def probe_ddl() -> str:
+    return f"CREATE TABLE IF NOT EXISTS {PROBE_TABLE} (" + ", ".join(f"{c.name} {c.sql_type}" for c in PROBE) + ")"
+
+
 TABLES = {"tokens": TOKENS, "routing": ROUTING, "sequences": SEQUENCES}
 KEYS = {"tokens": TOKEN_KEY, "routing": ROUTING_KEY, "sequences": SEQUENCE_KEY}
 

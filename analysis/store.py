@@ -48,6 +48,7 @@ def _ddl() -> list[str]:
                run VARCHAR, step BIGINT, layer INTEGER, expert INTEGER,
                n_sampler BIGINT, n_trainer BIGINT, file_id INTEGER)""",
         schema.RUN_IDS_DDL,
+        schema.probe_ddl(),  # added with the probe: older databases gain it here
     ]
     for table in schema.TABLES:
         for name in schema.stored_tables(table):
@@ -351,7 +352,7 @@ class Store:
             for table in (*schema.stored_tables("tokens"), *schema.stored_tables("routing")):
                 where = f"run_id = (SELECT run_id FROM {schema.RUN_IDS} WHERE run = ?)" if table in coded else "run = ?"
                 w.execute(f"DELETE FROM {table} WHERE {where}", [run])
-            for table in ("sequences", "expert_load", "runs", schema.RUN_IDS,
+            for table in ("sequences", "expert_load", "runs", schema.RUN_IDS, schema.PROBE_TABLE,
                           *(t for t in summary_schema.TABLES if "run" in summary_schema.columns(t))):
                 w.execute(f"DELETE FROM {table} WHERE run = ?", [run])
             # a file that held several runs keeps its record while any of its rows remain
@@ -459,6 +460,19 @@ class Writer:
             self.cur.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM _ingest_batch")
         finally:
             self.cur.unregister("_ingest_batch")
+
+    def replace_probe(self, run: str, data) -> None:
+        """The probe rows of `run` (a pyarrow Table of schema.PROBE's columns) in place of any it had: loading a
+        probe's output twice leaves one copy."""
+        cols = [c.name for c in schema.PROBE]
+        if data.column_names != cols:
+            raise ValueError(f"probe rows: expected columns {cols}, got {data.column_names}")
+        self.cur.execute(f"DELETE FROM {schema.PROBE_TABLE} WHERE run = ?", [run])
+        self.cur.register("_probe_batch", data)
+        try:
+            self.cur.execute(f"INSERT INTO {schema.PROBE_TABLE} SELECT * FROM _probe_batch")
+        finally:
+            self.cur.unregister("_probe_batch")
 
     def _target(self, table: str, columns: Sequence[str], ordered: bool) -> str:
         """The stored table of rows of `table` with these columns; `ordered`: they come in key order

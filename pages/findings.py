@@ -19,7 +19,7 @@ st.caption("Each finding comes from a stated rule on this data, with the numbers
 
 sel = S.selection()
 S.require_runs(sel, what="findings")
-S.remember("findings_run", "findings_a", "findings_b", "findings_methods",
+S.remember("findings_run", "findings_a", "findings_b", "findings_methods", "findings_baselines",
            *(f"findings_{m}_{k}" for m, spec in corrections.METHODS.items() for k in spec.defaults))
 PAGES = {p.url: p for p in nav.ALL}
 TABS = ["Findings", *findings.FINDINGS_TABS]  # the evidence links of findings name the other three
@@ -70,7 +70,8 @@ def grouped(items: list[dict]) -> list[list[dict]]:
 
 def cards_tab() -> None:
     with S.guard("find the causes"):
-        found = S.cached(findings.findings_table, sel.runs, steps=sel.steps, cap=sel.cap, clip=sel.clip)
+        found = S.cached(findings.findings_table, sel.runs, steps=sel.steps, cap=sel.cap, clip=sel.clip,
+                         baselines=baselines())
         colors = S.run_colors()
         for run in sel.runs:
             mine = [f for f in found if f["run"] == run]
@@ -85,6 +86,12 @@ def cards_tab() -> None:
                 with st.expander(f"{len(rest)} more (info)"):
                     for group in grouped(rest):
                         finding_card(group)
+
+
+def baselines() -> list[str]:
+    """The baseline runs chosen on the Gates tab (still in the database), for the corridor gates."""
+    known = S.run_names()
+    return [r for r in st.session_state.get("findings_baselines") or [] if r in known]
 
 
 def pick_run() -> str:
@@ -171,7 +178,38 @@ def simulator_tab() -> None:
                    "(verl-omni RFC #280).")
 
 
+def history_gates() -> None:
+    """Corridors around baseline runs and the band of a configuration (analysis/findings/gates.py)."""
+    with S.guard("check the corridors"):
+        st.markdown("**Against trusted earlier runs**")
+        S.keep_choices("findings_baselines", S.run_names())
+        chosen = st.multiselect("Baseline runs", S.run_names(), key="findings_baselines",
+                                help="Each metric of the chosen runs must lie in a corridor around the mean of these "
+                                     "runs' values (a run is never its own baseline).")
+        if chosen:
+            table = S.cached(gates.corridor_gates, sel.runs, chosen, steps=sel.steps, cap=sel.cap, clip=sel.clip)
+            st.dataframe(table.drop("passed"), hide_index=True, key="findings_corridor",
+                         column_config=S.number_columns(table))
+            c = gates.Corridor()
+            st.caption(f"Corridor {c.text()}, ref the baselines' mean (miles' CI metric-history gate; `findings "
+                       "--baseline RUN --corridor K=V` sets others); NaN is an error. For a maximum over tokens, "
+                       "n_beyond counts the tokens beyond the edge it crossed: a few tokens are outliers, not the "
+                       "distribution.")
+    with S.guard("compare with the runs of the same configuration"):
+        st.markdown("**Normal for this configuration**")
+        band = S.cached(gates.config_bands, sel.runs, steps=sel.steps, cap=sel.cap, clip=sel.clip)
+        if band.is_empty():
+            st.caption(f"None of these runs has {', '.join(gates.CONFIG_KEYS)} in its config (Data page).")
+        else:
+            st.dataframe(band, hide_index=True, key="findings_config_band", column_config=S.number_columns(band))
+            st.caption(f"Each metric over the other runs of the database whose config has the same "
+                       f"{', '.join(gates.CONFIG_KEYS)}: position below / above says the run lies outside all of "
+                       f"them (with at least {gates.MIN_PEERS} such runs).")
+
+
 def gates_tab() -> None:
+    history_gates()
+    st.markdown("**Published bands and CI gates**")
     with S.guard("check the gates"):
         tables = S.cached(dashboard.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)
         table = gates.gate_table(tables["run"], tables["step"], sel.runs)

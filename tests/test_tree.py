@@ -106,13 +106,15 @@ LAYERS = [
     {"analysis.findings", "analysis.lake"},           # above the metrics | above ingest
     {"analysis.record"},          # the trainer side: writes what ingest and the lake read
     {"analysis.lab", "analysis.commands"},
+    {"analysis.probe"},          # the drift-origin probe: runs lab and Hugging Face models, loads through ingest
     {"analysis.__main__", "analysis.logger", "analysis.capture"},   # the CLI; the old trainer import paths
 ]
 UI_LAYERS = [  # above every analysis layer
     {"ui.access", "ui.auth", "ui.nav", "ui.number_format", "ui.plot", "ui.sequence_view"},
     {"ui.glossary", "ui.live"},
     {"ui.charts", "ui.state"},
-    {"ui.context_charts", "ui.findings_charts", "ui.routing_charts", "ui.mapping_form", "ui.prefetch"},
+    {"ui.context_charts", "ui.findings_charts", "ui.routing_charts", "ui.mapping_form", "ui.prefetch",
+     "ui.probe_charts"},
     {"ui.sidebar"},
 ]
 PURE = {"analysis.summaries": ("analysis.ingest", "analysis.store", "analysis.migrations", "analysis.metrics",

@@ -19,14 +19,15 @@ from urllib.parse import urlencode
 import numpy as np
 import polars as pl
 
-from analysis.findings import decomposition, gates
+from analysis.findings import decomposition, gates, residual
 from analysis.metrics import buckets, corrections, dashboard, routing, sampled
 from analysis.store import Store
 from analysis.summaries import checks, sql
 
 SEVERITIES = ("alert", "warn", "info")
 KINDS = ("position_shift", "sampling_params", "staleness", "routing_flips", "low_probability_tokens", "long_sequences", "spikes", "rising_trend",
-         "step0_mismatch", "band_violation", "noise_floor", "healthy")
+         "first_token", "lattice", "step0_mismatch", "corridor", "band_violation", "unusual_for_config", "noise_floor",
+         "healthy")
 
 # Thresholds of the rules (each named in RULES)
 KL_FLOOR = 1e-6          # run kl_k3 below this is rounding noise (fp32 control: ~1e-13): no cause is sought
@@ -41,6 +42,10 @@ TREND_RATIO = 2.0        # median kl_k3 of the last third of steps ≥ 2× that 
 TREND_RANK_CORR = 0.6    # and Spearman correlation of kl_k3 with step ≥ 0.6 (a sustained rise, not one jump)
 LENGTH_RATIO = 3.0       # kl_k3 of the longest length bucket ≥ 3× the shortest
 SEQ_NEAR_CLAMP = 10.0    # |ΣΔ| ≥ 10 = half the clamp (20): the sequence ratio is beyond e^10 ≈ 22,026
+FIRST_TOKEN_SHARE = 0.3  # position 0 carries ≥ 30% of Σ k3 (one position of many) ...
+LATTICE_SHARE = 0.5      # half the tokens with Δ ≠ 0 sit on a non-zero multiple of q
+LATTICE_MIN = 20         # ... of at least this many such tokens
+OUTLIER_TOKENS = 3       # a max-type gate crossed by at most this many tokens reads as outliers, not the distribution
 
 RULES = {
     **checks.RULES,
@@ -56,6 +61,15 @@ RULES = {
               f"above {SPIKE_ALERT:g}×)",
     "rising_trend": f"≥ {TREND_MIN_STEPS} steps, median kl_k3 of the last third ≥ {TREND_RATIO:g}× the first third, "
                     f"and Spearman(step, kl_k3) ≥ {TREND_RANK_CORR:g}",
+    "first_token": f"tokens at response position 0 carry ≥ {FIRST_TOKEN_SHARE:.0%} of Σ k3 (first_token_kl_share) and "
+                   f"their kl_k3 is ≥ {CONCENTRATION:g}× that of the other positions (token rows)",
+    "lattice": f"≥ {LATTICE_SHARE:.0%} of the tokens with Δ ≠ 0 (at least {LATTICE_MIN}) have Δ on a non-zero multiple of "
+               f"q = {residual.LATTICE_Q:g} within {residual.LATTICE_TOL:g} (token rows)",
+    "corridor": "a metric outside ref − max(rel_down·|ref|, floor) … ref + max(rel_up·|ref|, floor) around the mean of "
+                "the baseline runs (--baseline; defaults rel_up 0.5, rel_down 0.8, floor 0.02), or NaN; a max-type "
+                f"metric names the tokens beyond the edge (≤ {OUTLIER_TOKENS}: outliers, not the distribution)",
+    "unusual_for_config": f"a metric below or above every one of ≥ {gates.MIN_PEERS} other runs whose config has the "
+                          f"same {', '.join(gates.CONFIG_KEYS)}",
     "step0_mismatch": f"kl_k3 ≥ {KL_FLOOR:g} at the run's first step, whose tokens all have lag 0 (or no versions)",
     "band_violation": "a published band or CI gate of docs/DIAGNOSIS.md that the run's value breaks",
     "noise_floor": "a correction's band (at its default parameters) reaches less far from Δ = 0 than the measured "
@@ -79,6 +93,17 @@ ACTIONS = {
                "NeMo RL docs/guides/grpo.md"),
     "rising_trend": ("Early warning of off-policy collapse: add a correction (TIS / IcePop / geo-RS), routing replay, "
                      "or an fp32 head", "prime-rl training docs; VeXact (arXiv 2605.14220); Miles mismatch blog"),
+    "first_token": ("Compare the first generated token's path on both sides: the prefill's last position against "
+                    "the trainer's forward (kernels, the chat template's first token, a BOS or system prefix)",
+                    "miles #2722 (the gap left after replay sat on the first generated token)"),
+    "lattice": ("Δ in exact steps of q is a low-precision grid (FP8 steps of 0.125): keep the log-prob path (LM head, "
+                "log-softmax) out of FP8 on the side that quantises",
+                "miles #2722 (TE-FP8 differences in exact steps of 0.125)"),
+    "corridor": ("Compare this run's config with the baseline runs' (Compare page); a corridor tripped by a few "
+                 "tokens points at those tokens (Token drift, extreme tokens), not at the whole run",
+                 "miles docs/ci/03-metric-history-gate.md; NeMo RL #4080 (a max-type gate read 464.6 from one token)"),
+    "unusual_for_config": ("Check what differs from the runs of the same configuration (Compare page)",
+                           "docs/DIAGNOSIS.md#2026-h2-new-evidence-and-open-questions (what level is normal)"),
     "step0_mismatch": ("Mismatch before any update is kernel non-determinism / batch variance or precision: try "
                        "batch-invariant kernels (vLLM batch-invariant mode gives kl 0.0)",
                        "slime true-on-policy docs; vLLM × TorchTitan blog 2025-11-10"),
@@ -90,6 +115,7 @@ ACTIONS = {
 
 # Evidence views: page URL stems (ui/nav.py) and their query-bound tabs/widgets
 TOKENS_WHERE = ("token_drift", {"tokens_tab": "Where the mismatch lives"})
+TOKENS_DIST = ("token_drift", {})  # its first tab: the Δ histogram
 ROUTING_TOKENS = ("routing", {"routing_tab": "Flips per token"})
 OVERVIEW = ("overview", {})
 FINDINGS_TABS = ("Waterfall", "Correction simulator", "Gates")  # the Findings page's other tabs (query-bound)
@@ -130,7 +156,8 @@ class Finding:
 
 
 # Token drift's grouping radio binds its shown label to the URL (ui/glossary.DIMENSIONS; a test keeps them equal)
-TOKENS_DIM_LABELS = {"prob": "sampler probability exp(s)", "length": "response length", "lag": "staleness (lag)"}
+TOKENS_DIM_LABELS = {"prob": "sampler probability exp(s)", "length": "response length", "lag": "staleness (lag)",
+                     "position": "position in the response"}
 
 
 def _where(dim: str) -> tuple[str, dict]:
@@ -369,11 +396,73 @@ def _logging_checks(run, row: dict, stale: bool) -> list[Finding]:
                     "differently processed distributions until then", source=checks.ACTIONS["sampling_params"][1])]
 
 
+def _first_token(run, sig: dict | None, cause_sev) -> list[Finding]:
+    share = sig and sig["first_token_kl_share"]
+    if not share or share < FIRST_TOKEN_SHARE or not sig["k3_first"]:
+        return []
+    rest = sig["k3_rest"] or 0.0
+    if rest > 0 and sig["k3_first"] < CONCENTRATION * rest:
+        return []
+    ratio = sig["k3_first"] / rest if rest > 0 else math.inf
+    page, query = _where("position")
+    return [Finding(run, "first_token", cause_sev(share), f"The first generated token carries {share:.1%} of the "
+                    f"mismatch: kl_k3 {sig['k3_first']:.3g} at position 0 vs {rest:.3g} elsewhere"
+                    + (f" ({ratio:.0f}×)" if math.isfinite(ratio) else ""),
+                    {"first_token_kl_share": share, "kl_k3_first": sig["k3_first"], "kl_k3_rest": rest,
+                     "n_first": sig["n_first"], "n_tokens": sig["n_tokens"]}, page, query, share)]
+
+
+def _lattice(run, sig: dict | None) -> list[Finding]:
+    share = sig and sig["lattice_share"]
+    if not share or share < LATTICE_SHARE or sig["n_nonzero"] < LATTICE_MIN:
+        return []
+    return [Finding(run, "lattice", "warn", f"{share:.1%} of the tokens with Δ ≠ 0 sit on multiples of "
+                    f"{sig['q']:g}: a low-precision grid, not rounding noise",
+                    {"lattice_share": share, "q": sig["q"], "n_nonzero": sig["n_nonzero"]}, *TOKENS_DIST, share)]
+
+
+def _corridors(run, rows: pl.DataFrame, baselines: Sequence[str]) -> list[Finding]:
+    out = []
+    for g in rows.filter(pl.col("status").is_in(["fail", "error"])).iter_rows(named=True):
+        nums = {"metric": g["metric"], "value": g["value"], "ref": g["ref"], "lo": g["lo"], "hi": g["hi"],
+                "baselines": list(baselines)}
+        if g["status"] == "error":
+            title = f"{g['metric']}: the corridor gate cannot judge it ({g['detail']})"
+        else:
+            title = f"{g['metric']} = {g['value']:.4g} is outside [{g['lo']:.4g}, {g['hi']:.4g}] around the " \
+                    f"baseline mean {g['ref']:.4g}"
+            if g["n_tokens"] is not None:
+                a, b, n = g["n_beyond_min"], g["n_beyond_max"], g["n_tokens"]
+                nums.update(n_tokens_beyond=b, n_tokens_beyond_at_least=a, share_of_tokens=g["share_beyond"],
+                            n_tokens=n)
+                count = f"{a}" if a == b else f"{a}–{b}"
+                title += f"; {count} of {n:,} tokens beyond it ({(g['share_beyond'] or 0):.2g} of tokens)"
+                if b <= OUTLIER_TOKENS:
+                    title += ": outlier tokens, not the distribution"
+        sev = "alert" if g["status"] == "error" or g["n_tokens"] is None or g["n_beyond_max"] > OUTLIER_TOKENS \
+            else "warn"
+        out.append(Finding(run, "corridor", sev, title, nums, *GATES, 1.0))
+    return out
+
+
+def _unusual(run, rows: pl.DataFrame) -> list[Finding]:
+    out = []
+    for b in rows.filter(pl.col("position").is_in(["below", "above"])).iter_rows(named=True):
+        out.append(Finding(run, "unusual_for_config", "info", f"{b['metric']} = {b['value']:.4g} is {b['position']} "
+                           f"every one of the {b['n_peers']} other runs with {b['config']} ({b['peer_min']:.4g} – "
+                           f"{b['peer_max']:.4g}, median {b['peer_median']:.4g})",
+                           {k: b[k] for k in ("metric", "value", "config", "n_peers", "peer_min", "peer_median",
+                                              "peer_max", "position")}, *GATES, 0.0))
+    return out
+
+
 # -- all kinds for several runs ---------------------------------------------------------------------------------
 
 def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | None = None,
-                  cap: float = 2.0, clip: float = 0.2) -> dict[str, list[Finding]]:
-    """{run: its ranked findings} for `runs` over the inclusive step range (None: every step)."""
+                  cap: float = 2.0, clip: float = 0.2, baselines: Sequence[str] | None = None,
+                  corridor: gates.Corridor | None = None, q: float = residual.LATTICE_Q) -> dict[str, list[Finding]]:
+    """{run: its ranked findings} for `runs` over the inclusive step range (None: every step); `baselines`: runs
+    whose values make the corridor gates (gates.corridor_gates, with `corridor`); `q`: the lattice quantum."""
     runs = sql.check_runs(runs)
     if not runs:
         return {}
@@ -393,6 +482,10 @@ def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | No
     noise = corrections.log_ratio_quantiles(store, runs, by="run", steps=steps)
     first_steps = _first_steps(store, runs)
     first_lag = _first_step_lags(store, runs, first_steps, steps) if has_lag else {}
+    sigs = {r["run"]: r for r in residual.signature_table(store, runs, q, steps).iter_rows(named=True)}
+    corridors = gates.corridor_gates(store, runs, baselines, corridor or gates.Corridor(), steps, cap, clip) \
+        if baselines else None
+    bands = gates.config_bands(store, runs, steps, cap, clip)
     out: dict[str, list[Finding]] = {}
     for run in runs:
         srow = summary.filter(pl.col("run") == run)
@@ -418,10 +511,15 @@ def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | No
             found += _long(run, of(length), row, cause_sev)
             found += _spikes(run, rsteps)
             found += _trend(store, run, rsteps, cause_sev)
+            found += _first_token(run, sigs.get(run), cause_sev)
+            found += _lattice(run, sigs.get(run))
         first = first_steps.get(run)
         if first is not None and (steps is None or steps[0] is None or steps[0] <= first):
             found += _step0(run, first, rsteps, first_lag.get(run))
         found += _bands(run, rgates)
+        if corridors is not None:
+            found += _corridors(run, of(corridors), baselines)
+        found += _unusual(run, of(bands))
         qrow = of(noise)
         if qrow.height:
             found += _noise(run, qrow.row(0, named=True))
@@ -484,6 +582,7 @@ def findings(store: Store, run: str, steps: tuple[int, int] | None = None, cap: 
 
 
 def findings_table(store: Store, runs: Sequence[str], steps: tuple[int, int] | None = None, cap: float = 2.0,
-                   clip: float = 0.2) -> list[dict]:
+                   clip: float = 0.2, baselines: Sequence[str] | None = None) -> list[dict]:
     """findings_many as plain dicts (what the page caches and draws)."""
-    return [f.as_dict() for fs in findings_many(store, runs, steps, cap, clip).values() for f in fs]
+    return [f.as_dict() for fs in findings_many(store, runs, steps, cap, clip, baselines=baselines or None).values()
+            for f in fs]
