@@ -107,3 +107,22 @@ def test_bad_n_experts_is_refused(tmp_path, counts):
         L.load_table(store, "r")
     with pytest.raises(ValueError, match="does not divide"):
         L.load_table(store, "r", n_experts=8, ep_size=3)
+
+
+def test_cli_load_prints_the_table(tmp_path, counts):
+    import subprocess
+    import sys
+
+    import polars as pl
+    sampler, trainer = counts
+    write_counts(tmp_path / "a.duckdb", "r", sampler, trainer, config={"ep_size": 4}).close()
+    out = subprocess.run([sys.executable, "-m", "analysis", "load", "--db", str(tmp_path / "a.duckdb"), "--run", "r",
+                          "--steps", "1:3"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    import io
+    df = pl.read_csv(io.StringIO(out.stdout))
+    assert sorted(set(df["step"].to_list())) == [1, 2, 3]
+    assert {"load_cv_sampler", "rank_balancedness_trainer", "straggler_step_sampler"} <= set(df.columns)
+    bad = subprocess.run([sys.executable, "-m", "analysis", "load", "--db", str(tmp_path / "a.duckdb"), "--run", "r",
+                          "--ep-size", "3"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "does not divide" in bad.stderr and "Traceback" not in bad.stderr
