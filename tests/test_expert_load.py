@@ -24,13 +24,14 @@ def counts():
     return sampler, trainer
 
 
-def _check(df, sampler, trainer, slots_of_layer, n_ranks, n=EXPERTS):
+def _check(df, sampler, trainer, slots_of_layer, n_ranks, n=EXPERTS, top_k=None):
     assert df.height == STEPS * LAYERS
+    assert ("load_max_vio_primerl_sampler" in df.columns) == bool(top_k)
     for row in df.iter_rows(named=True):
         s, li = row["step"], row["layer"]
         for side, cube in (("sampler", sampler), ("trainer", trainer)):
             c = [float(x) for x in cube[s, li]] + [0.0] * (n - EXPERTS)
-            for k, v in ref_expert(c).items():
+            for k, v in ref_expert(c, top_k).items():
                 assert close(row[f"{k}_{side}"], v), (s, li, side, k, row[f"{k}_{side}"], v)
             if slots_of_layer is None:
                 continue
@@ -41,11 +42,11 @@ def _check(df, sampler, trainer, slots_of_layer, n_ranks, n=EXPERTS):
 
 def test_expert_columns_and_contiguous_ranks_from_config(tmp_path, counts):
     sampler, trainer = counts
-    store = write_counts(tmp_path / "a.duckdb", "r", sampler, trainer, config={"n_experts": 10, "ep_size": 5},
-                         split=True)
+    store = write_counts(tmp_path / "a.duckdb", "r", sampler, trainer, config={"n_experts": 10, "ep_size": 5,
+                                                                                "top_k": 2}, split=True)
     df = L.load_table(store, "r")
     assert set(df["n_experts"].to_list()) == {10}  # two experts beyond the highest id seen, never routed
-    _check(df, sampler, trainer, lambda li: list(range(10)), 5, n=10)
+    _check(df, sampler, trainer, lambda li: list(range(10)), 5, n=10, top_k=2)
     assert df.filter((df["step"] == 1) & (df["layer"] == 2))["load_cv_trainer"].to_list() == [None]
 
 
@@ -91,7 +92,8 @@ def test_stored_placement_is_used(tmp_path, counts):
 
 def test_hand_computed_case():
     c = np.array([[6.0, 2.0, 0.0, 0.0]])  # mean over 4 = 2, over the seen = 4
-    got = {k: float(v[0]) for k, v in L.expert_columns(c).items()}
+    got = {k: float(v[0]) for k, v in L.expert_columns(c, drop_k=1).items()}
+    assert math.isclose(got["load_max_vio_primerl"], 2.0)  # 6 dropped: {2, 0, 0}, mean 2/3, (2 − 2/3) / (2/3)
     assert got["load_max_vio"] == 0.5 and got["load_max_vio_all"] == 2.0 and got["load_hot_experts"] == 1
     assert math.isclose(got["load_cv"], math.sqrt((16 + 0 + 4 + 4) / 4) / 2, rel_tol=1e-15)
     assert math.isclose(got["load_entropy_norm"], -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)) / math.log(4))

@@ -13,7 +13,9 @@ Who logs which definition (our own code below; the engines' lines cited for the 
   (examples/wide_ep/ep_load_balancer/report_load_statistics.py:13-14 @aa71b35b; a replicated expert's tokens are
   divided evenly over its slots there, lines 74-78) → `rank_imbalance`.
 - verl `rollout/moe/max_vio` and Tinker `e_max_violation` = (max − fair) / fair over all experts →
-  `load_max_vio_all`; prime-rl's `max_vio` over the experts seen → `load_max_vio` (version 2).
+  `load_max_vio_all`. prime-rl's `max_vio` first drops the top_k most loaded experts (as padding), then takes
+  (max − mean) / mean over the rest (PrimeIntellect-ai/prime-rl src/prime_rl/trainer/model.py:574-577 @559b4477,
+  get_load_balance_stats) → `load_max_vio_primerl`, where k is known (config `top_k`, else the routing rows').
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class Cube:
     n: dict[str, np.ndarray]
     n_experts: int
     n_experts_source: str  # "config", "given" or "seen"
+    top_k: int | None = None  # for prime-rl's max_vio (run_top_k)
 
     def sides(self) -> list[str]:
         """The sides with any count (the trainer's is all zeros where it was not recorded)."""
@@ -78,8 +81,9 @@ def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.where(b != 0, a / np.where(b != 0, b, 1.0), np.nan)
 
 
-def expert_columns(c: np.ndarray) -> dict[str, np.ndarray]:
-    """Every expert-level definition over the last axis of counts c[..., n] (n = all experts of the model).
+def expert_columns(c: np.ndarray, drop_k: int | None = None) -> dict[str, np.ndarray]:
+    """Every expert-level definition over the last axis of counts c[..., n] (n = all experts of the model), and
+    with `drop_k` prime-rl's max_vio without the drop_k most loaded experts (load_max_vio_primerl).
 
     NaN where the group has no tokens (and load_entropy_norm where n = 1)."""
     c = np.asarray(c, dtype=np.float64)
@@ -95,13 +99,18 @@ def expert_columns(c: np.ndarray) -> dict[str, np.ndarray]:
         h = -np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0).sum(-1)
     std = np.sqrt(((c - mean[..., None]) ** 2).mean(-1))
     empty = total == 0
-    return {
+    out = {
         "load_max_vio": _div(mx - mean_seen, mean_seen),
         "load_max_vio_all": _div(mx - mean, mean),
         "load_cv": _div(std, mean),
         "load_entropy_norm": np.where(empty | (n < 2), np.nan, h / np.log(n) if n > 1 else np.nan),
         "load_hot_experts": np.where(empty, np.nan, (c > HOT_FACTOR * mean[..., None]).sum(-1)),
     }
+    if drop_k is not None and 0 < drop_k < n:
+        rest = -np.sort(-c, axis=-1)[..., drop_k:]
+        m = rest.mean(-1)
+        out["load_max_vio_primerl"] = np.where(empty, np.nan, _div(rest.max(-1) - m, m))
+    return out
 
 
 def rank_counts(c: np.ndarray, slots: np.ndarray, n_ranks: int) -> np.ndarray:
@@ -128,6 +137,15 @@ def run_n_experts(store: Store, run: str) -> int | None:
     """The run's config key `n_experts` (run.json), if it is a positive integer."""
     v = store.run_config(run).get("n_experts")
     return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def run_top_k(store: Store, run: str) -> int | None:
+    """k of the run's top-k routing: config `top_k`, else the routing summaries' (one k per run), else None."""
+    v = store.run_config(run).get("top_k")
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        return v
+    ks = store.rows("SELECT DISTINCT k FROM summary_layer WHERE run = ? AND k IS NOT NULL", [run])
+    return int(ks[0][0]) if len(ks) == 1 else None
 
 
 def run_ep_size(store: Store, run: str) -> int | None:
@@ -167,12 +185,13 @@ def counts_cube(store: Store, run: str, steps: tuple[int, int] | None = None,
         cube = np.zeros((len(step_v), len(layer_v), width))
         cube[si, li, ei] = df[col].to_numpy()
         n[side] = cube
-    return Cube(step_v, layer_v, n, int(n_experts), source)
+    return Cube(step_v, layer_v, n, int(n_experts), source, run_top_k(store, run))
 
 
-def stored_placement(store: Store, run: str, layers: np.ndarray) -> Placement | None:
+def stored_placement(store: Store, run: str, layers: np.ndarray) -> tuple[np.ndarray, int | None] | None:
     """The placement logged or uploaded for the run (table expert_placement: slot → expert per layer, with the
-    number of ranks), for the given layers; None without one. A layer without a row keeps the first layer's."""
+    number of ranks where the dump said it) as (slots[layer index, slot] for the given layers, n_ranks or None);
+    None without one. A layer without rows keeps the first layer's."""
     df = store.sql("""SELECT layer, slot, expert, n_ranks FROM expert_placement WHERE run = $run
                       ORDER BY layer, slot""", {"run": run})
     if df.is_empty():
@@ -183,18 +202,19 @@ def stored_placement(store: Store, run: str, layers: np.ndarray) -> Placement | 
     if any(len(v) != len(first) for v in by_layer.values()):
         raise ValueError(f"run {run!r}: the stored placement has layers with different numbers of slots")
     slots = np.stack([by_layer.get(int(layer), first) for layer in layers]) if len(layers) else first[None]
-    return Placement(slots, int(n_ranks[0]) if n_ranks.len() else 1, "stored")
+    return slots, int(n_ranks[0]) if n_ranks.len() else None
 
 
 def run_placement(store: Store, run: str, cube: Cube, ep_size: int | None = None,
                   placement: Placement | None = None) -> Placement | None:
-    """The placement the rank columns use: given, else stored for the run (with `ep_size` given or configured
-    overriding its rank count), else contiguous blocks over ep_size (given, else config `ep_size`); None when
-    there is no placement and no ep_size."""
+    """The placement the rank columns use: given, else stored for the run (ranks: ep_size given or configured,
+    else the dump's), else contiguous blocks over ep_size (given, else config `ep_size`); None when the ranks
+    are unknown."""
     ep = ep_size or run_ep_size(store, run)
     if placement is None:
         stored = stored_placement(store, run, cube.layers)
-        placement = Placement(stored.slots, ep or stored.n_ranks, "stored") if stored is not None else None
+        if stored is not None and (ep or stored[1]):
+            placement = Placement(stored[0], ep or stored[1], "stored")
     if placement is None:
         return Placement.contiguous(cube.n_experts, ep) if ep else None
     if placement.slots.size and (placement.slots.min() < 0 or placement.slots.max() >= cube.n_experts):
@@ -209,17 +229,19 @@ def load_table(store: Store, run: str, steps: tuple[int, int] | None = None, n_e
                ep_size: int | None = None, placement: Placement | None = None) -> pl.DataFrame:
     """Every load column per (step, layer) and side: [run, step, layer, n_experts, <column>_<side>...].
 
-    Expert columns over all n experts (zero-load ones included; load_max_vio over the experts seen); rank
+    Expert columns over all n experts (zero-load ones included; load_max_vio over the experts seen;
+    load_max_vio_primerl where top_k is known); rank
     columns where a placement is known (given, stored, or contiguous over ep_size), else absent. A side without
     tokens at (step, layer) gives nulls. `straggler_step_<side>` = Σ_layers max_r c_r / Σ_layers mean_r c_r: the
     step's expert-parallel MoE time over its perfectly balanced time, when every layer waits for its slowest
     rank (the reciprocal of vLLM's logged balancedness)."""
     cube = counts_cube(store, run, steps, n_experts)
     place = run_placement(store, run, cube, ep_size, placement)
-    return _table(run, cube, place)
+    return table_of(run, cube, place)
 
 
-def _table(run: str, cube: Cube, place: Placement | None) -> pl.DataFrame:
+def table_of(run: str, cube: Cube, place: Placement | None) -> pl.DataFrame:
+    """load_table's frame from counts already read (a page reads the cube once for several views)."""
     S, L = len(cube.steps), len(cube.layers)
     cols: dict[str, object] = {
         "run": [run] * (S * L),
@@ -228,7 +250,7 @@ def _table(run: str, cube: Cube, place: Placement | None) -> pl.DataFrame:
         "n_experts": np.full(S * L, cube.n_experts, dtype=np.int64),
     }
     for side in SIDES:
-        for name, v in expert_columns(cube.n[side]).items():
+        for name, v in expert_columns(cube.n[side], cube.top_k).items():
             cols[f"{name}_{side}"] = v.reshape(-1)
         if place is not None:
             r = rank_array(cube.n[side], place)

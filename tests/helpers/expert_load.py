@@ -54,21 +54,28 @@ def write_counts(db: Path, run: str, sampler: np.ndarray, trainer: np.ndarray | 
     return store
 
 
-def ref_expert(c: list[float]) -> dict[str, float | None]:
-    """The expert-level columns of one (step, layer, side) by their written definitions, in plain Python."""
+def ref_expert(c: list[float], top_k: int | None = None) -> dict[str, float | None]:
+    """The expert-level columns of one (step, layer, side) by their written definitions, in plain Python;
+    with top_k, prime-rl's max_vio (the top_k most loaded experts dropped first)."""
     n = len(c)
     total = math.fsum(c)
+    names = ("load_max_vio", "load_max_vio_all", "load_cv", "load_entropy_norm", "load_hot_experts") \
+        + (("load_max_vio_primerl",) if top_k else ())
     if total == 0:
-        return {k: None for k in ("load_max_vio", "load_max_vio_all", "load_cv", "load_entropy_norm",
-                                  "load_hot_experts")}
+        return {k: None for k in names}
+    out = {}
+    if top_k:
+        rest = sorted(c, reverse=True)[top_k:]
+        m = math.fsum(rest) / len(rest)
+        out["load_max_vio_primerl"] = (max(rest) - m) / m if m else None
     seen = [x for x in c if x > 0]
     mean_seen = math.fsum(seen) / len(seen)
     mean = total / n
     var = math.fsum((x - mean) ** 2 for x in c) / n
     h = -math.fsum((x / total) * math.log(x / total) for x in c if x > 0)
-    return {"load_max_vio": (max(c) - mean_seen) / mean_seen, "load_max_vio_all": (max(c) - mean) / mean,
-            "load_cv": math.sqrt(var) / mean, "load_entropy_norm": h / math.log(n) if n > 1 else None,
-            "load_hot_experts": sum(1 for x in c if x > 2 * mean)}
+    return out | {"load_max_vio": (max(c) - mean_seen) / mean_seen, "load_max_vio_all": (max(c) - mean) / mean,
+                  "load_cv": math.sqrt(var) / mean, "load_entropy_norm": h / math.log(n) if n > 1 else None,
+                  "load_hot_experts": sum(1 for x in c if x > 2 * mean)}
 
 
 def ref_ranks(c: list[float], slots: list[int], n_ranks: int) -> list[float]:
