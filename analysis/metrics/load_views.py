@@ -43,7 +43,7 @@ def views(store: Store, run: str, steps: tuple[int, int] | None = None, side: st
     c = cube.n[side]
     n = cube.n_experts
     cols = [f"{k}_{side}" for k in (*L.EXPERT_COLUMNS, *(L.RANK_COLUMNS if place else ()))]
-    by_step = table.group_by("step").agg(
+    by_step = table.group_by("run", "step").agg(
         *(pl.col(k).mean() for k in cols),
         *([pl.col(f"straggler_step_{side}").first()] if place else [])).sort("step")
     pooled = c.sum(0)  # [layer, expert]
