@@ -55,7 +55,7 @@ with S.guard("compute the expert load"):
             st.markdown("**Layer × expert, tokens over the fair share** (selected steps summed)")
             plot.show(load_charts.expert_heatmap(v["heatmap"]), key="load_expert_heatmap")
             st.markdown("**Which definition your engine logs**")
-            st.dataframe(load_views.DEFINITIONS, hide_index=True, width="stretch")
+            st.table(load_views.DEFINITIONS, border="horizontal", hide_index=True)
 
     if rank_tab.open:
         with rank_tab:

@@ -25,7 +25,7 @@ def test_every_tab(monkeypatch, db):
     assert at.title[0].value == "Expert load" and not errors(at), errors(at)
     assert [t.label for t in at.tabs] == ["Imbalance", "Ranks", "Hot experts", "What-if", "By domain"]
     assert bu.app_charts(at) == 2  # per-step curves and the layer × expert heat map
-    assert "vLLM" in at.dataframe[0].value.to_string()  # the definitions table names the engines
+    assert "vLLM" in at.table[0].value.to_string()  # the definitions table names the engines
 
     open_tab(at, "load_tab", "Ranks")
     assert "No placement" in texts(at.info) and not errors(at)

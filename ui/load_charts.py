@@ -34,7 +34,7 @@ def rank_heatmap(ranks: pl.DataFrame, straggler: pl.DataFrame) -> go.Figure:
     xs, ys, grid = to_grid(ranks, "rank", "layer", "ratio")
     top = max(2.0, float(ranks["ratio"].max() or 2.0)) if ranks.height else 2.0
     fig.add_trace(go.Heatmap(x=xs, y=ys, z=grid_array(grid), colorscale=DIVERGING, zmin=0, zmax=top, zmid=1.0,
-                             colorbar=dict(title="× mean rank", x=0.7),
+                             colorbar=dict(title="× mean rank"),
                              hovertemplate="rank %{x}<br>layer %{y}<br>tokens %{z:.3g}× the mean rank<extra></extra>"),
                   row=1, col=1)
     s = straggler.sort("layer")
@@ -51,10 +51,12 @@ def rank_heatmap(ranks: pl.DataFrame, straggler: pl.DataFrame) -> go.Figure:
 def hot_counts(df: pl.DataFrame) -> go.Figure:
     """[step, layer, n_hot] → step × layer, the number of hot experts (tokens > 2 × fair share)."""
     xs, ys, grid = to_grid(df, "step", "layer", "n_hot")
-    fig = go.Figure(go.Heatmap(x=xs, y=ys, z=grid_array(grid), colorscale="YlOrRd", zmin=0,
+    top = max(1, int(df["n_hot"].max() or 0)) if df.height else 1
+    fig = go.Figure(go.Heatmap(x=xs, y=ys, z=grid_array(grid), colorscale="YlOrRd", zmin=0, zmax=top,
                                colorbar=dict(title="hot experts"),
                                hovertemplate="step %{x}<br>layer %{y}<br>%{z} hot experts<extra></extra>"))
     fig.update_yaxes(dtick=1 if len(ys) <= 32 else None)
+    fig.update_xaxes(dtick=1 if len(xs) <= 30 else None)
     return layout(fig, x="step", y="MoE layer", legend=False, height=max(280, min(600, 60 + 18 * len(ys))))
 
 

@@ -14,15 +14,16 @@ from analysis.store import Store
 
 # Which definition each engine or trainer logs, so a user can match their own log (sources: metrics/load.py)
 DEFINITIONS = pl.DataFrame({
-    "column": ["rank_balancedness", "rank_imbalance", "straggler", "load_max_vio_all", "load_max_vio", "load_cv",
-               "load_entropy_norm", "load_hot_experts"],
+    "column": ["rank_balancedness", "rank_imbalance", "straggler", "load_max_vio_all", "load_max_vio_primerl",
+               "load_max_vio", "load_cv", "load_entropy_norm", "load_hot_experts"],
     "formula": ["mean_r c_r / max_r c_r", "max_r c_r / mean_r c_r − 1", "max_r c_r / mean_r c_r",
-                "(max_e c_e − mean) / mean, all n experts", "(max_e c_e − mean) / mean, experts seen",
-                "std_e c_e / mean, all n experts", "H(c / Σc) / ln n", "#{e: c_e > 2 · mean}"],
+                "(max_e c_e − mean) / mean, all n experts", "the same without the top_k most loaded experts",
+                "(max_e c_e − mean) / mean, experts seen", "std_e c_e / mean, all n experts", "H(c / Σc) / ln n",
+                "#{e: c_e > 2 · mean}"],
     "logged by": ["vLLM EPLB `balancedness` (summed over layers: Σ mean / Σ max); SGLang `[Expert Balancedness]`",
                   "TensorRT-LLM `imbalance-ratio` (report_load_statistics.py)", "— (time vs perfect balance)",
-                  "verl `rollout/moe/max_vio`, Tinker `e_max_violation`", "prime-rl `max_vio` (its top-k dropped "
-                  "first with --as prime-rl)", "—", "—", "—"],
+                  "verl `rollout/moe/max_vio`, Tinker `e_max_violation`", "prime-rl `max_vio` (needs top_k)",
+                  "— (Driftscope's load_max_vio_*, version 2)", "—", "—", "—"],
 })
 
 
