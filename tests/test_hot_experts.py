@@ -122,3 +122,17 @@ def test_hot_drift(routed):
         assert row["n_rows"] == len(g)
         assert math.isclose(row["flip_rate"], sum(f for f, _ in g) / len(g), rel_tol=1e-12)
         assert math.isclose(row["log_ratio_abs_mean"], sum(x for _, x in g) / len(g), rel_tol=1e-9)
+
+
+def test_persistence_from_counts_equals_the_timeline_path(tmp_path):
+    from analysis.metrics import load as L
+    s = skewed_counts(3, 6, 3, 8, zero=(1,))
+    s[2, 1] = 0  # a (step, layer) without tokens does not count as a step of that layer
+    store = write_counts(tmp_path / "p.duckdb", "r", s)
+    cube = L.counts_cube(store, "r")
+    a = H.persistence(H.hot_timeline(store, "r"))
+    b = H.persistence_of(cube.n["sampler"], cube.layers)
+    assert a.columns == b.columns and a.height == b.height == 3 * 8
+    for x, y in zip(a.iter_rows(), b.iter_rows()):
+        assert x[:2] == y[:2] and x[4] == y[4]
+        assert math.isclose(x[2], y[2], rel_tol=1e-12) and math.isclose(x[3], y[3], rel_tol=1e-12)

@@ -132,3 +132,11 @@ def test_cli_eplb(tmp_path):
                           "--replicas", "20", "--nodes", "1", "--gpus", "3"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 1 and "do not divide" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_large_instances_take_the_greedy():
+    # 64 experts: the exhaustive search would never end; the candidate count is exact (no integer overflow)
+    assert R._n_candidates(64, 72, 8) > R.EXACT_LIMIT
+    assert R._n_candidates(4, 6, 2) == 10 * 10  # C(5, 3) replica counts × 6!/(3!² 2!) packings
+    plan = R.rebalance(np.random.default_rng(0).lognormal(size=64), 72, 1, 1, 8)
+    assert not plan.exact and sorted(set(plan.slots.tolist())) == list(range(64))

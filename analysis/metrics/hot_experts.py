@@ -45,6 +45,24 @@ def persistence(timeline: pl.DataFrame) -> pl.DataFrame:
             .sort(["hot_share", "mean_share", "layer", "expert"], descending=[True, True, False, False]))
 
 
+def persistence_of(c: np.ndarray, layers: np.ndarray) -> pl.DataFrame:
+    """`persistence` straight from counts c[step, layer, expert] (the page's path: no per-cell frame)."""
+    S, Ly, E = c.shape
+    total = c.sum(-1, keepdims=True)
+    live = total[..., 0] > 0  # [step, layer]
+    hot = (c > L.HOT_FACTOR * total / E) & live[..., None]
+    share = np.where(live[..., None], c / np.where(total > 0, total, 1), 0.0)
+    n_steps = live.sum(0)  # [layer]
+    keep = np.repeat(n_steps > 0, E)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        hot_share = (hot.sum(0) / n_steps[:, None]).reshape(-1)
+        mean_share = (share.sum(0) / n_steps[:, None]).reshape(-1)
+    df = pl.DataFrame({"layer": np.repeat(layers, E).astype(np.int64), "expert": np.tile(np.arange(E), Ly).astype(np.int64),
+                       "hot_share": hot_share, "mean_share": mean_share,
+                       "n_steps": np.repeat(n_steps, E).astype(np.uint32)}).filter(pl.Series(keep))
+    return df.sort(["hot_share", "mean_share", "layer", "expert"], descending=[True, True, False, False])
+
+
 def side_difference(store: Store, run: str, steps: tuple[int, int] | None = None,
                     n_experts: int | None = None) -> pl.DataFrame:
     """[step, layer, load_tv]: total variation ½ Σ_e |p_s(e) − p_t(e)| between the sampler's and the trainer's load

@@ -163,28 +163,33 @@ def counts_cube(store: Store, run: str, steps: tuple[int, int] | None = None,
     if layers:
         where += " AND list_contains($layers, layer)"
         params["layers"] = [int(x) for x in layers]
-    df = store.sql(f"""SELECT step, layer, expert, sum(n_sampler)::DOUBLE AS ns, sum(n_trainer)::DOUBLE AS nt
-                       FROM expert_load WHERE {where} GROUP BY step, layer, expert""", params)
+    # the rows as stored (several per key where several files hold counts of it), summed below in numpy: a
+    # GROUP BY over the ~0.8M rows of a 400-step, 32-layer, 64-expert run took 0.3 s, the sums 20 ms
+    df = store.sql(f"""SELECT step, layer, expert, n_sampler, n_trainer FROM expert_load WHERE {where}""", params)
     source = "given" if n_experts else "config"
     n_experts = n_experts or run_n_experts(store, run)
-    seen = store.scalar("SELECT count(DISTINCT expert) FROM expert_load WHERE run = ?", [run]) or 0
-    top = store.scalar("SELECT max(expert) FROM expert_load WHERE run = ?", [run])
+    seen, top = store.rows("SELECT count(DISTINCT expert), max(expert) FROM expert_load WHERE run = ?", [run])[0]
     if not n_experts:  # the experts seen; ids with gaps count up to the highest
-        source, n_experts = "seen", max(int(seen), int(top) + 1 if top is not None else 0)
+        source, n_experts = "seen", max(int(seen or 0), int(top) + 1 if top is not None else 0)
     width = int(n_experts)
     if top is not None and top >= n_experts:
         raise ValueError(f"run {run!r} has expert id {top}, but n_experts is {n_experts} ({source}): ids go from "
                          f"0 to n_experts − 1; set `n_experts` in the run's config or pass the right one")
+    # labels by hashing (polars), indices by binary search into the few labels: np.unique's sort of every row
+    # cost 0.1-0.3 s
     step_v = np.sort(df["step"].unique().to_numpy()) if df.height else np.zeros(0, np.int64)
     layer_v = np.sort(df["layer"].unique().to_numpy()) if df.height else np.zeros(0, np.int64)
     si = np.searchsorted(step_v, df["step"].to_numpy())
     li = np.searchsorted(layer_v, df["layer"].to_numpy())
-    ei = df["expert"].to_numpy().astype(np.int64)
+    shape = (len(step_v), len(layer_v), width)
+    flat = (si * shape[1] + li) * width + df["expert"].to_numpy().astype(np.int64) if df.height else None
     n = {}
-    for side, col in (("sampler", "ns"), ("trainer", "nt")):
-        cube = np.zeros((len(step_v), len(layer_v), width))
-        cube[si, li, ei] = df[col].to_numpy()
-        n[side] = cube
+    for side, col in (("sampler", "n_sampler"), ("trainer", "n_trainer")):
+        if flat is None:
+            n[side] = np.zeros(shape)
+            continue
+        w = df[col].fill_null(0).to_numpy().astype(np.float64)
+        n[side] = np.bincount(flat, weights=w, minlength=int(np.prod(shape))).reshape(shape)
     return Cube(step_v, layer_v, n, int(n_experts), source, run_top_k(store, run))
 
 

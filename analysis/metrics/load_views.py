@@ -81,14 +81,7 @@ def views(store: Store, run: str, steps: tuple[int, int] | None = None, side: st
     out["hot"] = pl.DataFrame({"step": np.repeat(cube.steps, Ly).astype(np.int64),
                                "layer": np.tile(cube.layers, S).astype(np.int64),
                                "n_hot": hot.reshape(-1).astype(np.int64)})
-    share = np.where(total > 0, c / np.where(total > 0, total, 1), np.nan)
-    timeline = pl.DataFrame({
-        "step": np.repeat(cube.steps, Ly * n).astype(np.int64),
-        "layer": np.tile(np.repeat(cube.layers, n), S).astype(np.int64),
-        "expert": np.tile(np.arange(n), S * Ly).astype(np.int64),
-        "share": share.reshape(-1), "hot": (c > L.HOT_FACTOR * total / n).reshape(-1)}).with_columns(
-        pl.col("share").fill_nan(None))
-    out["persistence"] = H.persistence(timeline)
+    out["persistence"] = H.persistence_of(c, cube.layers)
     return out
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,12 +111,11 @@ def _packings(n_items: int, bins: int, per_bin: int):
     yield from go(0, 0)
 
 
-def _n_candidates(n_exp: int, n_slots: int, bins: int) -> float:
+def _n_candidates(n_exp: int, n_slots: int, bins: int) -> int:
+    """How many (replica counts, packing) pairs the exact search would try (exact integers: no overflow)."""
     per = n_slots // bins
-    comps = float(np.prod([n_slots - n_exp + k for k in range(1, n_exp)]) / np.prod(np.arange(1, n_exp))) \
-        if n_exp > 1 else 1.0
-    packs = np.prod([float(x) for x in range(1, n_slots + 1)]) / (np.prod([float(x) for x in range(1, per + 1)])
-                                                                   ** bins) / np.prod(np.arange(1, bins + 1.0))
+    comps = math.comb(n_slots - 1, n_exp - 1)  # ways to give the n_slots − n_exp extra slots to n_exp experts
+    packs = math.factorial(n_slots) // (math.factorial(per) ** bins * math.factorial(bins))
     return comps * packs
 
 
