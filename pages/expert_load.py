@@ -94,7 +94,7 @@ with S.guard("compute the expert load"):
             st.caption("Our own hierarchical replicate-and-pack (groups to nodes, hottest experts replicated, "
                        "replicas packed onto GPUs), fitted on a window of steps and judged on the next one.")
             n = int(v["n_experts"])
-            gpus0 = int(ep_size) or next(g for g in (8, 4, 2, 1) if n % g == 0)
+            gpus0 = v["n_ranks"] or next(g for g in (8, 4, 2, 1) if n % g == 0)
             with st.form("load_whatif"):
                 a, b, c, d = st.columns(4)
                 replicas = a.number_input("Slots in all", min_value=1, max_value=65536, value=n + gpus0,

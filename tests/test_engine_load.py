@@ -88,6 +88,25 @@ def test_sglang_per_pass_two_ranks_with_placement(tmp_path):
         assert np.isclose(row["rank_imbalance_sampler"], per_gpu.max() / per_gpu.mean() - 1, rtol=1e-12)
 
 
+def test_sglang_per_token_records_load_as_per_pass(tmp_path):
+    """per_token mode: each record also carries the pass's token ids, positions, forward mode, top-k ids per layer
+    and DeepEP counters (_DetailSinglePassGatherer.collect); only global_physical_count is read."""
+    rng = np.random.default_rng(4)
+    m = torch.arange(E).repeat(LAYERS, 1)
+    c = torch.tensor(rng.integers(0, 9, size=(LAYERS, E)), dtype=torch.int32)
+    rec = dict(forward_pass_id=7, rank=0, gatherer_key="primary", input_ids=[5, 6, 7], positions=[0, 1, 2],
+               extend_seq_lens=[3], forward_mode=1, topk_ids_of_layer=torch.zeros(LAYERS, 3, 8, dtype=torch.int32),
+               misc_objects=[dict(layer_id=0, num_tokens_per_rank=[3], num_tokens_per_rdma_rank=[3],
+                                  num_tokens_per_expert=[1] * E)], global_physical_count=c)
+    path = tmp_path / "expert_distribution_recorder_1.0_0.pt"
+    torch.save(dict(records=[rec], last_physical_to_logical_map=m), path)
+    store = Store(tmp_path / "a.duckdb")
+    o = _one(ingest_paths(store, [path], run="tok"))
+    assert o.status == "loaded" and o.format == "sglang-load", o.line()
+    assert _counts(store, "tok") == {(7, la, e): (int(c[la, e]), 0) for la in range(LAYERS) for e in range(E)
+                                     if c[la, e] > 0}
+
+
 def test_trt_statistic_folder_and_placement(tmp_path):
     rng = np.random.default_rng(2)
     folder = tmp_path / "expert_statistic"

@@ -35,7 +35,7 @@ def views(store: Store, run: str, steps: tuple[int, int] | None = None, side: st
     the expert's tokens over the selected steps / the layer's fair share (Σ tokens / n); ranks [layer, rank,
     ratio] the same per rank (absent without a placement); straggler [layer, straggler_mean, straggler_pooled]:
     the mean over steps of max/mean per step, and max/mean of the summed steps; hot [step, layer, n_hot];
-    persistence (hot_experts.persistence); n_experts, n_experts_source, placement (its source or None)."""
+    persistence (hot_experts.persistence); n_experts, n_experts_source, placement (its source or None), n_ranks."""
     if side not in L.SIDES:
         raise ValueError(f"side must be one of {', '.join(L.SIDES)}")
     cube = L.counts_cube(store, run, steps, n_experts)
@@ -58,7 +58,7 @@ def views(store: Store, run: str, steps: tuple[int, int] | None = None, side: st
                                  "expert": np.tile(np.arange(n), Ly).astype(np.int64),
                                  "ratio": ratio.reshape(-1)}).with_columns(pl.col("ratio").fill_nan(None)),
         "n_experts": n, "n_experts_source": cube.n_experts_source,
-        "placement": place.source if place else None,
+        "placement": place.source if place else None, "n_ranks": place.n_ranks if place else None,
     }
     if place is not None:
         r = L.rank_array(c, place)  # [step, layer, rank]
