@@ -101,8 +101,8 @@ def _pt_kind(fp: BinaryIO, member: str) -> Detected:
     try:
         with zipfile.ZipFile(fp).open(member) as f:
             head = f.read(PICKLE_SNIFF)
-    except ZIP_ERRORS:
-        head = b""
+    except (*ZIP_ERRORS, zlib.error):
+        head = b""  # the tensor reader reports the damage
     if engine_load.looks_like_sglang(head):
         return Detected("sglang-load", "load")
     return Detected("pt", "mixed")
