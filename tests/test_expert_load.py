@@ -109,6 +109,11 @@ def test_bad_n_experts_is_refused(tmp_path, counts):
         L.load_table(store, "r")
     with pytest.raises(ValueError, match="does not divide"):
         L.load_table(store, "r", n_experts=8, ep_size=3)
+    with store.transaction() as w:
+        w.execute("INSERT INTO runs (run, config) VALUES ('dense', '{}')")
+    with pytest.raises(ValueError, match="has no expert load"):
+        L.load_table(store, "dense")
+    assert L.load_table(store, "r", steps=(100, 200), n_experts=8).is_empty()  # steps without load: no rows
 
 
 def test_cli_load_prints_the_table(tmp_path, counts):

@@ -171,6 +171,9 @@ def counts_cube(store: Store, run: str, steps: tuple[int, int] | None = None,
     seen, top = store.rows("SELECT count(DISTINCT expert), max(expert) FROM expert_load WHERE run = ?", [run])[0]
     if not n_experts:  # the experts seen; ids with gaps count up to the highest
         source, n_experts = "seen", max(int(seen or 0), int(top) + 1 if top is not None else 0)
+    if not n_experts:
+        raise ValueError(f"run {run!r} has no expert load: log its routing (sampler_experts / trainer_experts) or "
+                         "load an engine's expert-load dump for it")
     width = int(n_experts)
     if top is not None and top >= n_experts:
         raise ValueError(f"run {run!r} has expert id {top}, but n_experts is {n_experts} ({source}): ids go from "
