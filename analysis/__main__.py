@@ -1,4 +1,5 @@
-"""Command line: `python -m analysis {ingest,watch,runs,metrics,corrections,findings,summarize,warm,lab,probe} ...`
+"""Command line: `python -m analysis {ingest,watch,runs,metrics,corrections,findings,load,eplb,summarize,warm,lab,
+probe} ...`
 (see README, 'Command line')."""
 from __future__ import annotations
 
@@ -67,6 +68,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="corridor parameter rel_up, rel_down or floor (defaults 0.5, 0.8, 0.02; repeatable)")
     p.add_argument("--lattice-q", type=float, default=0.125, metavar="Q",
                    help="the quantum of the lattice finding (default 0.125, an FP8 step)")
+    p = sub.add_parser("load", help="expert load per (step, layer): every engine's definition (METRICS.md)")
+    _db_arg(p)
+    p.add_argument("--run", required=True)
+    p.add_argument("--steps", default=None, metavar="A:B", help="inclusive step range, e.g. 0:99")
+    p.add_argument("--n-experts", type=int, default=None, help="experts of the model (default: config n_experts)")
+    p.add_argument("--ep-size", type=int, default=None, help="EP ranks, experts in contiguous blocks (default: "
+                   "the stored placement, else config ep_size; without either, no rank columns)")
+    p.add_argument("--format", choices=("csv", "json"), default="csv")
+    p = sub.add_parser("eplb", help="rebalancing what-if: replicate and pack experts, forecast the next window")
+    _db_arg(p)
+    p.add_argument("--run", required=True)
+    p.add_argument("--layers", default=None, help="comma-separated MoE layers (default: all)")
+    p.add_argument("--replicas", type=int, required=True, help="physical expert slots in all")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--groups", type=int, default=None, help="expert groups (default: --nodes)")
+    p.add_argument("--window", type=int, default=None, help="steps fitted on; the forecast is the next as many "
+                   "(default: half the steps)")
+    p.add_argument("--steps", default=None, metavar="A:B", help="inclusive step range, e.g. 0:99")
+    p.add_argument("--n-experts", type=int, default=None, help="experts of the model (default: config n_experts)")
+    p.add_argument("--side", choices=("sampler", "trainer"), default="sampler")
+    p.add_argument("--format", choices=("csv", "json"), default="csv")
     from analysis.lake.cli import add_parser as add_summarize
     add_summarize(sub)
     sub.add_parser("warm", help="compile the ingest kernels now (once per install, ~7 s), not in the first ingest")
@@ -120,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             out = store.runs().drop("config", "has_trainer_routing")
             sys.stdout.write(out.write_csv())
             return 0
-        if args.command in ("corrections", "findings"):
+        if args.command in ("corrections", "findings", "load", "eplb"):
             from analysis import commands
             return commands.run(store, args)
         return _metrics(store, args)

@@ -1,4 +1,5 @@
-"""The `corrections` and `findings` commands of `python -m analysis` (parsers in analysis/__main__.py)."""
+"""The `corrections`, `findings`, `load` and `eplb` commands of `python -m analysis` (parsers in
+analysis/__main__.py)."""
 from __future__ import annotations
 
 import json
@@ -34,6 +35,9 @@ def parse_steps(text: str | None) -> tuple[int, int] | None:
 
 def run(store: Store, args) -> int:
     try:
+        if args.command in ("load", "eplb"):
+            _runs(store, [args.run])
+            return _load(store, args) if args.command == "load" else _eplb(store, args)
         runs = _runs(store, args.run)
         if args.command == "corrections":
             return _corrections(store, runs, args)
@@ -85,4 +89,26 @@ def _findings(store: Store, runs: list[str], args) -> int:
                 shares = "" if g["n_tokens"] is None or g["status"] != "fail" else \
                     f"; tokens beyond: {g['n_beyond_max']} of {g['n_tokens']}"
                 print(f"     {g['status']:8} {g['metric']}: {g['detail']}{shares}")
+    return 0
+
+
+def _write(df, fmt: str) -> None:
+    sys.stdout.write(df.write_csv() if fmt == "csv" else df.write_json() + "\n")
+
+
+def _load(store: Store, args) -> int:
+    from analysis.metrics.load import load_table
+    _write(load_table(store, args.run, parse_steps(args.steps), args.n_experts, args.ep_size), args.format)
+    return 0
+
+
+def _eplb(store: Store, args) -> int:
+    from analysis.metrics.rebalance import what_if
+    try:
+        layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+    except ValueError:
+        raise ValueError(f"--layers takes comma-separated layer numbers, got {args.layers!r}") from None
+    df, _ = what_if(store, args.run, args.replicas, args.nodes, args.gpus, args.groups, layers, args.window,
+                    parse_steps(args.steps), args.n_experts, args.side)
+    _write(df, args.format)
     return 0

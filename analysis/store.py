@@ -47,6 +47,10 @@ def _ddl() -> list[str]:
         """CREATE TABLE IF NOT EXISTS expert_load (
                run VARCHAR, step BIGINT, layer INTEGER, expert INTEGER,
                n_sampler BIGINT, n_trainer BIGINT, file_id INTEGER)""",
+        # Where experts ran (logged, or read from an engine's dump): per layer, physical slot -> logical expert,
+        # slots split contiguously over n_ranks ranks (metrics/load.py Placement)
+        """CREATE TABLE IF NOT EXISTS expert_placement (
+               run VARCHAR, layer INTEGER, slot INTEGER, expert INTEGER, n_ranks INTEGER, file_id INTEGER)""",
         schema.RUN_IDS_DDL,
         schema.probe_ddl(),  # added with the probe: older databases gain it here
     ]
@@ -346,20 +350,25 @@ class Store:
             ids = [r[0] for r in w.execute(
                 "SELECT DISTINCT file_id FROM tokens WHERE run = ? UNION SELECT DISTINCT file_id FROM routing "
                 "WHERE run = ? UNION SELECT DISTINCT file_id FROM sequences WHERE run = ? "
-                "UNION SELECT DISTINCT file_id FROM summary_step WHERE run = ?",
-                [run, run, run, run]).fetchall()]
+                "UNION SELECT DISTINCT file_id FROM summary_step WHERE run = ? "
+                "UNION SELECT DISTINCT file_id FROM expert_load WHERE run = ? "
+                "UNION SELECT DISTINCT file_id FROM expert_placement WHERE run = ?",
+                [run, run, run, run, run, run]).fetchall()]
             coded = coded_tables(w.cur)
             for table in (*schema.stored_tables("tokens"), *schema.stored_tables("routing")):
                 where = f"run_id = (SELECT run_id FROM {schema.RUN_IDS} WHERE run = ?)" if table in coded else "run = ?"
                 w.execute(f"DELETE FROM {table} WHERE {where}", [run])
-            for table in ("sequences", "expert_load", "runs", schema.RUN_IDS, schema.PROBE_TABLE,
+            for table in ("sequences", "expert_load", "expert_placement", "runs", schema.RUN_IDS, schema.PROBE_TABLE,
                           *(t for t in summary_schema.TABLES if "run" in summary_schema.columns(t))):
                 w.execute(f"DELETE FROM {table} WHERE run = ?", [run])
             # a file that held several runs keeps its record while any of its rows remain
             for fid in ids:
                 left = w.execute("SELECT (SELECT count(*) FROM tokens WHERE file_id = ?) + "
                                  "(SELECT count(*) FROM routing WHERE file_id = ?) + "
-                                 "(SELECT count(*) FROM summary_step WHERE file_id = ?)", [fid, fid, fid]).fetchall()[0][0]
+                                 "(SELECT count(*) FROM summary_step WHERE file_id = ?) + "
+                                 "(SELECT count(*) FROM expert_load WHERE file_id = ?) + "
+                                 "(SELECT count(*) FROM expert_placement WHERE file_id = ?)",
+                                 [fid, fid, fid, fid, fid]).fetchall()[0][0]
                 if not left:
                     w.execute("DELETE FROM files WHERE file_id = ?", [fid])
                     w.execute("DELETE FROM summary_skip WHERE file_id = ?", [fid])
@@ -449,7 +458,8 @@ class Writer:
 
     def insert_arrow(self, table: str, data) -> None:
         """Append a pyarrow Table whose columns are a subset of the stored columns of `table`."""
-        if table not in schema.TABLES and table != "expert_load" and table not in summary_schema.TABLES:
+        if table not in schema.TABLES and table not in ("expert_load", "expert_placement") \
+                and table not in summary_schema.TABLES:
             raise ValueError(f"unknown table {table}")
         data = self.coded(table, data)
         self._flush_run_ids()

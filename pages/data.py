@@ -28,8 +28,9 @@ if access.read_only():
 else:
     st.markdown("Accepted, recognised by content: long tables (**Parquet, CSV, JSON Lines**) with the SCHEMA.md "
                 "columns; **sequence JSON Lines** (`.jsonl`, `.jsonl.gz`); **tensor dumps** (`.pt`, "
-                "`.safetensors`) with `rollout_log_probs` / `old_log_probs`; framework exports; and **zip** "
-                "archives of any of these. Loading the same content twice adds nothing.")
+                "`.safetensors`) with `rollout_log_probs` / `old_log_probs`; framework exports; **expert-load dumps** "
+                "of SGLang and TensorRT-LLM (with a run name below); and **zip** archives of any of these. Loading "
+                "the same content twice adds nothing.")
 
     def _check_lines(runs: list[str]) -> list[tuple[str, str]]:
         """(run, the line naming the likely setting) for each loaded run whose logging checks hold."""

@@ -2,7 +2,7 @@
 import streamlit as st
 
 from analysis.metrics import dashboard, drilldown, routing
-from ui import auth, charts, glossary, plot, routing_charts
+from ui import auth, charts, glossary, nav, plot, routing_charts
 from ui import state as S
 
 auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
@@ -64,6 +64,8 @@ def expert_load_section() -> None:
             plot.show(routing_charts.expert_load(df), key="routing_expert_load")
             st.caption("Share of the routed top-k slots each expert received at this (step, layer), for the "
                        "sampler and the trainer. Imbalance shifts between the two sides when routing flips.")
+        st.page_link(nav.EXPERT_LOAD.path, label="Imbalance by every engine's definition, EP ranks, hot experts "
+                     "and a rebalancing what-if: the Expert load page", icon=nav.EXPERT_LOAD.icon)
 
 
 S.remember("routing_run", "routing_layer_metric", "routing_load_run", "routing_load_step", "routing_load_layer",

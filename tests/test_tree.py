@@ -113,8 +113,8 @@ UI_LAYERS = [  # above every analysis layer
     {"ui.access", "ui.auth", "ui.nav", "ui.number_format", "ui.plot", "ui.sequence_view"},
     {"ui.glossary", "ui.live"},
     {"ui.charts", "ui.state"},
-    {"ui.context_charts", "ui.findings_charts", "ui.routing_charts", "ui.mapping_form", "ui.prefetch",
-     "ui.probe_charts"},
+    {"ui.context_charts", "ui.findings_charts", "ui.routing_charts", "ui.load_charts", "ui.mapping_form",
+     "ui.prefetch", "ui.probe_charts"},
     {"ui.sidebar"},
 ]
 PURE = {"analysis.summaries": ("analysis.ingest", "analysis.store", "analysis.migrations", "analysis.metrics",

@@ -16,10 +16,11 @@ FINDINGS = PageInfo("pages/findings.py", "Findings", ":material/lightbulb:", "fi
 OVERVIEW = PageInfo("pages/overview.py", "Overview", ":material/dashboard:", "overview")
 TOKENS = PageInfo("pages/token_drift.py", "Token drift", ":material/stacked_line_chart:", "token_drift")
 ROUTING = PageInfo("pages/routing.py", "Routing", ":material/alt_route:", "routing")
+EXPERT_LOAD = PageInfo("pages/expert_load.py", "Expert load", ":material/hub:", "expert_load")
 SEQUENCES = PageInfo("pages/sequences.py", "Sequences", ":material/notes:", "sequences")
 COMPARE = PageInfo("pages/compare.py", "Compare", ":material/compare_arrows:", "compare")
 DATA = PageInfo("pages/data.py", "Data", ":material/database:", "data")
 LAB = PageInfo("pages/lab.py", "Lab", ":material/science:", "lab")
 
-ALL = [FINDINGS, OVERVIEW, TOKENS, ROUTING, SEQUENCES, COMPARE, DATA, LAB]
-SECTIONS = {"Analyse": [FINDINGS, OVERVIEW, TOKENS, ROUTING, SEQUENCES, COMPARE], "Manage": [DATA, LAB]}
+ALL = [FINDINGS, OVERVIEW, TOKENS, ROUTING, EXPERT_LOAD, SEQUENCES, COMPARE, DATA, LAB]
+SECTIONS = {"Analyse": [FINDINGS, OVERVIEW, TOKENS, ROUTING, EXPERT_LOAD, SEQUENCES, COMPARE], "Manage": [DATA, LAB]}

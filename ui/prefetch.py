@@ -33,6 +33,7 @@ from analysis.metrics import (
     dashboard,
     distributions,
     drilldown,
+    load_views,
     routing,
     sampled,
 )
@@ -106,6 +107,7 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
     runs, steps, cap, clip = sel.runs, sel.steps, sel.cap, sel.clip
     first = runs[0]
     both = [r for r in runs if kinds.get(r) == "both"]
+    routed = [r for r in runs if kinds.get(r, "none") != "none"]
     pages: dict[str, list[Call]] = {
         nav.OVERVIEW.url: [
             (dashboard.run_and_step_tables, (runs,), dict(cap=cap, clip=clip, steps=steps)),
@@ -127,6 +129,8 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
             (routing.layer_profile, (both,), dict(steps=steps)),
             (routing.flip_views, (both,), dict(steps=steps)),  # the page derives its three flip charts
         ] if both else [],
+        # the Expert load page opens on the first run with routing, its sampler side, config n and ranks
+        nav.EXPERT_LOAD.url: [(load_views.views, (routed[0], steps, "sampler", None, None), {})] if routed else [],
         nav.SEQUENCES.url: [(drilldown.run_steps, (first,), {}), (sampled.sample_label, ([first],), {}),
                             (sequences_default, (first, steps), {})],
         nav.COMPARE.url: [

@@ -12,7 +12,7 @@ from typing import BinaryIO
 import pyarrow.parquet as pq
 
 from analysis.ingest.errors import CorruptFile, NotALogFile, UnknownFormat
-from analysis.ingest import summary_files
+from analysis.ingest import engine_load, summary_files
 from analysis.ingest.long import table_kind
 from analysis.ingest.suggest import map_hint
 
@@ -68,16 +68,18 @@ def detect(fp: BinaryIO, name: str) -> Detected:
             except ZIP_ERRORS as e:
                 raise CorruptFile(name, None, f"zip archive cannot be read ({e})", "the file is truncated") from None
             if any(m.endswith("data.pkl") for m in members):
-                return Detected("pt", "mixed")
+                return _pt_kind(fp, [m for m in members if m.endswith("data.pkl")][0])
             return Detected("zip", "mixed")
         if head[:1] == b"\x80":  # pickle protocol 2+: legacy torch.save or a plain pickle
             return Detected("pt", "mixed")
         if len(head) >= 9:
             (n,) = struct.unpack("<Q", head[:8])
             if head[8:9] == b"{" and 0 < n < 100 * 1024 * 1024:
-                return Detected("safetensors", "mixed")
+                return _safetensors_kind(fp, n, name)
         line = _first_line(fp)
         stripped = line.lstrip()
+        if engine_load.looks_like_trt_yaml(stripped):  # TensorRT-LLM's EPLB placement (FORMATS.md)
+            return Detected("trtllm-placement", "load")
         if stripped.startswith(b"{"):
             return _json_kind(name, line, gz=False)
         try:
@@ -94,6 +96,39 @@ def detect(fp: BinaryIO, name: str) -> Detected:
         fp.seek(0)
 
 
+# An SGLang recorder dump names its keys in the first bytes of the pickle inside the torch zip
+PICKLE_SNIFF = 1 << 16
+
+
+def _pt_kind(fp: BinaryIO, member: str) -> Detected:
+    """A torch zip: SGLang's expert-distribution dump (its keys in data.pkl) or any other tensor dump."""
+    try:
+        with zipfile.ZipFile(fp).open(member) as f:
+            head = f.read(PICKLE_SNIFF)
+    except (*ZIP_ERRORS, zlib.error):
+        head = b""  # the tensor reader reports the damage
+    if engine_load.looks_like_sglang(head):
+        return Detected("sglang-load", "load")
+    return Detected("pt", "mixed")
+
+
+def _safetensors_kind(fp: BinaryIO, n: int, name: str) -> Detected:
+    """TensorRT-LLM's expert statistic (every key '<iter>_<layer>', 1-D integer tensors) or any other tensors."""
+    fp.seek(8)
+    try:
+        header = json.loads(fp.read(n))
+    except ValueError:
+        return Detected("safetensors", "mixed")  # the reader reports the broken header
+    keys = {k: v for k, v in header.items() if k != "__metadata__"} if isinstance(header, dict) else {}
+    if keys and all(engine_load.TRT_KEY.fullmatch(k) for k in keys):
+        if all(isinstance(v, dict) and len(v.get("shape", ())) == 1 and str(v.get("dtype", "")).startswith(("I", "U"))
+               for v in keys.values()):
+            return Detected("trtllm-load", "load")
+        raise NotALogFile(name, None, "TensorRT-LLM co-occurrence or raw expert ids (keys '<iter>_<layer>' of "
+                          "2-D tensors): not loaded", "load the rank<r>.safetensors counts beside it")
+    return Detected("safetensors", "mixed")
+
+
 def _json_kind(name: str, line: bytes, gz: bool) -> Detected:
     try:
         obj = json.loads(line)
@@ -107,6 +142,9 @@ def _json_kind(name: str, line: bytes, gz: bool) -> Detected:
         raise CorruptFile(name, "line 1", "invalid JSON", "each line must be one JSON object") from None
     if not isinstance(obj, dict):
         raise UnknownFormat(name, "line 1", "expected a JSON object per line", "see SCHEMA.md")
+    if "num_experts" in obj and set(obj) <= {"num_experts", "num_experts_per_token", "ep_size"}:
+        raise NotALogFile(name, None, "TensorRT-LLM expert-statistic metadata (meta_info.json): nothing to load; "
+                          "the counts are in the rank<r>.safetensors beside it", "load those files")
     if "inference_logprobs" in obj and "loss_mask" in obj:
         return Detected("prime-rl", "tokens", gz)
     if isinstance(obj.get("traces"), list) and "task" in obj:  # verifiers Episode.to_record(): prime-rl traces

@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Sequence
 
 import pyarrow.compute as pc
 
-from analysis.ingest import frameworks, long, precision, sequences, summary_files, tensors
+from analysis.ingest import engine_load, frameworks, long, precision, sequences, summary_files, tensors
 from analysis.ingest import summarise as summaries
 from analysis.ingest.batches import ALONE_BYTES, Transaction, load_groups, unit_bytes
 from analysis.ingest.detect import detect
@@ -84,7 +84,7 @@ READERS: dict[str, Callable[[Unit, Limits], Iterator[Batch]]] = {
     "prime-rl-traces": frameworks.primerl_traces.read_unit,
     "miles-columns": frameworks.miles.lone_columns,
     "summary": lambda unit, limits: iter(()),  # loaded by _load_summary: its rows go to the summary tables
-}
+} | {fmt: (lambda unit, limits: iter(())) for fmt in engine_load.FORMATS}  # loaded by _load_engine_dump
 
 # Folder adapters claim framework layouts (e.g. slime's rollout_data/ + train_data/) before the
 # file-by-file scan: each takes a folder and returns (units, paths it claimed).
@@ -195,7 +195,7 @@ def _load_into(tx: Transaction, unit: Unit, run: str | None, limits: Limits, con
         return Outcome(unit.name, "skipped", fmt, message=unit.skip)
     size = unit_bytes(unit)
     ahead = take_ahead(unit.paths)  # the command line's hash of this file, started before its imports
-    if fmt != "summary" and size > ALONE_BYTES and not tx.may_be_loaded(size):
+    if fmt not in ("summary", *engine_load.FORMATS) and size > ALONE_BYTES and not tx.may_be_loaded(size):
         hasher = ahead or HashInThread(unit.paths)  # no loaded file has this size: hash while loading
         try:
             outcome, fid = _load_rows(tx, unit, None, size, run, limits, config, on_rows)
@@ -214,6 +214,8 @@ def _load_into(tx: Transaction, unit: Unit, run: str | None, limits: Limits, con
         return Outcome(unit.name, "skipped", fmt, message="same content already loaded")
     if fmt == "summary":
         return _load_summary(tx, unit, sha, size, run, limits, config)
+    if fmt in engine_load.FORMATS:
+        return _load_engine_dump(tx, unit, sha, size, run, limits, config)
     return _load_rows(tx, unit, sha, size, run, limits, config, on_rows)[0]
 
 
@@ -362,6 +364,24 @@ def _load_summary(tx: Transaction, unit: Unit, sha: str, size: int, run: str | N
     tx.ensure_runs(sorted(runs), config or unit.config)
     tx.w.finish_file(fid, sum(rows.values()))
     return Outcome(unit.name, "loaded", "summary", rows, sorted(runs))
+
+
+def _load_engine_dump(tx: Transaction, unit: Unit, sha: str, size: int, run: str | None, limits: Limits,
+                      config: dict | None) -> Outcome:
+    """An inference engine's expert-load dump or placement (analysis/ingest/engine_load.py): read whole and
+    checked before any row is appended, so a refusal leaves nothing behind."""
+    fmt = unit.detected.format
+    tables = engine_load.READERS[fmt](unit.paths[0], unit.name, limits, run)
+    fid = tx.new_file(sha, unit.name, size, fmt, run)
+    rows = {}
+    for table, data in tables.items():
+        if data.num_rows:
+            tx.append(table, with_file_id(data, fid))
+        rows[table] = data.num_rows
+    runs = [run] if run else []
+    tx.ensure_runs(runs, config or unit.config)
+    tx.w.finish_file(fid, sum(rows.values()))
+    return Outcome(unit.name, "loaded", fmt, rows, runs)
 
 
 def ingest_paths(store: Store, paths: Sequence[str | Path], run: str | None = None, config: dict | None = None,

@@ -26,7 +26,7 @@ def routing_metrics(store: Store, runs: list[str], by: str = "layer",
     Over routing rows where both sides were recorded (E_s, E_t = top-k expert sets):
     flip_rate = mean 𝟙[E_s ≠ E_t]; top1_flip_rate = mean 𝟙[first-ranked experts differ];
     overlap = mean |E_s ∩ E_t| / k. load_max_vio_<side> = (max_e n_e − mean_e n_e) / mean_e n_e over the
-    experts e with n_e > 0 tokens on that side (prime-rl `max_vio`); rows with the sampler side only still
+    experts e with n_e > 0 tokens on that side (every other definition: metrics/load.py); rows with the sampler side only still
     count here. by="layer": n_tokens = tokens with both sides at this layer (0 for sampler-only layers, whose
     flip columns are then null).
 

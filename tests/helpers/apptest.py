@@ -17,6 +17,7 @@ PAGES = {  # page file -> its title
     "pages/overview.py": "Overview",
     "pages/token_drift.py": "Token drift",
     "pages/routing.py": "Routing",
+    "pages/expert_load.py": "Expert load",
     "pages/sequences.py": "Sequences",
     "pages/compare.py": "Compare runs",
     "pages/data.py": "Data",

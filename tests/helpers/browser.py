@@ -184,7 +184,7 @@ _IDLE_JS = """([title, charts]) => {
 }"""
 
 # The pages that draw at least one chart whenever a run is loaded; every tab past a page's first draws one too.
-CHART_PAGES = {"Overview", "Token drift", "Routing", "Sequences", "Compare"}
+CHART_PAGES = {"Overview", "Token drift", "Routing", "Expert load", "Sequences", "Compare"}
 
 
 def wait_idle(page, title: str | None = None, timeout_ms: float = 60_000, charts: int = 0) -> None:
@@ -241,6 +241,8 @@ TABS = {
     "Token drift": [("Distribution", ""), ("One run in detail", "run"), ("Where the mismatch lives", "where"),
                     ("Extreme tokens", "extreme")],
     "Routing": [("Flips per layer", ""), ("Flips per token", "tokens"), ("Expert load", "load")],
+    # the tabs that draw a chart for any routed run (Ranks needs a placement, By domain sequence tags)
+    "Expert load": [("Imbalance", ""), ("Hot experts", "hot"), ("What-if", "whatif")],
     "Compare": [("Metric deltas", ""), ("Distributions", "distributions"), ("Routing", "routing")],
     "Findings": [("Findings", ""), ("Waterfall", "waterfall"), ("Correction simulator", "simulator"),
                  ("Gates", "gates")],
@@ -267,6 +269,7 @@ PAGES = [  # (sidebar label, page title h1, screenshot name)
     ("Overview", "Overview", "overview"),
     ("Token drift", "Token drift", "token_drift"),
     ("Routing", "Routing", "routing"),
+    ("Expert load", "Expert load", "expert_load"),
     ("Sequences", "Sequences", "sequences"),
     ("Compare", "Compare runs", "compare"),
     ("Findings", "Findings", "findings"),
