@@ -101,7 +101,7 @@ def _texts(x, B: int, name: str) -> list[str | None]:
 def _prompts(x, B: int) -> list[str | None]:
     """Prompt texts, or prompt token ids ([B, P] or a list of B lists of ids), kept as the JSON text of the ids
     ("[151644, 872, ...]"): the logger has no tokenizer to decode them."""
-    if isinstance(x, (list, tuple)) and all(v is None or isinstance(v, str) for v in x):
+    if isinstance(x, str) or isinstance(x, (list, tuple)) and all(v is None or isinstance(v, str) for v in x):
         return _texts(x, B, "prompts")
     if isinstance(x, (list, tuple)):
         if len(x) != B:
