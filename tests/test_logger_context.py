@@ -297,3 +297,21 @@ def test_old_database_gains_the_columns(tmp_path):
     assert store.has_columns("tokens", ["advantage", "segment", "sampling_support"])
     assert store.has_columns("sequences", ["tag", "response"])
     assert math.isfinite(len(store.sql("SELECT segment, tag FROM tokens, sequences").columns))
+
+
+def test_cli_lattice_quantum(tmp_path, steps, capsys):
+    """`metrics --param q=Q`: lattice_share_q for another quantum, from the token rows; q = 0.125 as summarised."""
+    import polars as pl
+    from analysis.__main__ import main
+
+    store = logged(tmp_path, steps, 1.0)
+    db = str(store.path)
+    store.close()
+    for q in (0.125, 0.5):
+        assert main(["metrics", "--db", db, "--by", "run", "--param", f"q={q}"]) == 0
+        got = pl.read_csv(capsys.readouterr().out.encode())["lattice_share_q"][0]
+        x = {k: np.concatenate([trained(s, d)[k] for s, d in steps.items()]) for k in ("s", "t", "pos", "segment")}
+        want = ref_residual(x["t"] - x["s"], x["pos"].tolist(), [0] * len(x["s"]), x["segment"].tolist(), q=q)
+        assert_close(got, want["lattice_share_q"], f"q = {q}")
+    assert main(["metrics", "--db", db, "--param", "q=-1"]) == 1
+    assert "q: expected a quantum > 0, got -1.0" in capsys.readouterr().err

@@ -169,6 +169,12 @@ def _add_sequence(name: str, line_no: int, obj, chunk: _Chunk) -> None:
     chunk.n_tokens += m
     _add_routing(name, where, line_no, obj, n, keep, base, chunk)
     seq = {k: obj[k] for k in SEQ_FIELDS if k in obj and k not in per_token}
+    if isinstance(seq.get("prompt"), list):  # prompt token ids: kept as their JSON text, as DriftLogger keeps them
+        ids = seq["prompt"]
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise WrongType(name, where, "'prompt' must be a string or a list of token ids (integers >= 0)",
+                            "write the prompt's text, or its ids")
+        seq["prompt"] = json.dumps(ids)
     if seq:
         chunk.seq.append({**base, **seq})
         chunk.seq_where.append(line_no)
