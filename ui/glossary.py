@@ -72,6 +72,11 @@ DIMENSIONS: dict[str, tuple[str, str]] = {
     "lag": ("staleness (lag)", "Lag = trainer_version − sampler_version, the policy versions the trainer is ahead "
                                "of the sampler: lag 0 is on-policy; mismatch that grows with lag is staleness "
                                "(asynchronous RL), not numerics."),
+    "tag": ("tag (task)", "Each sequence's tag as logged (DriftLogger `tags=`, a `tag` key): a domain whose "
+                          "mismatch stands out points at its prompts or its tokens, not the numerics."),
+    "segment": ("turn", "The turn of a multi-turn rollout (DriftLogger `segment_ids=`): mismatch that jumps at "
+                        "later turns points at the context the environment added between them. From the token "
+                        "rows."),
 }
 
 

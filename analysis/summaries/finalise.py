@@ -185,10 +185,17 @@ def sequences_sql(where: str) -> str:
                FROM summary_seq WHERE {where} GROUP BY run, step, sample HAVING sum(n_tokens) > 0"""
 
 
-def sequence_sql(keys: Sequence[str], where: str, length_bucket: str | None = None) -> str:
-    """Per group of `keys` (a subset of run, step, and `bucket` with length_bucket): the sequence columns over
-    whole sequences (a sequence's rows from every file merged first). length_bucket: SQL of the
-    bucket of a sequence's response length `length` (= 1 + its max pos)."""
+def sequence_sql(keys: Sequence[str], where: str, length_bucket: str | None = None,
+                 buckets: str | None = None) -> str:
+    """Per group of `keys` (a subset of run, step, and `bucket` with length_bucket or buckets): the sequence
+    columns over whole sequences (a sequence's rows from every file merged first). length_bucket: SQL of the
+    bucket of a sequence's response length `length` (= 1 + its max pos); buckets: a relation (run, step, sample,
+    bucket) giving each sequence's bucket instead (sequences without one are left out)."""
+    if buckets is None:
+        per_sequence = f"(SELECT *, n_tokens AS n, {length_bucket or 'NULL'} AS bucket FROM ({sequences_sql(where)}) sq_)"
+    else:
+        per_sequence = (f"(SELECT sq_.*, sq_.n_tokens AS n, k_.bucket FROM ({sequences_sql(where)}) sq_ "
+                        f"JOIN ({buckets}) k_ USING (run, step, sample))")
     cs = clamp_log_ratio_sql("sum_d")
     u = f"exp(2.0 * {cs})"
     expm1_2cs = f"(CASE WHEN {u} = 1.0 THEN 2.0 * {cs} ELSE ({u} - 1.0) * 2.0 * {cs} / ln({u}) END)"
@@ -199,7 +206,7 @@ def sequence_sql(keys: Sequence[str], where: str, length_bucket: str | None = No
                avg(exp(sum_d / n)) AS seq_geo_ratio_mean,
                min(exp(sum_d / n)) AS seq_geo_ratio_min,
                max(exp(sum_d / n)) AS seq_geo_ratio_max
-        FROM (SELECT *, n_tokens AS n, {length_bucket or 'NULL'} AS bucket FROM ({sequences_sql(where)}) sq_) sb_
+        FROM {per_sequence} sb_
         GROUP BY {', '.join(keys)}"""
 
 
@@ -335,20 +342,22 @@ def layer_profile_sql(where: str) -> str:
 
 # -- buckets --------------------------------------------------------------------------------------------
 
-def bucket_table_sql(dim: str, where: str, length_bucket: str) -> str:
+def bucket_table_sql(dim: str, where: str, length_bucket: str, sequence_buckets: str | None = None) -> str:
     """The token columns per (run, bucket) of one bucket dimension: from summary_bucket, or for "length" from
     the sequence rows (a token's length bucket is its sequence's). Cap/clip columns from the ratio bands of
     summary_bucket_band / summary_seq_band (parameters: `threshold_params` on BAND_EDGES, and $dim). Sequence
-    columns only for "length" (a bucket of another property splits sequences: those need the token rows)."""
+    columns only for "length" (a bucket of another property splits sequences: those need the token rows).
+    sequence_buckets: a relation (run, step, sample, bucket) of one bucket per sequence (a property of the whole
+    sequence, such as its tag), grouped from the sequence rows like "length"; sequences without one are left out."""
     keys = ["run", "bucket"]
     on = lambda a, b: " AND ".join(f"{a}.{k} = {b}.{k}" for k in keys)
-    if dim == "length":
-        # each sequence's length bucket, from its rows of every file
-        lengths = f"SELECT run, step, sample, {length_bucket} AS bucket FROM ({sequences_sql(where)}) l_"
+    if dim == "length" or sequence_buckets is not None:
+        # each sequence's bucket: its length bucket from its rows of every file, or the given one
+        lengths = sequence_buckets or f"SELECT run, step, sample, {length_bucket} AS bucket FROM ({sequences_sql(where)}) l_"
         src = (f"SELECT q.*, l.bucket FROM summary_seq q JOIN ({lengths}) l USING (run, step, sample) "
                "WHERE q.n_tokens > 0")
         band_src = f"SELECT q.*, l.bucket FROM summary_seq_band q JOIN ({lengths}) l USING (run, step, sample)"
-        seq = f"q AS ({sequence_sql(keys, where, length_bucket)})"
+        seq = f"q AS ({sequence_sql(keys, where, length_bucket, buckets=sequence_buckets)})"
         seq_cols = ", ".join(f"q.{c}" for c in SEQUENCE_COLUMNS)
         seq_join = f"JOIN q ON {on('m', 'q')}"
         table = "summary_seq"
