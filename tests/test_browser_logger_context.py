@@ -21,19 +21,7 @@ pytestmark = [pytest.mark.browser,
 
 ENV = {"DRIFT_NO_DEMO": "1", "DRIFT_PREFETCH": "0"}
 STEPS = (2, 5)
-# the context chart's line traces (the bands are fills) by axis: y drift, y2 reward, y3 advantage, y4 length, y5 count
-CONTEXT_JS = """() => {
-  const gd = document.querySelector(".st-key-overview_context .js-plotly-plot");
-  if (!gd || !gd.data) return null;
-  return gd.data.filter(t => t.fill !== "toself").map(t => ({axis: t.yaxis || "y", x: Array.from(t.x),
-                                                            y: Array.from(t.y)}));
-}"""
-
-
-def _number(page, key: str, value: int) -> None:
-    box = page.locator(f".st-key-{key} input")
-    box.fill(str(value))
-    box.press("Enter")
+# the context chart's line traces by axis (bu.CONTEXT_JS): y drift, y2 reward, y3 advantage, y4 length, y5 count
 
 
 def test_logger_context_on_sequences_and_overview(tmp_path):
@@ -55,9 +43,9 @@ def test_logger_context_on_sequences_and_overview(tmp_path):
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
                 page.goto(url + "/sequences")
                 bu.wait_idle(page, "Sequences", timeout_ms=90_000)
-                _number(page, "seq_step", STEPS[0])
+                bu.fill_number(page, "seq_step", STEPS[0])
                 bu.wait_idle(page, "Sequences")
-                _number(page, "seq_sample", sample)
+                bu.fill_number(page, "seq_sample", sample)
                 page.get_by_text(f"Sample {sample} at step {STEPS[0]}").wait_for(timeout=30_000)
                 bu.wait_idle(page, "Sequences")
                 text = page.locator("[data-testid='stMain']").inner_text().replace("\n\n", "\n")
@@ -70,7 +58,7 @@ def test_logger_context_on_sequences_and_overview(tmp_path):
                     assert line in text, (line, text[:3000])
 
                 bu.goto_page(page, "Overview", "Overview")
-                traces = page.evaluate(CONTEXT_JS)
+                traces = page.evaluate(bu.CONTEXT_JS)
         finally:
             browser.close()
     assert traces, "no context chart on the Overview"
