@@ -315,3 +315,18 @@ def test_cli_lattice_quantum(tmp_path, steps, capsys):
         assert_close(got, want["lattice_share_q"], f"q = {q}")
     assert main(["metrics", "--db", db, "--param", "q=-1"]) == 1
     assert "q: expected a quantum > 0, got -1.0" in capsys.readouterr().err
+
+
+def test_torch_counts_equal_the_kernel(steps):
+    """The torch reductions an accelerator's step takes give the counts of the numba pass CPU tensors take."""
+    from analysis.record.residual import torch_residual_sums
+    from analysis.summaries.residual import grid_counts
+
+    for data in steps.values():
+        s, t = data["sampler_logprobs"], data["trainer_logprobs"]
+        m = data["mask"].bool()
+        seg = torch.where(m, data["segment_ids"], 0)
+        for segments in (None, seg):
+            want = grid_counts(s.numpy(), t.numpy(), m.numpy(), None if segments is None else segments.numpy())
+            assert torch_residual_sums(s, t, m, segments) == want
+            assert want["n_seg_first"] > 0 or segments is None

@@ -10,6 +10,7 @@ and whether Δ is low there) and settles the firsts when the step ends.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from analysis.summaries import schema as S
 
@@ -19,6 +20,68 @@ def on_lattice(d: np.ndarray, q: float = S.LATTICE_Q) -> np.ndarray:
     matter: a value half-way is 0.5 away either way)."""
     x = d / q
     return (d != 0) & (np.abs(x - np.round(x)) < S.LATTICE_TOL)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _counts(s, t, mask, seg, T, out):
+    """One pass over a [B, T] grid (flat, C order): out[:] = the RESIDUAL_SUMS counts of the tokens with mask;
+    seg: their segment ids (>= 0 where masked in), or an empty array for none. Positions are visited in order
+    within a row, so the first token of a segment met in the row is its least position."""
+    has_seg = seg.size > 0
+    n_ids = 1
+    if has_seg:  # the largest id of a trained token (padding may hold any)
+        for i in range(mask.size):
+            if mask[i] and seg[i] >= n_ids:
+                n_ids = seg[i] + 1
+    seen = np.full(n_ids, -1, np.int64)  # the last row each segment id was met in
+    n = nonzero = lattice = n_seg = first = first_low = low_all = 0
+    q, tol, low = S.LATTICE_Q, S.LATTICE_TOL, S.BOUNDARY_LOW
+    for row in range(mask.size // T):
+        for i in range(row * T, (row + 1) * T):
+            if not mask[i]:
+                continue
+            d = t[i] - s[i]
+            n += 1
+            if d != 0.0:
+                nonzero += 1
+                x = d / q
+                if abs(x - np.rint(x)) < tol:
+                    lattice += 1
+            if has_seg:
+                g = seg[i]
+                n_seg += 1
+                if d < low:
+                    low_all += 1
+                if seen[g] != row:
+                    seen[g] = row
+                    first += 1
+                    if d < low:
+                        first_low += 1
+    out[0], out[1], out[2], out[3] = n, nonzero, lattice, n_seg
+    out[4], out[5], out[6] = first, first_low, low_all - first_low
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _lattice_counts(d, out):
+    """out[0] = #{Δ ≠ 0}, out[1] = of those, #{on the lattice of LATTICE_Q} (as in _counts)."""
+    q, tol = S.LATTICE_Q, S.LATTICE_TOL
+    for i in range(d.size):
+        if d[i] != 0.0:
+            out[0] += 1
+            x = d[i] / q
+            if abs(x - np.rint(x)) < tol:
+                out[1] += 1
+
+
+def grid_counts(s: np.ndarray, t: np.ndarray, mask: np.ndarray, segments: np.ndarray | None) -> dict[str, int]:
+    """RESIDUAL_SUMS of a step's [B, T] float64 log-probs, bool mask and int64 segment ids (or None), numpy in C
+    order (DriftLogger's CPU tensors, no copy); padding may hold anything. One numba pass (~1–2 ns a token)."""
+    out = np.zeros(7, np.int64)
+    T = s.shape[1] if s.ndim == 2 else 1
+    seg = np.zeros(0, np.int64) if segments is None else np.ascontiguousarray(segments, np.int64).reshape(-1)
+    _counts(np.ascontiguousarray(s, np.float64).reshape(-1), np.ascontiguousarray(t, np.float64).reshape(-1),
+            np.ascontiguousarray(mask, np.bool_).reshape(-1), seg, T, out)
+    return dict(zip(S.RESIDUAL_SUM_NAMES, (int(v) for v in out)))
 
 
 class ResidualSums:
@@ -31,8 +94,10 @@ class ResidualSums:
     def add(self, d: np.ndarray, seq: np.ndarray, pos: np.ndarray, segment: np.ndarray | None) -> None:
         """Tokens' Δ, dense sequence index, pos and segment (None: no segment column; −1 where null)."""
         self.n += len(d)
-        self.nonzero += int(np.count_nonzero(d))
-        self.lattice += int(np.count_nonzero(on_lattice(d)))
+        out = np.zeros(2, np.int64)
+        _lattice_counts(np.ascontiguousarray(d, np.float64), out)
+        self.nonzero += int(out[0])
+        self.lattice += int(out[1])
         if segment is None:
             return
         has = segment >= 0
