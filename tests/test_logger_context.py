@@ -330,3 +330,11 @@ def test_torch_counts_equal_the_kernel(steps):
             want = grid_counts(s.numpy(), t.numpy(), m.numpy(), None if segments is None else segments.numpy())
             assert torch_residual_sums(s, t, m, segments) == want
             assert want["n_seg_first"] > 0 or segments is None
+
+
+def test_jsonl_prompt_token_ids(tmp_path):
+    """A prompt given as token ids in sequence JSON Lines is kept as their JSON text, as DriftLogger keeps them."""
+    f = tmp_path / "ids.jsonl"
+    f.write_text(json.dumps(_line(prompt=[151644, 872, 0], tag="math")) + "\n")
+    store = _loaded(Store(tmp_path / "db.duckdb"), f)
+    assert store.sql("SELECT prompt, tag FROM sequences").rows() == [("[151644, 872, 0]", "math")]

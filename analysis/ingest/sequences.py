@@ -172,8 +172,8 @@ def _add_sequence(name: str, line_no: int, obj, chunk: _Chunk) -> None:
     if isinstance(seq.get("prompt"), list):  # prompt token ids: kept as their JSON text, as DriftLogger keeps them
         ids = seq["prompt"]
         if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-            raise WrongType(name, where, "'prompt' must be a string or a list of token ids (integers >= 0)",
-                            "write the prompt's text, or its ids")
+            raise WrongType(name, f"line {line_no}", "'prompt' values have mixed or wrong types (a prompt is a "
+                            "string, or a list of token ids: integers >= 0)", "write the prompt's text, or its ids")
         seq["prompt"] = json.dumps(ids)
     if seq:
         chunk.seq.append({**base, **seq})
