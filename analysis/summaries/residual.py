@@ -1,7 +1,9 @@
-"""The counts of the residual signatures (schema.RESIDUAL_SUMS, METRICS.md v3) over token rows: numpy for the
-ingest stream (summary_stream.py), SQL for ingest's fallback over stored rows (ingest/summarise.py). The trainer's
-torch twin is analysis/record/residual.py; all three compare the same float64 Δ = t − s with the same constants,
-so their counts agree exactly.
+"""The counts of the residual signatures (schema.RESIDUAL_SUMS, METRICS.md v3) over token rows: one numba pass
+for DriftLogger's CPU steps (grid_counts) and the ingest stream (ResidualSums, summary_stream.py), SQL for
+ingest's fallback over stored rows (residual_sums_sql, ingest/summarise.py); an accelerator's steps take torch
+(analysis/record/residual.py). All compare the same float64 Δ = t − s with the same constants (round half to
+even or away from zero cannot matter: a value half-way between multiples is 0.5 away either way), so their
+counts agree exactly.
 
 A segment's first token is the one of least pos among a sequence's tokens with that segment id. The stream sees a
 sequence's tokens in several batches, so it keeps, per batch, one candidate per (sequence, segment) (its least pos
@@ -13,13 +15,6 @@ import numpy as np
 from numba import njit
 
 from analysis.summaries import schema as S
-
-
-def on_lattice(d: np.ndarray, q: float = S.LATTICE_Q) -> np.ndarray:
-    """Whether each Δ is nonzero and within LATTICE_TOL of a multiple of q (round: half to even, which cannot
-    matter: a value half-way is 0.5 away either way)."""
-    x = d / q
-    return (d != 0) & (np.abs(x - np.round(x)) < S.LATTICE_TOL)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
