@@ -338,3 +338,36 @@ def test_jsonl_prompt_token_ids(tmp_path):
     f.write_text(json.dumps(_line(prompt=[151644, 872, 0], tag="math")) + "\n")
     store = _loaded(Store(tmp_path / "db.duckdb"), f)
     assert store.sql("SELECT prompt, tag FROM sequences").rows() == [("[151644, 872, 0]", "math")]
+
+
+def test_read_only_database_made_before_the_context(tmp_path, monkeypatch, steps):
+    """A viewer opens an old database read-only (no migration): the residual counts read as null, first_token_kl_share
+    still comes (it needs only the buckets), and the context readers leave out the columns it lacks."""
+    import duckdb
+
+    from analysis.metrics import buckets, drilldown
+
+    logged(tmp_path, steps, 1.0).close()
+    con = duckdb.connect(str(tmp_path / "logged.duckdb"))
+    for c in ("n_res_tokens", "n_d_nonzero", "n_lattice", "n_seg_tokens", "n_seg_first", "n_seg_first_low",
+              "n_seg_rest_low"):
+        con.execute(f"ALTER TABLE summary_step DROP COLUMN {c}")
+    con.execute("ALTER TABLE sequences DROP COLUMN tag")
+    from analysis import schema  # the view `tokens` as it was made before the columns
+    with monkeypatch.context() as m:
+        before = tuple(c for c in schema.TOKENS if c.name not in ("advantage", "segment", "sampling_support"))
+        m.setattr(schema, "TOKENS", before)
+        m.setitem(schema.TABLES, "tokens", before)
+        con.execute(schema.tokens_view())
+    for c in ("advantage", "segment", "sampling_support"):
+        con.execute(f"ALTER TABLE {schema.TOKEN_STORE_FULL} DROP COLUMN {c}")
+    con.close()
+    with Store(tmp_path / "logged.duckdb", read_only=True) as store:
+        row = read.token_table(store, ["r"], by="run").row(0, named=True)
+        assert_close(row["first_token_kl_share"], reference(steps, "run")[("r",)]["first_token_kl_share"])
+        assert row["lattice_share_q"] is None and row["boundary_low_share"] is None
+        assert buckets.run_tags(store, ["r"]) == [] and not buckets.has_segments(store, ["r"])
+        sample = int(steps[STEPS[0]]["sample_ids"][0])
+        ctx = drilldown.sequence_context(store, "r", STEPS[0], sample)
+        assert ctx["tag"] is None and ctx["prompt"] == steps[STEPS[0]]["prompts"][0]
+        assert metrics.residual_metrics(store, ["r"], by="run")["boundary_low_share"].to_list() == [None]
