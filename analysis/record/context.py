@@ -150,6 +150,15 @@ def _first_bad(bad: torch.Tensor, values: torch.Tensor, name: str, rule: str) ->
         raise ValueError(f"{name}[{b}, {p}] = {v!r}: {rule} at a trained token (mask 1)")
 
 
+def _at_least(values: torch.Tensor, mask: torch.Tensor, least: int, name: str, rule: str) -> torch.Tensor:
+    """values (int64 [B, T]) with `least` at untrained positions, refused where a trained one is below `least`:
+    one where and one min over the step (the place is looked for only to name it)."""
+    filled = torch.where(mask, values, least)
+    if filled.numel() and int(filled.min()) < least:
+        _first_bad(mask & (values < least), values, name, rule)
+    return filled
+
+
 def checked_context(B: int, T: int, mask: torch.Tensor, rewards=None, advantages=None, prompts=None,
                     responses=None, tags=None, segment_ids=None, sampling_support=None) -> Context:
     """The context arguments of `DriftLogger.log_step` checked against the step's [B, T] `mask` (bool, on the
@@ -162,7 +171,10 @@ def checked_context(B: int, T: int, mask: torch.Tensor, rewards=None, advantages
         arr = _as_tensor(advantages, "advantages", mask.device) if is_2d else None
         if arr is not None and arr.ndim == 2:
             a = _per_token(arr, B, T, "advantages", mask, torch.float64)
-            _first_bad(mask & ~torch.isfinite(a), a, "advantages", "an advantage must be finite")
+            # finite at every trained token: one min/max over the trained values (NaN makes both NaN)
+            lo, hi = torch.aminmax(torch.where(mask, a, 0.0)) if a.numel() else (torch.zeros(()),) * 2
+            if not (math.isfinite(float(lo)) and math.isfinite(float(hi))):
+                _first_bad(mask & ~torch.isfinite(a), a, "advantages", "an advantage must be finite")
             ctx.token_advantages = a
             # one value per sequence where its trained tokens share it (GRPO broadcasts a sequence's advantage)
             big = torch.tensor(math.inf, dtype=torch.float64, device=a.device)
@@ -182,11 +194,9 @@ def checked_context(B: int, T: int, mask: torch.Tensor, rewards=None, advantages
         ctx.tags = _texts(tags, B, "tags")
     if segment_ids is not None:
         seg = _per_token(segment_ids, B, T, "segment_ids", mask, torch.int64)
-        _first_bad(mask & (seg < 0), seg, "segment_ids", "a segment (turn index) must be >= 0")
-        ctx.segments = torch.where(mask, seg, 0)
+        ctx.segments = _at_least(seg, mask, 0, "segment_ids", "a segment (turn index) must be >= 0")
     if sampling_support is not None:
         sup = _per_token(sampling_support, B, T, "sampling_support", mask, torch.int64)
-        _first_bad(mask & (sup < 1), sup, "sampling_support",
-                   "the sampler's support holds at least the sampled token (>= 1)")
-        ctx.support = sup
+        ctx.support = _at_least(sup, mask, 1, "sampling_support",
+                                "the sampler's support holds at least the sampled token (>= 1)")
     return ctx
