@@ -371,3 +371,16 @@ def test_read_only_database_made_before_the_context(tmp_path, monkeypatch, steps
         ctx = drilldown.sequence_context(store, "r", STEPS[0], sample)
         assert ctx["tag"] is None and ctx["prompt"] == steps[STEPS[0]]["prompts"][0]
         assert metrics.residual_metrics(store, ["r"], by="run")["boundary_low_share"].to_list() == [None]
+
+
+def test_sequences_of_two_ranks_with_the_same_ids_are_refused(tmp_path):
+    """Summaries of two ranks add up, but a sequence is one row: two summary files naming the same sequence (both
+    ranks left sample_ids at their default 0..B−1) are refused at the second, naming the key and the fix."""
+    data = context_step(0, B=3, T=6)
+    for rank in (0, 1):
+        DriftLogger(tmp_path / f"rank{rank}", "r", token_sample=0.0).log_step(0, **(data | {"rewards": [rank] * 3}))
+    store = Store(tmp_path / "db.duckdb")
+    first, second = ingest_paths(store, [tmp_path / "rank0", tmp_path / "rank1"])
+    assert first.status == "loaded" and second.status == "refused", (first.line(), second.line())
+    assert "sequences key (run='r', step=0, sample=7)" in second.message and "sample_ids=" in second.message
+    assert store.scalar("SELECT count(*) FROM sequences") == 3
