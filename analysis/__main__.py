@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the metrics a framework logs, named and computed as it does (verl, verl-actor, nemo, "
                         "prime-rl, slime; docs/METRICS.md)")
     p.add_argument("--param", action="append", default=[], metavar="K=V",
-                   help="with --as: a framework parameter, e.g. --param micro_batch_seqs=2 (repeatable)")
+                   help="with --as: a framework parameter, e.g. --param micro_batch_seqs=2 (repeatable); without "
+                        "it, q=Q: the quantum of lattice_share_q (default 0.125, from summaries; others read tokens)")
     p = sub.add_parser("watch", help="load what is in the folders, then each new complete file, until Ctrl-C")
     p.add_argument("paths", nargs="+", metavar="DIR")
     p.add_argument("--run", default=None, help="run name for files that carry none (overrides the file's)")
@@ -197,11 +198,23 @@ def _metrics(store, args) -> int:
         print(f"error: no run named {', '.join(map(repr, missing))} in {store.path} "
               f"(runs: {', '.join(store.run_names()) or 'none'})", file=sys.stderr)
         return 1
+    lattice_q = None
+    if args.framework is None and args.param and args.by != "layer":
+        from analysis.metrics.frameworks import parse_param_args
+        try:  # without --as, --param q=Q: lattice_share_q's quantum (METRICS.md v3), from the token rows
+            params = parse_param_args(args.param)
+            if set(params) == {"q"}:
+                lattice_q = float(params["q"])
+                args.param = []
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     if args.framework is not None or args.param:
         from analysis.metrics.frameworks import framework_table, parse_param_args
         try:
             if args.framework is None:
-                raise ValueError("--param needs --as FRAMEWORK")
+                raise ValueError("--param needs --as FRAMEWORK (without it, only q=Q, the quantum of "
+                                 "lattice_share_q)")
             if args.by == "layer":
                 raise ValueError("--as takes --by step or --by run")
             df = framework_table(store, runs, args.framework, by=args.by, params=parse_param_args(args.param))
@@ -209,7 +222,11 @@ def _metrics(store, args) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 1
     else:
-        df = report.metrics_table(store, runs, by=args.by, cap=args.cap, clip=args.clip)
+        try:
+            df = report.metrics_table(store, runs, by=args.by, cap=args.cap, clip=args.clip, q=lattice_q)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     sys.stdout.write(df.write_csv() if args.format == "csv" else df.write_json())
     if args.format == "json":
         sys.stdout.write("\n")

@@ -128,6 +128,7 @@ class Store:
                 migrations.split_tokens(self._con)
                 for stmt in _ddl():
                     self._con.execute(stmt)
+                migrations.add_columns(self._con)
                 migrations.compact_routing(self._con)
                 _views(self._con)
                 migrations.to_layout2(self._con)  # summaries of layout 1 (band key in the wide rows)
@@ -311,6 +312,17 @@ class Store:
     def has_seq_sums(self) -> bool:
         """Whether summary_seq has the per-sequence log-prob sums (summaries/schema.py SEQ_SUMS), as has_check_sums."""
         return self._has_columns("summary_seq", summary_schema.SEQ_SUM_NAMES)
+
+    @property
+    def has_residual_sums(self) -> bool:
+        """Whether summary_step has the residual signatures' counts (summaries/schema.py RESIDUAL_SUMS), as
+        has_check_sums."""
+        return self._has_columns("summary_step", summary_schema.RESIDUAL_SUM_NAMES)
+
+    def has_columns(self, table: str, names: Sequence[str]) -> bool:
+        """Whether `table` (or view) has every column of `names`: a database made before SCHEMA.md gained them,
+        opened read-only, has not."""
+        return self._has_columns(table, names)
 
     def _has_columns(self, table: str, names: Sequence[str]) -> bool:
         """Whether `table` has every column of `names` (asked once per table: the layout does not change while open)."""

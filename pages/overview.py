@@ -98,15 +98,15 @@ def drift_tab() -> None:
         drift_options = [c for c in per_step.columns if c not in ("run", "step") and per_step[c].drop_nulls().len()]
         S.keep_choice("overview_ctx_metric", drift_options, "kl_k3")
         drift = st.selectbox("Drift metric", drift_options, key="overview_ctx_metric",
-                             help="Drawn above the mean reward, the response length and the sequences per step, "
-                                  "on the same step axis.")
+                             help="Drawn above the mean reward and advantage, the response length and the "
+                                  "sequences per step, on the same step axis.")
         if ctx.is_empty():
             st.info("No steps to show in this range.")
         else:
             plot.show(context_charts.context_over_steps(per_step, ctx, drift, colors), key="overview_context")
             if not ctx["n_rewarded"].sum():
-                st.caption("The chosen runs logged no reward (sequence JSON Lines `reward`, or a mapped field): the "
-                           "reward panel is left out.")
+                st.caption("The chosen runs logged no reward (DriftLogger `rewards=`, sequence JSON Lines `reward`, "
+                           "or a mapped field): the reward panel is left out.")
             with st.expander("Context per step, as numbers"):
                 st.dataframe(ctx, hide_index=True, key="overview_context_table", column_config=S.number_columns(ctx))
 

@@ -85,16 +85,12 @@ if sample is None:
 with S.guard("load the sequence"):
     context = S.cached(drilldown.sequence_context, run, step, sample)
     if context is None:
-        if S.cached(drilldown.summarised, run, step, sample):
-            st.info(f"Sample {sample} at step {step} of {run} is in the summaries (the table above counts all its "
-                    "tokens), but none of its token rows was kept: the run logged a sample of its tokens.")
-            st.stop()
         ids = S.cached(drilldown.step_samples, run, step)
         st.info(f"No sample {sample} at step {step} of {run}: its samples are "
                 f"{sequence_view.id_ranges(ids)}.")
         st.stop()
     toks = S.cached(drilldown.sequence_tokens, run, step, sample)
-    st.subheader(f"Sample {sample} at step {step}")
+    st.subheader(f"Sample {sample} at step {step}" + (f" · {context['tag']}" if context["tag"] else ""))
     left, right = st.columns([2, 3])
     with left:
         m1, m2, m3 = st.columns(3)
@@ -102,7 +98,7 @@ with S.guard("load the sequence"):
         m2.metric("advantage", sequence_view.fmt_number(context["advantage"]))
         m3.metric("response length", f"{context['response_length']:,}")
         st.caption(f"ΣΔ = {context['seq_log_ratio']:+.4g} · kl_k3 = {context['kl_k3']:.4g} · "
-                   f"{context['n_tokens']:,} tokens logged")
+                   f"{context['n_tokens']:,} tokens, {context['n_token_rows']:,} kept as rows")
         st.markdown("**Prompt**")
         with st.container(border=True, height=160, key="seq_prompt_box"):
             st.text(context["prompt"] if context["prompt"] is not None else "(no prompt logged)")
@@ -110,6 +106,10 @@ with S.guard("load the sequence"):
         with st.container(border=True, height=200, key="seq_response_box"):
             st.text(context["response"] if context["response"] is not None else "(no response text logged)")
     with right:
+        if not context["n_token_rows"]:
+            st.info(f"Every token of sample {sample} is in the summaries (the numbers on the left), but none of its "
+                    "token rows was kept: the run logged a sample of its tokens.")
+            st.stop()
         scale = st.slider("|Δ| for full colour", 0.001, 2.0, 0.1, step=0.001, format="%.3f", key="seq_scale",
                           help="Tokens with |Δ| at or above this get the strongest shade.")
         st.html(sequence_view.legend_html(scale))

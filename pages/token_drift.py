@@ -19,7 +19,7 @@ colors = S.run_colors()
 # Four tabs; only the open one runs (a large database takes a query or two per tab). The Δ and r histograms and
 # the extreme-token curve come from one shared pass over the tokens.
 S.remember("tokens_logy", "tokens_run", "tokens_density_log", "tokens_top_show", "tokens_dim",
-           "tokens_bucket_metric")
+           "tokens_bucket_metric", "tokens_tags")
 dist_tab, run_tab, where_tab, extreme_tab = S.tabs(
     ["Distribution", "One run in detail", "Where the mismatch lives", "Extreme tokens"], key="tokens_tab")
 
@@ -89,8 +89,10 @@ if where_tab.open:
     with where_tab, S.guard("group the tokens"):
         has_entropy = S.cached(buckets.has_column_data, sel.runs, "sampler_entropy")
         has_versions = S.cached(buckets.has_column_data, sel.runs, "sampler_version")
+        tags = S.cached(buckets.run_tags, sel.runs)
+        has_turns = S.cached(buckets.has_segments, sel.runs)
         dims = (["prob", "position", "length"] + (["entropy"] if has_entropy else [])
-                + (["lag"] if has_versions else []))
+                + (["lag"] if has_versions else []) + (["tag"] if tags else []) + (["segment"] if has_turns else []))
         S.keep_choice("tokens_dim", dims)
         bucket_metrics = ["kl_k3", "log_ratio_abs_mean", "log_ratio_abs_max", "ratio_frac_high", "ratio_frac_low",
                           "clip_frac", "prob_abs_diff_mean", "kl_k1"]
@@ -99,13 +101,25 @@ if where_tab.open:
                        format_func=lambda d: glossary.DIMENSIONS[d][0])
         S.keep_choice("tokens_bucket_metric", bucket_metrics)
         metric = c2.selectbox("Metric", bucket_metrics, key="tokens_bucket_metric")
+        chosen_tags = None
+        if tags:
+            S.keep_choices("tokens_tags", tags)
+            picked = st.multiselect("Only sequences tagged", tags, key="tokens_tags", placeholder="every tag",
+                                    help="Keep the tokens of sequences with these tags (DriftLogger `tags=`). "
+                                         "Grouped by length or tag this reads the summaries; by a token property "
+                                         "or turn, the token rows.")
+            chosen_tags = picked or None
         df = S.cached(buckets.mismatch_by, sel.runs, dim, cap=sel.cap, clip=sel.clip, steps=sel.steps,
-                      metrics=[metric])  # the one shown: about half the query of the full table
+                      metrics=[metric], tags=chosen_tags)  # the one shown: about half the query of the full table
         if df.is_empty():
             st.info("No tokens to group in this range.")
         else:
-            plot.show(charts.bucket_chart(df, metric, colors, glossary.DIMENSIONS[dim][0], bars=dim == "lag"),
-                      key="tokens_bucket_chart")
+            plot.show(charts.bucket_chart(df, metric, colors, glossary.DIMENSIONS[dim][0],
+                                          bars=dim in ("lag", "tag", "segment")), key="tokens_bucket_chart")
+            if dim == "segment" or (chosen_tags and dim not in buckets.SEQUENCE_DIMENSIONS):
+                note = S.cached(sampled.sample_label, sel.runs)
+                if note:
+                    st.caption(f"Read from the token rows: {note}.")
         missing = []
         if not has_entropy:
             missing.append("no `sampler_entropy`, so no entropy grouping")

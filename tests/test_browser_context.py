@@ -22,19 +22,8 @@ pytestmark = pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHR
 RUN = "ctx-run"
 ENV = {"DRIFT_NO_DEMO": "1", "DRIFT_PREFETCH": "0"}
 
-# the context chart's traces by panel (plotly names the stacked axes y, y2, y3, y4); the length band is a fill
-CONTEXT_JS = """() => {
-  const gd = document.querySelector(".st-key-overview_context .js-plotly-plot");
-  if (!gd || !gd.data) return null;
-  return gd.data.filter(t => t.fill !== "toself").map(t => ({axis: t.yaxis || "y", x: Array.from(t.x),
-                                                            y: Array.from(t.y)}));
-}"""
-
-
-def _number(page, key: str, value: int) -> None:
-    box = page.locator(f".st-key-{key} input")
-    box.fill(str(value))
-    box.press("Enter")
+# the context chart's traces by panel (plotly names the stacked axes y, y2, ..., y5; bu.CONTEXT_JS)
+_number = bu.fill_number
 
 
 def _sample_view(page) -> str:
@@ -123,7 +112,7 @@ def test_sample_context_link_context_panel_and_mapping_form(tmp_path):
                 link = page.url.replace(url, "")
 
                 bu.goto_page(page, "Overview", "Overview")
-                traces = page.evaluate(CONTEXT_JS)
+                traces = page.evaluate(bu.CONTEXT_JS)
                 board_seqs = make_sequences(22, steps=2, per_step=3)
                 _map_board_on_data_page(page, write_openrlhf_jsonl(tmp_path / "board.jsonl", board_seqs))
             _assert_board_loaded(db, board_seqs)
@@ -132,7 +121,8 @@ def test_sample_context_link_context_panel_and_mapping_form(tmp_path):
             want_reward = [np.mean([x["reward"] for x in seqs if x["step"] == s]) for s in steps]
             want_len = [np.mean([len(x["s"]) for x in seqs if x["step"] == s]) for s in steps]
             want_n = [sum(x["step"] == s for x in seqs) for s in steps]
-            for axis, want in (("y2", want_reward), ("y3", want_len), ("y4", want_n)):
+            want_adv = [np.mean([x["advantage"] for x in seqs if x["step"] == s]) for s in steps]
+            for axis, want in (("y2", want_reward), ("y3", want_adv), ("y4", want_len), ("y5", want_n)):
                 assert by_axis[axis]["x"] == steps
                 assert np.allclose(by_axis[axis]["y"], want, rtol=1e-12), (axis, by_axis[axis]["y"], want)
             assert by_axis["y"]["x"] == steps  # the drift curve shares the step axis

@@ -70,14 +70,19 @@ def test_long_runs_pool_consecutive_steps_into_heat_map_rows():
     assert (charts.line_mode(59), charts.line_mode(60)) == ("lines+markers", "lines")
 
 
-def _context(rewarded: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _context(rewarded: bool, advantaged: bool = False) -> tuple[pl.DataFrame, pl.DataFrame]:
     steps = [0, 1, 2]
     per_step = pl.DataFrame({"run": ["a"] * 3, "step": steps, "kl_k3": [1e-3, 2e-3, 4e-3]})
     ctx = pl.DataFrame({"run": ["a"] * 3, "step": steps, "n_sequences": [4, 4, 5],
                         "n_rewarded": [4, 4, 5] if rewarded else [0, 0, 0],
                         "reward_mean": [0.5, 0.25, 0.75] if rewarded else [None] * 3,
                         "response_length_mean": [10.0, 12.0, 9.0], "response_length_std": [1.0, 2.0, 0.5],
-                        "response_length_min": [8, 9, 8], "response_length_max": [12, 15, 10]})
+                        "response_length_min": [8, 9, 8], "response_length_max": [12, 15, 10],
+                        "advantage_mean": [0.1, None, -0.2] if advantaged else [None] * 3,
+                        "advantage_min": [-1.0, None, -1.5] if advantaged else [None] * 3,
+                        "advantage_max": [1.0, None, 0.5] if advantaged else [None] * 3,
+                        "n_advantaged": [4, 0, 5] if advantaged else [0, 0, 0]},
+                       schema_overrides={c: pl.Float64 for c in ("advantage_mean", "advantage_min", "advantage_max")})
     return per_step, ctx
 
 
@@ -90,14 +95,19 @@ def test_context_over_steps_leaves_out_the_reward_panel_when_no_run_logged_one()
     def lines(fig):  # y axis of each line trace (the length band is a filled polygon), with its values
         return {t.yaxis: list(t.y) for t in fig.data if t.fill != "toself"}
 
+    both = context_charts.context_over_steps(*_context(True, True), "kl_k3", {"a": "#1f77b4"})
+    assert panels(both) == ["kl_k3", *context_charts.PANELS[1:]]
+    assert lines(both)["y3"] == [0.1, -0.2]  # the steps with advantages only
+    bands = [list(t.y) for t in both.data if t.fill == "toself" and t.yaxis == "y3"]
+    assert bands == [[1.0, 0.5, -1.5, -1.0]]  # max forward, min back
     with_reward = context_charts.context_over_steps(*_context(True), "kl_k3", {"a": "#1f77b4"})
-    assert panels(with_reward) == ["kl_k3", *context_charts.PANELS[1:]]
+    assert panels(with_reward) == ["kl_k3", context_charts.REWARD, context_charts.LENGTH, context_charts.COUNT]
     assert lines(with_reward) == {"y": [1e-3, 2e-3, 4e-3], "y2": [0.5, 0.25, 0.75], "y3": [10.0, 12.0, 9.0],
                                   "y4": [4, 4, 5]}
     assert with_reward.layout.xaxis4.title.text == "step"
 
     without = context_charts.context_over_steps(*_context(False), "kl_k3", {"a": "#1f77b4"})
-    assert panels(without) == ["kl_k3", context_charts.PANELS[2], context_charts.PANELS[3]]
+    assert panels(without) == ["kl_k3", context_charts.LENGTH, context_charts.COUNT]
     assert lines(without) == {"y": [1e-3, 2e-3, 4e-3], "y2": [10.0, 12.0, 9.0], "y3": [4, 4, 5]}
     assert without.layout.xaxis3.title.text == "step" and without.layout.yaxis3.rangemode == "tozero"
     assert without.layout.height < with_reward.layout.height

@@ -25,7 +25,7 @@ def test_write_file_renames_into_place_and_lists(tmp_path):
     assert [(p.run, p.step, len(p.files)) for p in listing.partitions] == [("r", 4, 1), ("r", 12, 1)]
     assert listing.problems == []
     with pytest.raises(ValueError, match="kind"):
-        write_file(str(tmp_path), "r", 4, "sequences", 0, TOKENS)
+        write_file(str(tmp_path), "r", 4, "summary", 0, TOKENS)
 
 
 def test_listing_passes_over_hidden_and_reports_foreign_folders(tmp_path):

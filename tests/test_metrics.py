@@ -23,9 +23,11 @@ def test_columns_are_the_contract(metrics_data):
     store, _ = metrics_data
     checks = ["ratio_mean_se", "missing_mass", "logprob_slope", "logprob_slope_se", "lag_abs_delta_prev",
               "lag_abs_delta_next"]
-    assert metrics.token_metrics(store, ["a"]).columns == ["run", "step"] + CONTRACT_COLUMNS + checks
-    assert metrics.token_metrics(store, ["a"], by="run").columns == ["run"] + CONTRACT_COLUMNS + checks
+    residual = ["first_token_kl_share", "lattice_share_q", "boundary_low_share", "elsewhere_low_share"]
+    assert metrics.token_metrics(store, ["a"]).columns == ["run", "step"] + CONTRACT_COLUMNS + checks + residual
+    assert metrics.token_metrics(store, ["a"], by="run").columns == ["run"] + CONTRACT_COLUMNS + checks + residual
     assert list(metrics.TOKEN_METRICS) == CONTRACT_COLUMNS and list(metrics.CHECK_METRICS) == checks
+    assert list(metrics.RESIDUAL_METRICS) == residual
 
 
 @pytest.mark.parametrize("cap, clip", [(2.0, 0.2), (1.5, 0.05)])
@@ -114,7 +116,7 @@ def test_empty_selection_gives_no_rows(metrics_data):
     store, _ = metrics_data
     for by in ("step", "run"):
         df = metrics.token_metrics(store, ["a"], by=by, steps=(100, 200))
-        tail = CONTRACT_COLUMNS + list(metrics.CHECK_METRICS)
+        tail = CONTRACT_COLUMNS + list(metrics.CHECK_METRICS) + list(metrics.RESIDUAL_METRICS)
         assert df.height == 0 and df.columns[-len(tail):] == tail
         assert metrics.token_metrics(store, ["no-such-run"], by=by).height == 0
         assert metrics.token_metrics(store, [], by=by).height == 0

@@ -61,7 +61,7 @@ def _views(store: Store) -> dict:
     out = {f"{by} {cap} {clip}": report.metrics_table(store, ["a", "b"], by=by, cap=cap, clip=clip)
            for by in ("step", "run") for cap, clip in ((2.0, 0.2), (1.5, 0.28), (10.0, 0.5))}
     out["layer"] = report.metrics_table(store, ["a", "b"], by="layer")
-    for dim in buckets.DIMENSIONS:
+    for dim in (d for d in buckets.DIMENSIONS if d not in ("tag", "segment")):  # these logs have no tags nor turns
         for cap, clip in ((2.0, 0.2), (1.2, 0.1)):
             chosen = None if dim == "length" else ["n_tokens", "kl_k1", "kl_k3", "ratio_frac_high",
                                                    "ratio_frac_low", "clip_frac", "ess", "ratio_std"]

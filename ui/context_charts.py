@@ -1,5 +1,6 @@
-"""Drift beside its context on one step axis: a drift metric, mean reward, response length and sequences per
-step, stacked with a shared x axis so that a rise in drift lines up with what changed in reward or length."""
+"""Drift beside its context on one step axis: a drift metric, mean reward, mean advantage, response length and
+sequences per step, stacked with a shared x axis so that a rise in drift lines up with what changed in reward,
+advantage or length."""
 from __future__ import annotations
 
 import plotly.graph_objects as go
@@ -8,17 +9,21 @@ from plotly.subplots import make_subplots
 
 from ui.charts import _rgba, hover_format, layout, line_mode, ordered_runs
 
-PANELS = ("drift", "mean reward", "response length (mean, band: min–max)", "sequences per step")
+PANELS = ("drift", "mean reward", "mean advantage (band: min–max)", "response length (mean, band: min–max)",
+          "sequences per step")
+REWARD, ADVANTAGE, LENGTH, COUNT = PANELS[1:]
 
 
 def context_over_steps(per_step: pl.DataFrame, context: pl.DataFrame, metric: str,
                        colors: dict[str, str]) -> go.Figure:
     """per_step: [run, step, <metric>, ...] (dashboard.step_metrics); context: analysis.metrics.context.step_context.
-    Four rows sharing x: the drift metric, reward_mean, response_length_mean with its min–max band, n_sequences.
+    Rows sharing x: the drift metric, reward_mean, advantage_mean with its min–max band, response_length_mean
+    with its min–max band, n_sequences.
     A run without rewards draws no reward line (nothing to show rather than a line at zero), and where no run has
-    one the reward row is left out (three rows) rather than drawn empty."""
+    one the reward row is left out rather than drawn empty; the same for advantages (a row under the reward's)."""
     rewards = bool(context.height) and bool(context["n_rewarded"].sum())
-    shown = [p for p in PANELS if rewards or p != "mean reward"]
+    advantages = bool(context.height) and "n_advantaged" in context.columns and bool(context["n_advantaged"].sum())
+    shown = [p for p in PANELS if (rewards or p != REWARD) and (advantages or p != ADVANTAGE)]
     row_of = {name: i + 1 for i, name in enumerate(shown)}
     fig = make_subplots(rows=len(shown), cols=1, shared_xaxes=True, vertical_spacing=0.06,
                         subplot_titles=[metric] + shown[1:])
@@ -42,21 +47,34 @@ def context_over_steps(per_step: pl.DataFrame, context: pl.DataFrame, metric: st
                                      showlegend=False, customdata=rewarded["n_rewarded"].to_list(), **common,
                                      hovertemplate=f"{run}<br>step %{{x}}<br>mean reward %{{y:.4g}}"
                                                    "<br>over %{customdata} sequences<extra></extra>"),
-                          row=row_of["mean reward"], col=1)
+                          row=row_of[REWARD], col=1)
+        with_adv = c.filter(pl.col("n_advantaged") > 0) if advantages else c.clear()
+        if with_adv.height:
+            ax = with_adv["step"].to_list()
+            alo, ahi = with_adv["advantage_min"].to_list(), with_adv["advantage_max"].to_list()
+            fig.add_trace(go.Scatter(x=ax + ax[::-1], y=ahi + alo[::-1], fill="toself", fillcolor=_rgba(color, 0.15),
+                                     line=dict(width=0), hoverinfo="skip", showlegend=False, legendgroup=run),
+                          row=row_of[ADVANTAGE], col=1)
+            fig.add_trace(go.Scatter(x=ax, y=with_adv["advantage_mean"].to_list(), showlegend=False, **common,
+                                     customdata=list(zip(with_adv["n_advantaged"].to_list(), alo, ahi)),
+                                     hovertemplate=f"{run}<br>step %{{x}}<br>mean advantage %{{y:.4g}}"
+                                                   "<br>min %{customdata[1]:.4g}, max %{customdata[2]:.4g}"
+                                                   "<br>over %{customdata[0]} sequences<extra></extra>"),
+                          row=row_of[ADVANTAGE], col=1)
         lo, hi = c["response_length_min"].to_list(), c["response_length_max"].to_list()
         fig.add_trace(go.Scatter(x=x + x[::-1], y=hi + lo[::-1], fill="toself", fillcolor=_rgba(color, 0.15),
                                  line=dict(width=0), hoverinfo="skip", showlegend=False, legendgroup=run),
-                      row=row_of[PANELS[2]], col=1)
+                      row=row_of[LENGTH], col=1)
         fig.add_trace(go.Scatter(
             x=x, y=c["response_length_mean"].to_list(), showlegend=False, **common,
             customdata=list(zip(c["response_length_std"].to_list(), lo, hi)),
             hovertemplate=f"{run}<br>step %{{x}}<br>mean length %{{y:.4g}} tokens<br>std %{{customdata[0]:.3g}}"
                           "<br>min %{customdata[1]}, max %{customdata[2]}<extra></extra>"),
-            row=row_of[PANELS[2]], col=1)
+            row=row_of[LENGTH], col=1)
         fig.add_trace(go.Scatter(x=x, y=c["n_sequences"].to_list(), showlegend=False, **common,
                                  hovertemplate=f"{run}<br>step %{{x}}<br>%{{y}} sequences<extra></extra>"),
-                      row=row_of[PANELS[3]], col=1)
+                      row=row_of[COUNT], col=1)
     fig.update_xaxes(title_text="step", row=len(shown), col=1)
-    for name in PANELS[2:]:  # lengths and counts from zero: a change reads at its true size
+    for name in (LENGTH, COUNT):  # lengths and counts from zero: a change reads at its true size
         fig.update_yaxes(rangemode="tozero", row=row_of[name], col=1)
     return layout(fig, height=180 * len(shown))

@@ -40,6 +40,13 @@ METRIC_HELP: dict[str, str] = {
                           "are shifted by one position",
     "lag_abs_delta_next": "mean |t_i − s_(i+1)| over neighbouring tokens: far below mean |Δ| when the trainer's "
                           "log-probs sit one position early",
+    "first_token_kl_share": "share of kl_k3's sum carried by the first response token: near 1 when the mismatch "
+                            "sits at the prompt/response seam (a template or BOS difference between the two sides)",
+    "lattice_share_q": "share of the tokens with Δ ≠ 0 whose Δ is a multiple of 1/8: high when one side's "
+                       "log-probs were rounded to a coarse grid (low-precision logits)",
+    "boundary_low_share": "share of Δ < −10 at the first token of a turn (multi-turn runs): far above "
+                          "elsewhere_low_share when the trainer sees a different context at turn boundaries",
+    "elsewhere_low_share": "share of Δ < −10 at the other tokens of the turns",
     "token_any_flip_rate": "share of tokens whose top-k experts differ between sampler and trainer in at least "
                            "one MoE layer (R3 reports 94% for a 48-layer MoE)",
     "flipped_layers_per_token": "mean number of MoE layers per token whose expert set differs",
@@ -76,6 +83,11 @@ DIMENSIONS: dict[str, tuple[str, str]] = {
     "lag": ("staleness (lag)", "Lag = trainer_version − sampler_version, the policy versions the trainer is ahead "
                                "of the sampler: lag 0 is on-policy; mismatch that grows with lag is staleness "
                                "(asynchronous RL), not numerics."),
+    "tag": ("tag (task)", "Each sequence's tag as logged (DriftLogger `tags=`, a `tag` key): a domain whose "
+                          "mismatch stands out points at its prompts or its tokens, not the numerics."),
+    "segment": ("turn", "The turn of a multi-turn rollout (DriftLogger `segment_ids=`): mismatch that jumps at "
+                        "later turns points at the context the environment added between them. From the token "
+                        "rows."),
 }
 
 

@@ -358,9 +358,18 @@ def _load_summary(tx: Transaction, unit: Unit, sha: str, size: int, run: str | N
     fid = tx.new_file(sha, unit.name, size, "summary", run)
     with open(unit.paths[0], "rb") as fp:
         for table, data in summary_files.read(fp, unit.name, limits, run):
-            tx.append(table, with_file_id(data, fid))
+            if table == "sequences":  # rows, not sums: stored now, so that a key loaded twice is refused below
+                tx.w.insert_arrow(table, with_file_id(data, fid))
+            else:
+                tx.append(table, with_file_id(data, fid))
             rows[table] = rows.get(table, 0) + data.num_rows
             runs.update(pc.unique(data.column("run")).to_pylist())
+    dup = tx.w.first_duplicate("sequences", fid) if rows.get("sequences") else None
+    if dup:
+        key = ", ".join(f"{c}={v!r}" for c, v in zip(("run", "step", "sample"), dup[0]))
+        raise DuplicateKey(unit.name, f"sequences key ({key})", f"duplicate key: this key {dup[1]}",
+                           "give every sequence its own sample id (DriftLogger: sample_ids=, distinct across "
+                           "trainer ranks)")
     tx.ensure_runs(sorted(runs), config or unit.config)
     tx.w.finish_file(fid, sum(rows.values()))
     return Outcome(unit.name, "loaded", "summary", rows, sorted(runs))

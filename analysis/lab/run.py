@@ -162,7 +162,8 @@ def _run(cfg: LabConfig, preset: str, out_dir: Path, seed: int, device: torch.de
         s_experts = s_route[:, cfg.prompt_len - 1:]  # (B, R, L, k)
         logger.log_step(step, s_lp, t_lp, torch.ones_like(tokens), token_ids=tokens,
                         sampler_experts=s_experts, trainer_experts=t_experts,
-                        sampler_version=sampler_version, trainer_version=step)
+                        sampler_version=sampler_version, trainer_version=step,
+                        rewards=reward, advantages=advantages, prompts=prompts)  # prompt ids: no tokenizer
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         history = (history + [(step + 1, _snapshot(model))])[-(cfg.lag + 1):]

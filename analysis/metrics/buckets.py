@@ -10,7 +10,7 @@ from analysis import schema
 from analysis.metrics import sampled
 from analysis.metrics.token import SEQUENCE_METRICS, TOKEN_METRICS, cap_clip_params, grouped_token_metrics_sql
 from analysis.store import Store
-from analysis.summaries.finalise import bucket_table_sql, summarised, threshold_params
+from analysis.summaries.finalise import bucket_table_sql, sequences_sql, summarised, threshold_params
 from analysis.summaries.schema import BAND_EDGES, ENTROPY_EDGES, PROB_LO, PROB_WIDTH
 from analysis.summaries.sql import (
     bucket_params,
@@ -23,7 +23,9 @@ from analysis.summaries.sql import (
     token_filter,
 )
 
-DIMENSIONS = ("prob", "position", "length", "entropy", "lag")
+DIMENSIONS = ("prob", "position", "length", "entropy", "lag", "tag", "segment")
+# dimensions that are a property of the whole sequence: grouped from the per-sequence summaries
+SEQUENCE_DIMENSIONS = ("length", "tag")
 BUCKET_COLUMNS = ("run", "bucket", "bucket_lo", "bucket_hi", "label", "n_tokens", "kl_k1", "kl_k3",
                   "log_ratio_abs_mean", "log_ratio_abs_max", "ratio_frac_high", "ratio_frac_low", "clip_frac",
                   "prob_abs_diff_mean")
@@ -51,7 +53,7 @@ def _empty(metrics: Sequence[str] | None) -> pl.DataFrame:
 
 def mismatch_by(store: Store, runs: list[str], dimension: str, n_bins: int = 12, cap: float = 2.0,
                 clip: float = 0.2, steps: tuple[int, int] | None = None,
-                metrics: Sequence[str] | None = None) -> pl.DataFrame:
+                metrics: Sequence[str] | None = None, tags: Sequence[str] | None = None) -> pl.DataFrame:
     """METRICS.md token metrics per (run, bucket) of one token property, on fixed global bucket edges
     (summaries/schema.py; `n_bins` is accepted for compatibility and ignored).
 
@@ -60,34 +62,52 @@ def mismatch_by(store: Store, runs: list[str], dimension: str, n_bins: int = 12,
       - "position": position in the response, "length": response length of the token's sequence (max pos + 1):
         0, 1, 2–3, 4–7, ... (powers of two);
       - "entropy": sampler_entropy on fixed edges from 0 to 8 nats and above (empty frame without entropies);
-      - "lag": staleness trainer_version − sampler_version, bucket = the lag (empty frame without versions).
+      - "lag": staleness trainer_version − sampler_version, bucket = the lag (empty frame without versions);
+      - "tag": the sequence's tag (table `sequences`), bucket = its rank among the tags shown, label = the tag;
+      - "segment": the token's turn in a multi-turn rollout (tokens.segment), bucket = the turn index.
     Buckets are the half-open [bucket_lo, bucket_hi) in the property's own units (probability for "prob");
     bucket is the bin index (the lag for "lag"). Empty buckets give no row.
+    tags: only the tokens of sequences with one of these tags.
 
     Read from the summaries (every token, cost independent of the number of tokens) when C and ε are allowed
-    values (schema.CAPS / CLIPS) and no sequence metric is asked for a dimension other than "length" (a bucket of
-    a token property splits sequences); otherwise from the token rows (`mismatch_by_tokens`), where sequence
-    metrics use each sequence's tokens inside the bucket.
+    values (schema.CAPS / CLIPS), the dimension is a summarised one (all but "segment"), no tag filter splits a
+    token-property bucket (a filter is exact for "length" and "tag" only), and no sequence metric is asked for a
+    dimension other than "length" / "tag" (a bucket of a token property splits sequences); otherwise from the
+    token rows (`mismatch_by_tokens`), where sequence metrics use each sequence's tokens inside the bucket.
     Returns [run, bucket, bucket_lo, bucket_hi, label, n_tokens, kl_k1, kl_k3, log_ratio_abs_mean,
     log_ratio_abs_max, ratio_frac_high, ratio_frac_low, clip_frac, prob_abs_diff_mean, <other token metrics>];
     `metrics`: only these token metrics (the bucket columns and n_tokens always come).
     """
     metrics = _check(dimension, cap, clip, metrics)
     runs = check_runs(runs)
+    tags = None if tags is None else [str(t) for t in tags]
     seq_asked = set(TOKEN_METRICS if metrics is None else metrics) & {"n_sequences", *SEQUENCE_METRICS}
-    if not summarised(cap, clip) or (seq_asked and dimension != "length"):
-        return mismatch_by_tokens(store, runs, dimension, cap, clip, steps, metrics)
+    per_sequence = dimension in SEQUENCE_DIMENSIONS
+    if (not summarised(cap, clip) or dimension == "segment" or (seq_asked and not per_sequence)
+            or (tags is not None and not per_sequence)):
+        return mismatch_by_tokens(store, runs, dimension, cap, clip, steps, metrics, tags=tags)
     where, params = run_filter(runs, steps)
     params |= threshold_params(cap, clip, BAND_EDGES)
-    if dimension != "length":
+    if not per_sequence:
         params["dim"] = dimension
-    sql = bucket_table_sql(dimension, where, bucket_sql("length"))
+    buckets = None
+    if dimension == "tag" or tags is not None:
+        w_, p_ = run_filter(runs, steps, prefix="tq_")
+        chosen = "" if tags is None else " AND list_contains($tag_list, tag)"
+        params |= p_ | ({"tag_list": tags} if tags is not None else {})
+        bucket = "tag" if dimension == "tag" else "b_.bucket"
+        buckets = f"SELECT run, step, sample, {bucket} AS bucket FROM sequences WHERE {w_} AND tag IS NOT NULL{chosen}"
+        if dimension == "length":  # the length buckets of the chosen tags' sequences
+            lengths = f"SELECT run, step, sample, {bucket_sql('length')} AS bucket FROM ({sequences_sql(where)}) l_"
+            buckets = buckets.replace("FROM sequences", f"FROM sequences JOIN ({lengths}) b_ USING (run, step, sample)")
+    sql = bucket_table_sql(dimension, where, bucket_sql("length"), sequence_buckets=buckets)
     df = store.sql(sql, {k: v for k, v in params.items() if f"${k}" in sql})
     return _with_edges(df, dimension, metrics)
 
 
 def mismatch_by_tokens(store: Store, runs: list[str], dimension: str, cap: float = 2.0, clip: float = 0.2,
-                       steps: tuple[int, int] | None = None, metrics: Sequence[str] | None = None) -> pl.DataFrame:
+                       steps: tuple[int, int] | None = None, metrics: Sequence[str] | None = None,
+                       tags: Sequence[str] | None = None) -> pl.DataFrame:
     """`mismatch_by` from the token rows (same buckets, same columns): the drill-down path, and the reference
     the summaries are tested against. Exact for every token only where the token rows are complete."""
     metrics = _check(dimension, cap, clip, metrics)
@@ -96,9 +116,17 @@ def mismatch_by_tokens(store: Store, runs: list[str], dimension: str, cap: float
     if dimension in _X_PRESENT:
         where += f" AND {_X_PRESENT[dimension]}"
     length = f", {_LENGTH} AS length" if dimension == "length" else ""
+    segment = "segment" if store.has_columns("tokens", ["segment"]) else "NULL::INTEGER AS segment"
     xsrc = (f"SELECT run, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t, sampler_entropy, "
-            f"trainer_version, sampler_version{length} FROM tokens WHERE {where}")
-    src = f"SELECT run, step, sample, s, t, {bucket_sql(dimension)} AS bucket FROM ({xsrc})"
+            f"trainer_version, sampler_version, {segment}{length} FROM tokens WHERE {where}")
+    if dimension == "tag" or tags is not None:  # the sequence's tag, from `sequences`
+        chosen = "" if tags is None else " AND list_contains($tag_list, q_.tag)"
+        params |= {} if tags is None else {"tag_list": list(tags)}
+        xsrc = (f"SELECT x_.*, q_.tag FROM ({xsrc}) x_ JOIN sequences q_ USING (run, step, sample) "
+                f"WHERE q_.tag IS NOT NULL{chosen}")
+    x = {"tag": "tag", "segment": "segment"}.get(dimension)
+    bucket = x if x is not None else bucket_sql(dimension)
+    src = f"SELECT run, step, sample, s, t, {bucket} AS bucket FROM ({xsrc}) WHERE {bucket} IS NOT NULL"
     params.update(cap_clip_params(cap, clip))
     params.update(bucket_params())
     sql = grouped_token_metrics_sql(src, ["run", "bucket"], only=metrics)
@@ -116,7 +144,8 @@ def _check(dimension: str, cap: float, clip: float, metrics: Sequence[str] | Non
 
 
 def bucket_edges(dimension: str, bucket: int) -> tuple[float, float]:
-    """[lo, hi) of a bucket in the property's units (the fixed edges of summaries/schema.py)."""
+    """[lo, hi) of a bucket in the property's units (the fixed edges of summaries/schema.py; a tag's rank,
+    a segment's index)."""
     if dimension == "prob":
         return 10.0 ** (PROB_LO + bucket * PROB_WIDTH), 10.0 ** (PROB_LO + (bucket + 1) * PROB_WIDTH)
     if dimension in ("position", "length"):
@@ -130,6 +159,13 @@ def bucket_edges(dimension: str, bucket: int) -> tuple[float, float]:
 def _with_edges(df: pl.DataFrame, dimension: str, metrics: Sequence[str] | None) -> pl.DataFrame:
     if df.is_empty():
         return _empty(metrics)
+    if dimension == "tag":  # the tags in order, numbered; the label is the tag itself
+        names = sorted(set(df["bucket"].to_list()))
+        rank = {t: i for i, t in enumerate(names)}
+        df = df.with_columns(label=pl.col("bucket").cast(pl.String),
+                             bucket=pl.col("bucket").replace_strict(rank, return_dtype=pl.Int64))
+        df = df.with_columns(bucket_lo=pl.col("bucket").cast(pl.Float64), bucket_hi=pl.col("bucket") + 1.0)
+        return df.sort("run", "bucket").select(_columns(metrics))
     edges = [bucket_edges(dimension, int(b)) for b in df["bucket"].to_list()]
     df = df.with_columns(bucket=pl.col("bucket").cast(pl.Int64),
                          bucket_lo=pl.Series([e[0] for e in edges], dtype=pl.Float64),
@@ -141,6 +177,8 @@ def _with_edges(df: pl.DataFrame, dimension: str, metrics: Sequence[str] | None)
 def _label(dimension: str, lo: float, hi: float) -> str:
     if dimension == "lag":
         return f"lag {int(lo)}"
+    if dimension == "segment":
+        return f"turn {int(lo)}"
     if dimension in ("position", "length"):
         a, b = int(lo), int(hi) - 1
         return str(a) if a == b else f"{a}–{b}"
@@ -190,4 +228,25 @@ def has_column_data(store: Store, runs: list[str], column: str) -> bool:
                                  params | {"dim": _SUMMARISED_COLUMNS[column]}))
     where, params = token_filter(store, runs, None)
     return bool(store.scalar(f"SELECT EXISTS (SELECT 1 FROM tokens WHERE {where} AND {column} IS NOT NULL)",
+                             params))
+
+
+def run_tags(store: Store, runs: list[str]) -> list[str]:
+    """The tags the sequences of `runs` carry (table `sequences`), sorted; empty without any."""
+    runs = check_runs(runs)
+    if not store.has_columns("sequences", ["tag"]):
+        return []
+    where, params = run_filter(runs)
+    return [r[0] for r in store.rows(f"SELECT DISTINCT tag FROM sequences WHERE {where} AND tag IS NOT NULL "
+                                     "ORDER BY tag", params)]
+
+
+def has_segments(store: Store, runs: list[str]) -> bool:
+    """Whether any token of `runs` has a segment (turn) id, from the summaries' residual counts (n_seg_tokens, a
+    row per step): every token with a segment was summarised with them (the column came with both)."""
+    runs = check_runs(runs)
+    if not store.has_residual_sums:
+        return False
+    where, params = run_filter(runs)
+    return bool(store.scalar(f"SELECT EXISTS (SELECT 1 FROM summary_step WHERE {where} AND n_seg_tokens > 0)",
                              params))

@@ -50,29 +50,30 @@ def worst_sequences(store: Store, run: str, step: int, order: str = "seq_log_rat
 
 
 def sequence_context(store: Store, run: str, step: int, sample: int) -> dict | None:
-    """What the trainer knew about one sequence besides its log-probs, or None if it has no tokens.
+    """What the trainer knew about one sequence besides its log-probs, or None if no summary holds it.
 
-    {n_tokens, seq_log_ratio (ΣΔ), kl_k3 (mean r − 1 − Δ), reward, advantage, prompt, response,
-    response_length, response_from_tokens}: reward/advantage/prompt are null when the file carried none;
-    response is the stored response text, else the tokens' text joined in position order (then
-    response_from_tokens is True; null when no token has text); response_length is the recorded length,
-    else the number of tokens.
+    {n_tokens, seq_log_ratio (ΣΔ), kl_k3 (mean r − 1 − Δ), n_token_rows, reward, advantage, prompt, response,
+    tag, response_length, response_from_tokens}: n_tokens, ΣΔ and kl_k3 over every token of the sequence (its
+    summary rows, so also where DriftLogger kept a sample of the token rows; n_token_rows says how many rows were
+    kept, 0 for none); reward/advantage/prompt/tag are null when the logs carried none; response is the stored
+    response text, else the tokens' text joined in position order (then response_from_tokens is True; null when
+    no token has text); response_length is the recorded length, else the number of tokens.
     """
-    # a database made before sequences had `response`, opened read-only (a viewer), was never migrated
-    stored = "response" if store.scalar(
-        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'sequences' AND column_name = 'response'"
-    ) else "NULL::VARCHAR AS response"
+    # a database made before sequences had `response` or `tag`, opened read-only (a viewer), was never migrated
+    stored = ", ".join(c if store.has_columns("sequences", [c]) else f"NULL::VARCHAR AS {c}"
+                       for c in ("response", "tag"))
     rows = store.sql(f"""
-        WITH t AS (SELECT count(*) AS n_tokens, sum(d) AS seq_log_ratio, avg({kl3_sql(ratio_sql('d'))}) AS kl_k3,
-                          string_agg(token, '' ORDER BY pos) AS joined
-                   FROM (SELECT pos, token, trainer_logprob - sampler_logprob AS d FROM tokens
-                         WHERE run = $run AND step = $step AND sample = $sample)),
+        WITH s AS (SELECT sum(n_tokens)::BIGINT AS n_tokens, fsum(sum_d) AS seq_log_ratio,
+                          fsum(sum_k3) / sum(n_tokens) AS kl_k3
+                   FROM summary_seq WHERE run = $run AND step = $step AND sample = $sample),
+             t AS (SELECT count(*) AS n_token_rows, string_agg(token, '' ORDER BY pos) AS joined
+                   FROM tokens WHERE run = $run AND step = $step AND sample = $sample),
              q AS (SELECT reward, advantage, prompt, {stored}, response_length FROM sequences
                    WHERE run = $run AND step = $step AND sample = $sample LIMIT 1)
-        SELECT t.n_tokens, t.seq_log_ratio, t.kl_k3, q.reward, q.advantage, q.prompt,
-               coalesce(q.response, t.joined) AS response, q.response IS NULL AS response_from_tokens,
-               coalesce(q.response_length, t.n_tokens)::BIGINT AS response_length
-        FROM t LEFT JOIN q ON true WHERE t.n_tokens > 0""",
+        SELECT s.n_tokens, s.seq_log_ratio, s.kl_k3, t.n_token_rows, q.reward, q.advantage, q.prompt,
+               coalesce(q.response, t.joined) AS response, q.response IS NULL AS response_from_tokens, q.tag,
+               coalesce(q.response_length, s.n_tokens)::BIGINT AS response_length
+        FROM s CROSS JOIN t LEFT JOIN q ON true WHERE s.n_tokens > 0""",
                      {"run": run, "step": int(step), "sample": int(sample)})
     return rows.row(0, named=True) if rows.height else None
 
@@ -119,7 +120,7 @@ def run_steps(store: Store, run: str) -> list[int]:
 
 
 def summarised(store: Store, run: str, step: int, sample: int) -> bool:
-    """Whether the summaries hold the sequence: with no token row of it (sequence_context None), its token rows
-    were not kept (DriftLogger token_sample < 1) rather than never logged."""
+    """Whether the summaries hold the sequence: with no token row of it (sequence_context's n_token_rows 0), its
+    token rows were not kept (DriftLogger token_sample < 1) rather than never logged."""
     return bool(store.rows("SELECT 1 FROM summary_seq WHERE run = ? AND step = ? AND sample = ? AND n_tokens > 0 "
                            "LIMIT 1", [run, int(step), int(sample)]))

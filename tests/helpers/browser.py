@@ -202,6 +202,23 @@ def goto_page(page, label: str, title: str, timeout_ms: float = 60_000, charts: 
     return time.perf_counter() - t0
 
 
+# the Overview context chart's line traces (its bands are fills) with the axis of each: y the drift, then one
+# axis per panel shown (ui/context_charts.py PANELS)
+CONTEXT_JS = """() => {
+  const gd = document.querySelector(".st-key-overview_context .js-plotly-plot");
+  if (!gd || !gd.data) return null;
+  return gd.data.filter(t => t.fill !== "toself").map(t => ({axis: t.yaxis || "y", x: Array.from(t.x),
+                                                            y: Array.from(t.y)}));
+}"""
+
+
+def fill_number(page, key: str, value: int) -> None:
+    """Type `value` into the number input with widget key `key` and submit it."""
+    box = page.locator(f".st-key-{key} input")
+    box.fill(str(value))
+    box.press("Enter")
+
+
 def goto_tab(page, label: str, timeout_ms: float = 60_000, charts: int = 0) -> float:
     """Click a tab of the current page (its content runs only when open, so the click reruns the page); returns
     seconds until that rerun is idle with the tab's charts drawn (at least `charts` of them)."""
