@@ -85,14 +85,11 @@ def train(tmp_path, seed, rollout_func=None, **config):
     return hook, witness, store, tokenizer
 
 
-def check_against_trl(store, witness, tokenizer, pair):
-    """Every stored token and sequence equals what TRL computed in the matching `_compute_loss` call."""
+def expected_rows(witness, tokenizer, pair):
+    """What TRL computed, per trained token and per sequence, from the `_compute_loss` calls it made (rows in
+    each call are in TRL's shuffled order: both lists are sorted by the stored keys)."""
     sampler_name, trainer_name = PAIRS[pair]
-    tokens = store.sql("SELECT step, sample, pos, token_id, sampler_logprob, trainer_logprob, sampler_version, "
-                       "trainer_version FROM tokens WHERE run = 'grpo' ORDER BY step, sample, pos")
-    seqs = store.sql("SELECT step, sample, reward, advantage, prompt, response FROM sequences WHERE run = 'grpo' "
-                     "ORDER BY step, sample")
-    expected_tokens, expected_seqs, masked = [], [], 0
+    tokens, seqs, masked = [], [], 0
     for call in witness.calls:
         held = {"per_token_logps": call["current"], **{k: call.get(k) for k in ("old_per_token_logps",
                                                                                  "sampling_per_token_logps")}}
@@ -100,27 +97,36 @@ def check_against_trl(store, witness, tokenizer, pair):
         mask = call["completion_mask"].bool()
         masked += int((~mask).sum())
         for b, row in enumerate(call[ROW_KEY].tolist()):
-            # the generation that made this row: rows of one batch are consecutive ids, G per prompt
+            # the generation that made this row: the first call that trained it
             gen_version = next(c["version"] for c in witness.calls if row in c[ROW_KEY].tolist())
             for pos in mask[b].nonzero().squeeze(1).tolist():
-                expected_tokens.append((call["step"], row, pos, int(call["completion_ids"][b, pos]),
-                                        float(s[b, pos]), float(t[b, pos]), gen_version,
-                                        gen_version if trainer_name == "old_per_token_logps" else call["version"]))
+                tokens.append((call["step"], row, pos, int(call["completion_ids"][b, pos]), float(s[b, pos]),
+                               float(t[b, pos]), gen_version,
+                               gen_version if trainer_name == "old_per_token_logps" else call["version"]))
             response = tokenizer.decode(call["completion_ids"][b], skip_special_tokens=True)
-            expected_seqs.append((call["step"], row, reward_w3([response])[0], float(call["advantages"][b]),
-                                  tokenizer.decode(call["prompt_ids"][b], skip_special_tokens=True), response))
+            seqs.append((call["step"], row, float(np.float32(reward_w3([response])[0])),  # TRL's rewards are fp32
+                         float(call["advantages"][b]), tokenizer.decode(call["prompt_ids"][b], skip_special_tokens=True),
+                         response))
     assert masked > 0  # some completions ended early: padding is left out
-    got = list(tokens.iter_rows())
-    assert len(got) == len(expected_tokens)
-    for g, e in zip(got, expected_tokens):  # float32 log-probs widen exactly: equality, not a tolerance
-        assert g == e
-    got_seqs = list(seqs.iter_rows())
-    assert [g[:2] for g in got_seqs] == [e[:2] for e in expected_seqs]
-    for g, e in zip(got_seqs, expected_seqs):
-        assert g[2] == float(np.float32(e[2]))  # reward: the reward function on the text, as TRL's float32
-        assert g[3] == e[3] and g[4] == e[4] and g[5] == e[5]
-        assert g[4] in PROMPTS
-    return tokens, seqs
+    return sorted(tokens), sorted(seqs)
+
+
+def check_tokens(store, witness, tokenizer, pair):
+    """Every stored token equals what TRL computed: float32 log-probs widen exactly, so equality, no tolerance."""
+    tokens = store.sql("SELECT step, sample, pos, token_id, sampler_logprob, trainer_logprob, sampler_version, "
+                       "trainer_version FROM tokens WHERE run = 'grpo' ORDER BY step, sample, pos")
+    assert list(tokens.iter_rows()) == expected_rows(witness, tokenizer, pair)[0]
+    return tokens
+
+
+def check_sequences(store, witness, tokenizer, pair):
+    """Every stored sequence: TRL's advantage, the reward function on the decoded completion, the prompt and
+    completion text."""
+    seqs = store.sql("SELECT step, sample, reward, advantage, prompt, response FROM sequences WHERE run = 'grpo' "
+                     "ORDER BY step, sample")
+    assert list(seqs.iter_rows()) == expected_rows(witness, tokenizer, pair)[1]
+    assert set(seqs["prompt"]) <= set(PROMPTS)
+    return seqs
 
 
 def check_advantages(seqs, steps_per_batch=1):
@@ -145,7 +151,8 @@ def test_grpo_without_vllm_logs_the_old_policy_beside_the_current(tmp_path):
     assert config["trl_logprob_pair"] == "old_policy_vs_current"
     assert config["trl_version"] == trl.__version__
     assert [c["step"] for c in witness.calls] == [1, 2, 3, 4]
-    tokens, seqs = check_against_trl(store, witness, tokenizer, "old_policy_vs_current")
+    tokens = check_tokens(store, witness, tokenizer, "old_policy_vs_current")
+    seqs = check_sequences(store, witness, tokenizer, "old_policy_vs_current")
     stale = tokens.filter(tokens["trainer_version"] > tokens["sampler_version"])
     assert set(stale["step"].to_list()) == {2, 4}  # the reused batches, one optimizer step late
     d = (stale["trainer_logprob"] - stale["sampler_logprob"]).abs()
@@ -157,15 +164,17 @@ def test_grpo_without_vllm_logs_the_old_policy_beside_the_current(tmp_path):
 
 def bf16_rollout(calls: list):
     """A rollout_func (TRL's hook for a custom generator) that samples with the policy's logits rounded to
-    bfloat16 and returns those log-probs: a sampler that differs from the trainer like a real engine."""
+    bfloat16 and returns those log-probs: a sampler that differs from the trainer like a real engine. Every
+    second batch stops at 3 tokens, so two batches of one optimizer step have different lengths T."""
     def rollout(prompts, trainer):
         model, tokenizer = trainer.model, trainer.processing_class
         g = torch.Generator().manual_seed(len(calls))
         out = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
+        length = 3 if len(calls) % 2 else trainer.args.max_completion_length
         with torch.no_grad():
             for prompt in prompts:
                 ids, completion, logprobs = tokenizer(prompt)["input_ids"], [], []
-                for _ in range(trainer.args.max_completion_length):
+                for _ in range(length):
                     logits = model(torch.tensor([ids + completion])).logits[0, -1]
                     logp = torch.log_softmax(logits.to(torch.bfloat16).float(), -1)
                     token = int(torch.multinomial(logp.exp(), 1, generator=g))
@@ -184,10 +193,15 @@ def bf16_rollout(calls: list):
 def test_grpo_with_generation_logprobs_logs_the_sampler_beside_the_current(tmp_path, monkeypatch):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     rollouts = []
-    hook, witness, store, tokenizer = train(tmp_path, seed=5, max_steps=2, rollout_func=bf16_rollout(rollouts))
+    # two generation batches per optimizer step (gradient accumulation), logged as one step of 16 sequences
+    hook, witness, store, tokenizer = train(tmp_path, seed=5, max_steps=2, rollout_func=bf16_rollout(rollouts),
+                                            gradient_accumulation_steps=2, steps_per_generation=1)
     assert hook.pair == "sampling_vs_current"
+    assert [c["step"] for c in witness.calls] == [1, 1, 2, 2]
+    assert witness.calls[0]["completion_ids"].shape[1] != witness.calls[1]["completion_ids"].shape[1]  # padded
     assert store.run_config("grpo")["trl_logprob_pair"] == "sampling_vs_current"
-    tokens, seqs = check_against_trl(store, witness, tokenizer, "sampling_vs_current")
+    tokens = check_tokens(store, witness, tokenizer, "sampling_vs_current")
+    seqs = check_sequences(store, witness, tokenizer, "sampling_vs_current")
     # the sampler side is also exactly what the generator returned, row by row (rows are ids in generation order)
     by_row = {}
     for batch_index, out in enumerate(rollouts):
@@ -197,7 +211,17 @@ def test_grpo_with_generation_logprobs_logs_the_sampler_beside_the_current(tmp_p
         assert s == by_row[sample][pos]
     assert (tokens["trainer_logprob"] - tokens["sampler_logprob"]).abs().max() > 0  # bf16 logits drift
     assert (tokens["trainer_version"] == tokens["sampler_version"]).all()
+    assert seqs.group_by("step").len().sort("step").rows() == [(1, 16), (2, 16)]
     check_advantages(seqs)
+
+
+def test_grpo_without_generation_logprobs_or_reuse_logs_the_current_policy_twice(tmp_path):
+    # TRL holds only the policy's own log-probs here (it skips the recompute), and the run says so
+    hook, witness, store, tokenizer = train(tmp_path, seed=7, max_steps=1)
+    assert store.run_config("grpo")["trl_logprob_pair"] == "current_vs_current"
+    tokens = check_tokens(store, witness, tokenizer, "current_vs_current")
+    assert (tokens["trainer_logprob"] == tokens["sampler_logprob"]).all()
+    check_sequences(store, witness, tokenizer, "current_vs_current")
 
 
 def test_total_rewards_skips_unscored_functions():
