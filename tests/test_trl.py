@@ -10,6 +10,9 @@ import torch
 
 trl = pytest.importorskip("trl")  # pinned in requirements-dev.txt: it runs in CI
 
+# torch models train here (slow, as pytest.ini says); trl 1.16.0 calls transformers 5.24's renamed checkpointing API
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*gradient_checkpointing.*:FutureWarning")]
+
 from datasets import Dataset  # noqa: E402  (TRL's own dependencies)
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
