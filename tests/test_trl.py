@@ -80,6 +80,8 @@ def train(tmp_path, seed, rollout_func=None, **config):
     trainer = trl.GRPOTrainer(model=model, reward_funcs=reward_w3, args=args, processing_class=tokenizer,
                               train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}), rollout_func=rollout_func)
     hook = add_drift_logging(trainer, tmp_path / "logs", run="grpo")  # the user's one line
+    with pytest.raises(ValueError, match="already logs to Driftscope"):
+        add_drift_logging(trainer, tmp_path / "again")
     witness = Witness(trainer)
     trainer.train()
     store = Store(tmp_path / "drift.duckdb")

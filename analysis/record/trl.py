@@ -102,9 +102,13 @@ class GRPODriftHook:
         if missing:
             raise RuntimeError(f"add_drift_logging: trl {trl.__version__}'s GRPOTrainer has no {', '.join(missing)} "
                                f"(built on trl {TESTED_TRL}): pin trl=={TESTED_TRL}")
-        if trainer.accelerator.num_processes > 1 and logger_kwargs.get("layout", "folder") == "folder":
-            raise ValueError("add_drift_logging: with several processes each writes its own rows: pass "
-                             "layout='lake' (one file per rank and step; docs/SCHEMA.md, 'Lake layout')")
+        if getattr(trainer, "_driftscope_hook", None) is not None:
+            raise ValueError("add_drift_logging: this trainer already logs to Driftscope (call it once per trainer)")
+        if trainer.accelerator.num_processes > 1:
+            if logger_kwargs.get("layout", "folder") == "folder":
+                raise ValueError("add_drift_logging: with several processes each writes its own rows: pass "
+                                 "layout='lake' (one file per rank and step; docs/SCHEMA.md, 'Lake layout')")
+            logger_kwargs = {"rank": trainer.accelerator.process_index, **logger_kwargs}
         self.trainer = trainer
         self.trl_version = trl.__version__
         self.out_dir, self.config, self.logger_kwargs = out_dir, dict(config or {}), dict(logger_kwargs)
@@ -129,6 +133,7 @@ class GRPODriftHook:
                 hook.flush(state.global_step + 1)  # micro-batches of a step that never stepped the optimizer
 
         trainer.add_callback(_Flush())
+        trainer._driftscope_hook = self
 
     # --- the wrapped methods (same signatures as trl 1.16.0's) ---
 
