@@ -18,9 +18,14 @@ from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from analysis.ingest import ingest_paths  # noqa: E402
-from analysis.record.trl import PAIRS, ROW_KEY, add_drift_logging, total_rewards  # noqa: E402
+from analysis.record.trl import ROW_KEY, add_drift_logging, total_rewards  # noqa: E402
 from analysis.store import Store  # noqa: E402
 
+# trl_logprob_pair -> (sampler side, trainer side) as TRL names the tensors: what issue 40 asks of each case
+SIDES = {"sampling_vs_old_policy": ("sampling_per_token_logps", "old_per_token_logps"),
+         "sampling_vs_current": ("sampling_per_token_logps", "per_token_logps"),
+         "old_policy_vs_current": ("old_per_token_logps", "per_token_logps"),
+         "current_vs_current": ("per_token_logps", "per_token_logps")}
 WORDS = ["<pad>", "<eos>", "<unk>"] + [f"w{i}" for i in range(13)]
 PROMPTS = ["w1 w2 w3", "w4 w5", "w6 w7 w8 w9", "w10 w11"]
 G = 4  # completions per prompt
@@ -93,7 +98,7 @@ def train(tmp_path, seed, rollout_func=None, **config):
 def expected_rows(witness, tokenizer, pair):
     """What TRL computed, per trained token and per sequence, from the `_compute_loss` calls it made (rows in
     each call are in TRL's shuffled order: both lists are sorted by the stored keys)."""
-    sampler_name, trainer_name = PAIRS[pair]
+    sampler_name, trainer_name = SIDES[pair]
     tokens, seqs, masked = [], [], 0
     for call in witness.calls:
         held = {"per_token_logps": call["current"], **{k: call.get(k) for k in ("old_per_token_logps",
