@@ -1,6 +1,7 @@
 """Sequence JSON Lines (plain or gzip): one sequence per line, arrays indexed by token (SCHEMA.md family 2)."""
 from __future__ import annotations
 
+import json
 from typing import BinaryIO, Iterator
 
 import numpy as np
