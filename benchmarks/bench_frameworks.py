@@ -39,7 +39,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--no-cli", action="store_true", help="time in process only")
+    ap.add_argument("--steps", type=int, default=D.STEPS,
+                    help="steps of the database (200 sequences of 500 tokens each; 400 = 40M tokens)")
     args = ap.parse_args()
+    D.use_steps(args.steps)
     db, _ = D.ensure()
     body = ""
     if not args.no_cli:

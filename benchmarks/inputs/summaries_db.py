@@ -87,6 +87,17 @@ def build(path: Path) -> dict:
             "computed_tokens": block * SEQS * LEN, "computed_routing": block * ROUTED_LEN * LAYERS}
 
 
+def use_steps(steps: int) -> None:
+    """Build and read a database of `steps` steps (a multiple of FILE_STEPS * COMPUTED_FILES; 400 = 40M tokens,
+    40 = 4M) instead of STEPS: a medium size for a busy machine, kept in its own file."""
+    global STEPS, DB
+    block = FILE_STEPS * COMPUTED_FILES
+    if steps < block or steps % block:
+        raise ValueError(f"steps must be a positive multiple of {block}, got {steps}")
+    STEPS = steps
+    DB = WORK / ("bench_summaries.duckdb" if steps == 400 else f"bench_summaries_{steps}.duckdb")
+
+
 def is_built(path: Path) -> bool:
     """Whether `path` holds a database built by this version of build()."""
     if not path.exists():

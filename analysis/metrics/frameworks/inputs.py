@@ -20,14 +20,14 @@ kept rows only.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import polars as pl
 
 from analysis.store import Store
 from analysis.summaries import finalise as F
-from analysis.summaries.schema import BAND_EDGES, CAPS, CLAMP, SEQ_SUM_NAMES
+from analysis.summaries.schema import BAND_EDGES, CAPS, CLAMP, SEQ_SUM_NAMES, columns, merge_kind
 from analysis.summaries.sql import clamp_log_ratio_sql, log_cosh_half_sql, run_filter, token_filter
 
 SEQ_KEYS = ("run", "step", "sample")
@@ -37,18 +37,36 @@ LOGPROB_COLUMNS = ("sum_s", "sum_t", "sum_js", "sum_rt")  # schema.SEQ_SUMS less
 
 def band_sql(where: str) -> str:
     """Per sequence, from its ratio bands (parameters of `band_params`): n_hi (Δ > ln C), n_lo (Δ < −ln C),
-    a_mid = Σ (r − 1) and b_mid = Σ (r − 1)² over −ln C ≤ Δ ≤ ln C, rm1_pos / rm1_neg = Σ (r − 1) over Δ > 0 / Δ < 0."""
+    a_mid = Σ (r − 1) and b_mid = Σ (r − 1)² over −ln C ≤ Δ ≤ ln C, a_lo = Σ (r − 1) below −ln C, rm1_pos / rm1_neg =
+    Σ (r − 1) over Δ > 0 / Δ < 0."""
     return f"""SELECT run, step, sample,
         coalesce(sum(n_tokens) FILTER (WHERE band > $hi_bin), 0)::DOUBLE AS n_hi,
         coalesce(sum(n_tokens) FILTER (WHERE band < $lo_bin), 0)::DOUBLE AS n_lo,
         coalesce(fsum(sum_rm1) FILTER (WHERE band BETWEEN $lo_bin AND $hi_bin), 0) AS a_mid,
         coalesce(fsum(sum_rm1_sq) FILTER (WHERE band BETWEEN $lo_bin AND $hi_bin), 0) AS b_mid,
+        coalesce(fsum(sum_rm1) FILTER (WHERE band < $lo_bin), 0) AS a_lo,
         coalesce(fsum(sum_rm1) FILTER (WHERE band > $zero_bin), 0) AS rm1_pos,
         coalesce(fsum(sum_rm1) FILTER (WHERE band < $zero_bin), 0) AS rm1_neg
         FROM summary_seq_band WHERE {where} GROUP BY run, step, sample"""
 
 
-def band_params(cap: float) -> dict:
+def _edge(x: float) -> float:
+    """The edge of BAND_EDGES that ln of a ratio bound x is (up to rounding: ln 0.5 against −ln 2)."""
+    lx = math.log(x)
+    for e in BAND_EDGES:
+        if math.isclose(e, lx, rel_tol=1e-12, abs_tol=1e-15):
+            return e
+    raise ValueError(f"no ratio band edge at {x:g}")
+
+
+def band_params(cap) -> dict:
+    """Parameters of `band_sql`: `cap` C (the bounds 1/C and C) or (lo, hi) ratio bounds on band edges; lo = 0
+    leaves nothing below."""
+    if isinstance(cap, tuple):
+        lo, hi = cap
+        lo_bin = -1 if lo == 0.0 else F.edge_bin(_edge(lo), BAND_EDGES)
+        return {"hi_bin": F.edge_bin(_edge(hi), BAND_EDGES), "lo_bin": lo_bin,
+                "zero_bin": F.edge_bin(0.0, BAND_EDGES)}
     if float(cap) not in CAPS:
         raise ValueError(f"the cap must be one of {', '.join(f'{c:g}' for c in CAPS)} (the ratio bands the "
                          f"summaries keep), got {cap:g}")
@@ -84,28 +102,63 @@ def logprob_sql(where: str) -> str:
         GROUP BY run, step, sample"""
 
 
+def _merge_rows(seq: pl.DataFrame, cols: Sequence[str]) -> pl.DataFrame:
+    """One row per (run, step, sample) of summary rows sorted by those keys: a sequence whose tokens came in
+    several files has several rows, merged as schema.merge_kind says (sums add, min_* and max_* merge).
+    Done here rather than by a GROUP BY in DuckDB: nearly every sequence has one row, and the GROUP BY with a
+    compensated sum per column cost 4x the plain scan (benchmarks/RESULTS-frameworks.md)."""
+    if seq.height < 2:
+        return seq
+    starts = group_starts(seq, list(SEQ_KEYS))
+    if starts.size - 1 == seq.height:
+        return seq
+    first = starts[:-1]
+    out = {k: seq[k].gather(first) for k in SEQ_KEYS}
+    for c in cols:
+        kind = merge_kind(c)
+        ufunc = np.minimum if kind == "min" else np.maximum if kind == "max" else np.add
+        # nulls only in the SEQ_SUMS of rows written before them: summed as 0, n_lp_tokens then falls short of n
+        # and the sequence's sums come from its token rows
+        x = seq[c].fill_null(0).to_numpy()
+        out[c] = pl.Series(c, ufunc.reduceat(x, first))
+    return pl.DataFrame(out)
+
+
+def group_starts(frame: pl.DataFrame, keys: list[str]) -> np.ndarray:
+    """[0, the first row of each later group, height] of a frame sorted by `keys`."""
+    if not frame.height:
+        return np.zeros(1, np.int64)
+    change = np.zeros(frame.height, bool)
+    change[0] = True
+    for k in keys:
+        col = frame[k]
+        change[1:] |= (col[1:] != col[:-1]).to_numpy()
+    return np.append(np.flatnonzero(change), frame.height)
+
+
 def sequence_inputs(store: Store, runs: Sequence[str], steps: tuple[int, int] | None, cap: float,
-                    logprobs: bool) -> pl.DataFrame:
+                    logprobs: bool, bands: bool = True) -> pl.DataFrame:
     """One row per sequence with trained tokens, ordered by (run, step, sample): the merged TOKEN_SUMS of
-    summary_seq (n_tokens as `n`), the band columns of `band_sql` at `cap`, the EXTREME_COLUMNS (0 where no
-    token passes |Δ| > 20) and, with logprobs=True, the LOGPROB_COLUMNS (from the summaries where they cover the
-    sequence, else from its token rows)."""
+    summary_seq (n_tokens as `n`), with bands=True the band columns of `band_sql` at `cap`, the EXTREME_COLUMNS
+    (0 where no token passes |Δ| > 20) and, with logprobs=True, the LOGPROB_COLUMNS (from the summaries where
+    they cover the sequence, else from its token rows)."""
     where, params = run_filter(runs, steps)
     have = store.has_seq_sums
     lp = list(SEQ_SUM_NAMES) if logprobs and have else []
-    skip = [c for c in SEQ_SUM_NAMES if c not in lp]
-    seq = store.sql(f"""
-        WITH m AS ({F.merged('summary_seq', list(SEQ_KEYS), where, without=skip)} HAVING sum(n_tokens) > 0),
-             b AS ({band_sql(where)})
-        SELECT m.*, b.* EXCLUDE (run, step, sample) FROM m LEFT JOIN b USING (run, step, sample)
-        ORDER BY run, step, sample""", params | band_params(cap))
-    seq = seq.drop([c for c in ("max_pos", "n_flip_tokens") if c in seq.columns]).rename({"n_tokens": "n"})
+    cols = [c for c in columns("summary_seq") if merge_kind(c) != "key"
+            and c not in ("max_pos", "n_flip_tokens") and (c not in SEQ_SUM_NAMES or c in lp)]
+    seq = store.sql(f"SELECT run, step, sample, {', '.join(cols)} FROM summary_seq WHERE {where}", params)
+    seq = _merge_rows(seq.sort(list(SEQ_KEYS)), cols)
+    seq = seq.filter(pl.col("n_tokens") > 0).rename({"n_tokens": "n"})
     seq = seq.with_columns(pl.col("n").cast(pl.Float64))
+    if bands:
+        b = store.sql(band_sql(where), params | band_params(cap))
+        seq = seq.join(b, on=list(SEQ_KEYS), how="left", maintain_order="left")
     if seq.height and float(seq["max_abs_d"].max()) > CLAMP:
         ext_steps = seq.filter(pl.col("max_abs_d") > CLAMP)["step"].unique().to_list()
         twhere, tparams = token_filter(store, runs, steps, only_steps=ext_steps)
         ext = store.sql(extremes_sql(twhere), tparams)
-        seq = seq.join(ext, on=list(SEQ_KEYS), how="left")
+        seq = seq.join(ext, on=list(SEQ_KEYS), how="left", maintain_order="left")
     else:
         seq = seq.with_columns(pl.lit(None, pl.Float64).alias(c) for c in EXTREME_COLUMNS)
     seq = seq.with_columns(pl.col(c).fill_null(0.0) for c in EXTREME_COLUMNS)
@@ -117,11 +170,81 @@ def sequence_inputs(store: Store, runs: Sequence[str], steps: tuple[int, int] | 
         if short:  # rows written before SEQ_SUMS: those steps' sums from the token rows
             twhere, tparams = token_filter(store, runs, steps, only_steps=short)
             tok = store.sql(logprob_sql(twhere), tparams).rename({c: f"{c}_tok" for c in LOGPROB_COLUMNS})
-            seq = seq.join(tok, on=list(SEQ_KEYS), how="left").with_columns(
+            seq = seq.join(tok, on=list(SEQ_KEYS), how="left", maintain_order="left").with_columns(
                 pl.when(covered).then(pl.col(c)).otherwise(pl.col(f"{c}_tok")).alias(c) for c in LOGPROB_COLUMNS
             ).drop([f"{c}_tok" for c in LOGPROB_COLUMNS])
         seq = seq.drop("n_lp_tokens")
-    return seq.sort(list(SEQ_KEYS))
+    return seq
+
+
+def below_sql(where: str) -> str:
+    """Per sequence, the tokens with unclamped Δ < $ln_tau (n_below): the token veto's catastrophic tokens."""
+    return f"""SELECT run, step, sample, count(*)::DOUBLE AS n_below FROM tokens
+        WHERE {where} AND trainer_logprob - sampler_logprob < $ln_tau GROUP BY run, step, sample"""
+
+
+def token_columns(store: Store, runs: Sequence[str], steps: tuple[int, int] | None, seqs: pl.DataFrame,
+                  token_sql: Callable[[str], tuple[str, dict] | None], ln_tau: float | None,
+                  rewards: bool) -> pl.DataFrame:
+    """`seqs` with what a view reads beyond the summaries, each from one query, 0 where a sequence has none:
+    the per-sequence columns of `token_sql(WHERE over tokens)` (every token row of the selection); with ln_tau,
+    n_below = tokens with Δ < ln τ, scanning only the steps whose summaries hold such a token (min_d < ln τ);
+    with rewards, `reward` of table sequences (null where none is stored)."""
+    keys = list(SEQ_KEYS)
+    if seqs.height:
+        where, params = token_filter(store, runs, steps)
+        query = token_sql(where)
+        if query is not None:
+            sql, extra = query
+            seqs = seqs.join(store.sql(sql, params | extra), on=keys, how="left", maintain_order="left")
+    if ln_tau is not None:
+        hit = seqs.filter(pl.col("min_d") < ln_tau)["step"].unique().to_list() if seqs.height else []
+        if hit:
+            where, params = token_filter(store, runs, steps, only_steps=hit)
+            seqs = seqs.join(store.sql(below_sql(where), params | {"ln_tau": ln_tau}), on=keys, how="left",
+                             maintain_order="left")
+        else:
+            seqs = seqs.with_columns(n_below=pl.lit(0.0))
+    added = [c for c in seqs.columns if c.startswith("tk") or c == "n_below"]
+    seqs = seqs.with_columns(pl.col(c).cast(pl.Float64).fill_null(0.0) for c in added)
+    if rewards:
+        where, params = run_filter(runs, steps)
+        rw = store.sql(f"SELECT run, step, sample, reward FROM sequences WHERE {where}", params)
+        seqs = seqs.join(rw.unique(keys, keep="last"), on=keys, how="left", maintain_order="left")
+    return seqs
+
+
+class Groups:
+    """Reducers over the groups (steps or runs) of sorted sequence rows, one value per group: the groups are
+    the rows from each of `starts[:-1]` to the next (`group_starts`)."""
+
+    def __init__(self, starts: np.ndarray):
+        self.first = starts[:-1]
+        self.count = np.diff(starts).astype(np.float64)   # sequences per group
+
+    def add(self, x) -> np.ndarray:
+        return np.add.reduceat(np.asarray(x, dtype=np.float64), self.first)
+
+    def max(self, x) -> np.ndarray:
+        return np.maximum.reduceat(np.asarray(x, dtype=np.float64), self.first)
+
+    def min(self, x) -> np.ndarray:
+        return np.minimum.reduceat(np.asarray(x, dtype=np.float64), self.first)
+
+    def mean(self, x) -> np.ndarray:
+        """Plain mean over a group's sequences."""
+        return self.add(x) / self.count
+
+    def expand(self, per_group: np.ndarray) -> np.ndarray:
+        """A per-group value on each of its rows."""
+        return np.repeat(per_group, self.count.astype(np.int64))
+
+    def std(self, x) -> np.ndarray:
+        """Sample std (n − 1, as torch.std) over a group's sequences, two-pass; 0 for a single sequence."""
+        x = np.asarray(x, dtype=np.float64)
+        dev = x - self.expand(self.mean(x))
+        var = self.add(dev * dev) / np.maximum(self.count - 1.0, 1.0)
+        return np.where(self.count > 1, np.sqrt(var), 0.0)
 
 
 def arrays(frame: pl.DataFrame) -> dict[str, np.ndarray]:

@@ -4,27 +4,36 @@ Read at PrimeIntellect-ai/prime-rl 559b4477: per trained token mismatch_kl = exp
 (src/prime_rl/trainer/rl/loss.py:100-106), collected over the step's micro-batches and ranks
 (src/prime_rl/trainer/rl/train.py:508-512) and logged as mean, median (torch.median: the lower middle value),
 std (n − 1), min and max (src/prime_rl/trainer/utils.py:245-281). Per env name (`mismatch_kl/<env>`) is not
-stored here; `all` is.
+stored here; `all` is. max_vio from expert_load (routing), see `layer_max_vio`.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import polars as pl
 
 from analysis.store import Store
-from analysis.summaries.sql import series_k3_sql, token_filter
+from analysis.summaries.sql import run_filter, series_k3_sql, token_filter
 
-DEFAULTS: dict = {}
+DEFAULTS: dict = {"try_to_avoid_padding_experts": True, "num_experts": 0, "load_side": "trainer"}
 STATS = ("mean", "median", "std", "min", "max")
 
 
 def check(p: dict) -> dict:
+    if int(p["num_experts"]) < 0:
+        raise ValueError(f"num_experts: the model's number of experts (0: the largest expert id seen + 1), "
+                         f"got {p['num_experts']}")
+    if p["load_side"] not in ("trainer", "sampler"):
+        raise ValueError(f"load_side: trainer or sampler, got {p['load_side']!r}")
     return p
 
 
-def table(store: Store, runs: Sequence[str], keys: list[str], steps) -> pl.DataFrame:
-    """[keys..., mismatch_kl/all/{mean,median,std,min,max}] per group, from the token rows."""
+def table(store: Store, runs: Sequence[str], keys: list[str], steps, p: dict | None = None) -> pl.DataFrame:
+    """[keys..., n_tokens, n_sequences, mismatch_kl/all/{mean,median,std,min,max}, and where the runs have
+    routing max_vio/{mean,median,std,min,max}] per group: mismatch_kl from the token rows, max_vio from
+    expert_load."""
+    p = check(dict(DEFAULTS) | (p or {}))
     where, params = token_filter(store, runs, steps)
     # e^Δ − 1 − Δ: its series below |Δ| 0.01 (exp(Δ) − 1 − Δ cancels there), else as written
     k3 = f"(CASE WHEN abs(d) < 0.01 THEN {series_k3_sql('d')} ELSE exp(d) - 1.0 - d END)"
@@ -33,6 +42,61 @@ def table(store: Store, runs: Sequence[str], keys: list[str], steps) -> pl.DataF
     cols = {"mean": "favg(k3)", "median": "quantile_disc(k3, 0.5)", "std": "stddev_samp(k3)",
             "min": "min(k3)", "max": "max(k3)"}
     sel = ", ".join(f'{sql} AS "mismatch_kl/all/{name}"' for name, sql in cols.items())
-    return store.sql(f"""SELECT {k}, count(*) AS n_tokens, count(DISTINCT (step, sample)) AS n_sequences, {sel} FROM (
+    out = store.sql(f"""SELECT {k}, count(*) AS n_tokens, count(DISTINCT (step, sample)) AS n_sequences, {sel} FROM (
         SELECT {k_all}, {k3} AS k3 FROM (SELECT {k_all}, trainer_logprob - sampler_logprob AS d FROM tokens WHERE {where}) d_)
         GROUP BY {k} ORDER BY {k}""", params)
+    vio = max_vio(store, runs, keys, steps, p)
+    if vio is not None and vio.height:
+        out = out.join(vio, on=keys, how="left", maintain_order="left")
+    return out
+
+
+def layer_max_vio(store: Store, runs: Sequence[str], steps, p: dict) -> pl.DataFrame | None:
+    """[run, step, layer, max_vio] from expert_load, as get_load_balance_stats (src/prime_rl/trainer/model.py
+    :561-590@559b4477) with the step as one micro-step: tokens_per_expert holds every expert of the model
+    (`num_experts`; 0 = the largest expert id seen in the run + 1, the experts no token reached count 0),
+    sorted descending less its top_k largest with try_to_avoid_padding_experts (model.py:574-575);
+    max_vio = (max − mean) / mean (model.py:576-577). None without routing."""
+    where, params = run_filter(runs, steps)
+    col = "n_trainer" if p["load_side"] == "trainer" else "n_sampler"
+    load = store.sql(f"""SELECT run, step, layer, expert, sum({col})::DOUBLE AS n FROM expert_load
+        WHERE {where} GROUP BY ALL ORDER BY run, step, layer, expert""", params)
+    if not load.height:
+        return None
+    ks = store.sql(f"""SELECT run, step, layer, max(k)::BIGINT AS k FROM summary_layer WHERE {where}
+        GROUP BY ALL""", params)
+    rows = []
+    for run, g in load.group_by("run", maintain_order=True):
+        n_exp = int(p["num_experts"]) or int(g["expert"].max()) + 1
+        if int(g["expert"].max()) >= n_exp:
+            raise ValueError(f"num_experts {n_exp}: run {run[0]!r} routes to expert {int(g['expert'].max())}")
+        cells = g.select("step", "layer").unique(maintain_order=True)
+        idx = cells.with_row_index("cell").join(g, on=["step", "layer"])
+        dense = np.zeros((cells.height, n_exp))
+        dense[idx["cell"].to_numpy(), idx["expert"].to_numpy()] = idx["n"].to_numpy()
+        kk = cells.join(ks.filter(pl.col("run") == run[0]), on=["step", "layer"], how="left")["k"]
+        kk = kk.fill_null(0).to_numpy().astype(np.int64)
+        top = -np.sort(-dense, axis=1)                                   # descending
+        if p["try_to_avoid_padding_experts"]:
+            kept = n_exp - kk
+            peak = top[np.arange(top.shape[0]), np.minimum(kk, n_exp - 1)]
+            mask = np.arange(n_exp)[None, :] >= kk[:, None]
+            mean = (top * mask).sum(axis=1) / np.maximum(kept, 1)
+        else:
+            peak, mean = top[:, 0], top.mean(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            vio = (peak - mean) / mean
+        rows.append(cells.with_columns(run=pl.lit(run[0]), max_vio=pl.Series(vio)))
+    return pl.concat(rows).select("run", "step", "layer", "max_vio")
+
+
+def max_vio(store: Store, runs: Sequence[str], keys: list[str], steps, p: dict) -> pl.DataFrame | None:
+    """max_vio/{mean,median,std,min,max} per group over its (step, layer) values (trainer/utils.py:245-281:
+    torch.median is the lower middle value, std n − 1)."""
+    per = layer_max_vio(store, runs, steps, p)
+    if per is None:
+        return None
+    v = pl.col("max_vio")
+    return per.group_by(keys, maintain_order=True).agg(
+        v.mean().alias("max_vio/mean"), v.quantile(0.5, interpolation="lower").alias("max_vio/median"),
+        v.std(ddof=1).alias("max_vio/std"), v.min().alias("max_vio/min"), v.max().alias("max_vio/max")).sort(keys)
