@@ -77,7 +77,7 @@ def test_seeded_data_exercises_every_path(seeded):
     """The reference comparison above means something only if the data masks some but not all, and has
     rewards and advantages of both signs among masked and kept sequences."""
     store, tokens, seqs = seeded
-    for method, params in CHOICES[2:]:
+    for method, params in [c for c in CHOICES if c[0] != "tis"]:  # tis masks nothing
         row = C.corrections(store, ["a", "b"], method, params, by="run").row(0, named=True)
         assert 0 < row["masked_seq_frac"] < 1, (method, params, row)
         assert row["masked_reward_mean"] is not None and row["kept_reward_mean"] is not None

@@ -37,7 +37,8 @@ class Method:
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("tis", {"C": 2.0}, "weight w = min(r, C); masks nothing", "verl token TIS, slime --use-tis"),
+    Method("tis", {"C": 2.0, "lo": 0.0}, "weight w = clamp(r, lo, C) (min(r, C) for lo = 0); masks nothing",
+           "verl token TIS, slime --use-tis (lo: slime --tis-clip-low, NeMo truncated_importance_sampling_ratio_min)"),
     Method("icepop", {"alpha": 0.5, "beta": 5.0}, "masks a token with r < alpha or r > beta",
            "IcePop (Ring-1T), NeMo icepop"),
     Method("geo_rs", {"lo": 0.999, "hi": 1.001}, "masks a sequence whose exp(mean Δ) is outside [lo, hi]",
@@ -68,8 +69,10 @@ def resolve_params(method: str, params: Mapping[str, float] | None = None) -> di
             out[key] = float(value)
         except (TypeError, ValueError):
             raise ValueError(f"{method} parameter {key!r} must be a number, got {value!r}") from None
-    if not all(v > 0 for v in out.values()):
-        raise ValueError(f"{method}: every parameter must be > 0, got {out}")
+    if not all(v > 0 or (method, k) == ("tis", "lo") and v == 0 for k, v in out.items()):
+        raise ValueError(f"{method}: every parameter must be > 0 (tis lo ≥ 0), got {out}")
+    if method == "tis" and not out["lo"] <= out["C"]:
+        raise ValueError(f"tis: lo must be <= C, got lo={out['lo']:g}, C={out['C']:g}")
     if method == "icepop" and not out["alpha"] < out["beta"]:
         raise ValueError(f"icepop: alpha must be < beta, got alpha={out['alpha']:g}, beta={out['beta']:g}")
     if method in ("geo_rs", "seq_rs") and not out["lo"] <= out["hi"]:
@@ -158,13 +161,13 @@ def _sequence_partials_sql(methods: Sequence[str], where: str) -> str:
     """Per (method index m, sequence): counts and sums of the sequence's tokens under method m's rule, for every
     method from one pass over the token rows.
 
-    w_ess is the ESS weight of a kept token (min(r, C) for tis, clamp(r, 1/C, C) with C = 2 otherwise); weight
-    is the correction's weight (min(r, C) for tis, r for kept tokens of the masking methods)."""
+    w_ess is the ESS weight of a kept token (clamp(r, lo, C) for tis, clamp(r, 1/C, C) with C = 2 otherwise); weight
+    is the correction's weight (clamp(r, lo, C) for tis, r for kept tokens of the masking methods)."""
     masks, seq_cols = [], []
     for i, method in enumerate(methods):
         token_rule = _rules(method, f"m{i}_")[0]
         if method == "tis":
-            w_ess = weight = f"least(r, $m{i}_C)"
+            w_ess = weight = f"greatest(least(r, $m{i}_C), $m{i}_lo)"
         else:
             w_ess, weight = clamp_sql("r", f"1.0 / {ESS_CAP}", str(ESS_CAP)), "r"
         masks.append(f"{token_rule} AS masked{i}")
@@ -189,8 +192,8 @@ def corrections(store: Store, runs: Sequence[str] | str, method: str, params: Ma
     """METRICS.md Corrections columns of one method per (run, step) (`by="step"`) or per run (`by="run"`).
 
     masked_token_frac = masked tokens / n_tokens; masked_seq_frac = sequences with a masked token / n_sequences;
-    weight_mean = mean over all tokens of the weight (min(r, C) for tis; r kept, 0 masked otherwise);
-    ess_after = (Σw)² / (n_kept · Σw²) over kept tokens (w = min(r, C) for tis, clamp(r, 1/2, 2) otherwise),
+    weight_mean = mean over all tokens of the weight (clamp(r, lo, C) for tis; r kept, 0 masked otherwise);
+    ess_after = (Σw)² / (n_kept · Σw²) over kept tokens (w = clamp(r, lo, C) for tis, clamp(r, 1/2, 2) otherwise),
     NULL when nothing is kept; masked/kept_reward_mean = mean reward of masked/kept sequences (NULL without
     rewards or such sequences); masked_adv_pos/neg_frac = masked tokens / tokens among sequences with advantage
     > 0 / < 0 (NULL without such tokens). Returns COLUMNS (without step for by="run"); empty groups give no row.
@@ -306,12 +309,13 @@ QUANTITY_LABELS = {"token": "|Δ| per token", "seq_mean": "|mean Δ| per sequenc
 
 
 def band_log_width(method: str, params: Mapping[str, float] | None = None) -> float:
-    """How far the method's band reaches from Δ = 0 in log units, on its narrower side: ln C for tis,
+    """How far the method's band reaches from Δ = 0 in log units, on its narrower side: ln C for tis (with lo > 0
+    min(ln C, −ln lo)),
     min(−ln alpha, ln beta) for icepop, −ln tau for veto, min(−ln lo, ln hi) for geo_rs and seq_rs (0 when the
     band does not contain 1: such a band masks even identical log-probs)."""
     p = resolve_params(method, params)
     if method == "tis":
-        return math.log(p["C"])
+        return min(math.log(p["C"]), -math.log(p["lo"])) if p["lo"] > 0 else math.log(p["C"])
     if method == "veto":
         return max(0.0, -math.log(p["tau"]))
     lo, hi = (p["alpha"], p["beta"]) if method == "icepop" else (p["lo"], p["hi"])

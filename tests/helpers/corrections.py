@@ -10,9 +10,9 @@ import polars as pl
 
 from helpers.reference import assert_close
 
-DEFAULTS = {"tis": {"C": 2.0}, "icepop": {"alpha": 0.5, "beta": 5.0}, "geo_rs": {"lo": 0.999, "hi": 1.001},
+DEFAULTS = {"tis": {"C": 2.0, "lo": 0.0}, "icepop": {"alpha": 0.5, "beta": 5.0}, "geo_rs": {"lo": 0.999, "hi": 1.001},
             "seq_rs": {"lo": 0.5, "hi": 2.0}, "veto": {"tau": 1e-4}}
-CHOICES = [("tis", {}), ("tis", {"C": 1.3}), ("icepop", {}), ("icepop", {"alpha": 0.8, "beta": 1.25}),
+CHOICES = [("tis", {}), ("tis", {"C": 1.3}), ("tis", {"C": 5.0, "lo": 0.8}), ("icepop", {}), ("icepop", {"alpha": 0.8, "beta": 1.25}),
            ("geo_rs", {}), ("geo_rs", {"lo": 0.95, "hi": 1.05}), ("seq_rs", {}), ("seq_rs", {"lo": 0.2, "hi": 3.0}),
            ("veto", {}), ("veto", {"tau": 0.05})]
 
@@ -43,8 +43,8 @@ def ref_corrections(tokens: pl.DataFrame, seqs: dict, method: str, params: dict,
                 m = np.full(len(d), out_)
             masked_tok += list(m)
             if method == "tis":
-                weight += list(np.minimum(r, p["C"]))
-                w_ess_kept += list(np.minimum(r, p["C"]))
+                weight += list(np.clip(r, p["lo"], p["C"]))
+                w_ess_kept += list(np.clip(r, p["lo"], p["C"]))
             else:
                 weight += list(np.where(m, 0.0, r))
                 w_ess_kept += list(np.clip(r[~m], 0.5, 2.0))

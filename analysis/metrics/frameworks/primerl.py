@@ -59,35 +59,36 @@ def layer_max_vio(store: Store, runs: Sequence[str], steps, p: dict) -> pl.DataF
     max_vio = (max − mean) / mean (model.py:576-577). None without routing."""
     where, params = run_filter(runs, steps)
     col = "n_trainer" if p["load_side"] == "trainer" else "n_sampler"
-    load = store.sql(f"""SELECT run, step, layer, expert, sum({col})::DOUBLE AS n FROM expert_load
-        WHERE {where} GROUP BY ALL ORDER BY run, step, layer, expert""", params)
-    if not load.height:
+    # per (step, layer): the total, the sum of the top_k largest loads and the largest load after them, so
+    # that only one row per (step, layer) leaves DuckDB (not one per expert)
+    cells = store.sql(f"""
+        WITH l AS (SELECT run, step, layer, expert, sum({col})::DOUBLE AS n FROM expert_load WHERE {where}
+                   GROUP BY ALL),
+             r AS (SELECT *, row_number() OVER (PARTITION BY run, step, layer ORDER BY n DESC) AS rk FROM l),
+             k AS (SELECT run, step, layer, max(k)::BIGINT AS k FROM summary_layer WHERE {where} GROUP BY ALL),
+             e AS (SELECT run, max(expert) + 1 AS seen FROM l GROUP BY run)
+        SELECT r.run, r.step, r.layer, coalesce(any_value(k.k), 0) AS k, any_value(e.seen) AS seen,
+               sum(r.n) AS total, coalesce(sum(r.n) FILTER (WHERE r.rk <= coalesce(k.k, 0)), 0) AS top,
+               coalesce(max(r.n) FILTER (WHERE r.rk > coalesce(k.k, 0)), 0) AS peak_rest, max(r.n) AS peak
+        FROM r JOIN e USING (run) LEFT JOIN k USING (run, step, layer)
+        GROUP BY r.run, r.step, r.layer ORDER BY r.run, r.step, r.layer""", params)
+    if not cells.height:
         return None
-    ks = store.sql(f"""SELECT run, step, layer, max(k)::BIGINT AS k FROM summary_layer WHERE {where}
-        GROUP BY ALL""", params)
-    rows = []
-    for run, g in load.group_by("run", maintain_order=True):
-        n_exp = int(p["num_experts"]) or int(g["expert"].max()) + 1
-        if int(g["expert"].max()) >= n_exp:
-            raise ValueError(f"num_experts {n_exp}: run {run[0]!r} routes to expert {int(g['expert'].max())}")
-        cells = g.select("step", "layer").unique(maintain_order=True)
-        idx = cells.with_row_index("cell").join(g, on=["step", "layer"])
-        dense = np.zeros((cells.height, n_exp))
-        dense[idx["cell"].to_numpy(), idx["expert"].to_numpy()] = idx["n"].to_numpy()
-        kk = cells.join(ks.filter(pl.col("run") == run[0]), on=["step", "layer"], how="left")["k"]
-        kk = kk.fill_null(0).to_numpy().astype(np.int64)
-        top = -np.sort(-dense, axis=1)                                   # descending
-        if p["try_to_avoid_padding_experts"]:
-            kept = n_exp - kk
-            peak = top[np.arange(top.shape[0]), np.minimum(kk, n_exp - 1)]
-            mask = np.arange(n_exp)[None, :] >= kk[:, None]
-            mean = (top * mask).sum(axis=1) / np.maximum(kept, 1)
-        else:
-            peak, mean = top[:, 0], top.mean(axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            vio = (peak - mean) / mean
-        rows.append(cells.with_columns(run=pl.lit(run[0]), max_vio=pl.Series(vio)))
-    return pl.concat(rows).select("run", "step", "layer", "max_vio")
+    seen = cells["seen"].to_numpy().astype(np.int64)
+    n_exp = np.full(seen.size, int(p["num_experts"])) if int(p["num_experts"]) else seen
+    if (seen > n_exp).any():
+        i = int(np.argmax(seen > n_exp))
+        raise ValueError(f"num_experts {int(n_exp[i])}: run {cells['run'][i]!r} routes to expert {int(seen[i]) - 1}")
+    k = cells["k"].to_numpy().astype(np.float64)
+    total = cells["total"].to_numpy()
+    if p["try_to_avoid_padding_experts"]:
+        mean = (total - cells["top"].to_numpy()) / np.maximum(n_exp - k, 1.0)
+        peak = cells["peak_rest"].to_numpy()   # 0 when no more than top_k experts were reached: the rest are 0
+    else:
+        mean, peak = total / n_exp, cells["peak"].to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        vio = (peak - mean) / mean
+    return cells.select("run", "step", "layer").with_columns(max_vio=pl.Series(vio))
 
 
 def max_vio(store: Store, runs: Sequence[str], keys: list[str], steps, p: dict) -> pl.DataFrame | None:
