@@ -495,6 +495,31 @@ def test_primerl_max_vio(routed, by, params):
             np.testing.assert_allclose(row[name], value, rtol=RTOL, atol=ATOL, err_msg=name)
 
 
+def test_sequences_split_over_files(data, tmp_path):
+    """A sequence whose tokens came in two files has two summary rows: merged, every view gives the numbers of
+    the single-file load (one file holds the first half of each sequence of steps 0 and 2, the other the rest)."""
+    from analysis.ingest import ingest_paths
+    from analysis.store import Store
+    one, tokens = data
+    half = (pl.col("pos") < pl.col("pos").max().over("step", "sample") // 2) & (pl.col("step") != 1)
+    tokens.filter(half).write_parquet(tmp_path / "a.parquet")
+    tokens.filter(~half).write_parquet(tmp_path / "b.parquet")
+    two = Store(tmp_path / "t.duckdb")
+    assert {o.status for o in ingest_paths(two, [tmp_path / "a.parquet", tmp_path / "b.parquet"])} == {"loaded"}
+    assert two.scalar("SELECT count(*) FROM summary_seq") > two.scalar(
+        "SELECT count(DISTINCT (step, sample)) FROM summary_seq")
+    for name, params in (("verl", {"rollout_rs": "seq_max_k3,token_k2", "rollout_rs_threshold": "3,0.3"}),
+                         ("verl-actor", {}), ("nemo", {"tis_type": "tis", "tis_ratio": "5", "tis_ratio_min": "0.2"}),
+                         ("slime", {"tis_function": "mis", "use_rs": "true", "rs_veto_threshold": "1e-4"})):
+        for by in ("step", "run"):
+            a_, b_ = (framework_table(s_, ["a"], name, by=by, params=params) for s_ in (one, two))
+            assert a_.columns == b_.columns and a_.height == b_.height
+            for col in a_.columns[1:]:
+                np.testing.assert_allclose(b_[col].to_numpy().astype(float), a_[col].to_numpy().astype(float),
+                                           rtol=1e-12, atol=1e-13, err_msg=f"{name} {by} {col}")
+    two.close()
+
+
 def test_unknown_names_are_refused():
     with pytest.raises(ValueError, match="unknown framework 'openrlhf'"):
         resolve_params("openrlhf")

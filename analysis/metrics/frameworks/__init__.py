@@ -121,11 +121,12 @@ def framework_table(store: Store, runs: Sequence[str], name: str, by: str = "ste
         return pl.DataFrame(schema={**{k: (pl.String if k == "run" else pl.Int64) for k in keys},
                                     "n_tokens": pl.Int64, "n_sequences": pl.Int64})
     g = inputs.Groups(starts)
-    first = pl.Series(starts[:-1])
-    cols = {k: seqs[k].gather(first) for k in keys}
-    cols |= {"n_tokens": pl.Series(g.add(q["n"]).round()).cast(pl.Int64),
-             "n_sequences": pl.Series(g.count).cast(pl.Int64)}
-    cols |= {k: pl.Series(k, np.asarray(x, dtype=np.float64), nan_to_null=False)
+    # one value per group: columns built from lists (a polars Series from a numpy array imports numpy.ma,
+    # ~10 ms of a command's start)
+    cols = {k: seqs[k].gather(starts[:-1].tolist()) for k in keys}
+    cols |= {"n_tokens": pl.Series("n_tokens", g.add(q["n"]).round().astype(np.int64).tolist(), pl.Int64),
+             "n_sequences": pl.Series("n_sequences", g.count.astype(np.int64).tolist(), pl.Int64)}
+    cols |= {k: pl.Series(k, np.asarray(x, dtype=np.float64).tolist(), pl.Float64)
              for k, x in v.view(q, g, p).items()}
     return pl.DataFrame(cols)
 

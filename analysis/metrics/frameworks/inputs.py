@@ -104,24 +104,22 @@ def logprob_sql(where: str) -> str:
 
 def _merge_rows(seq: pl.DataFrame, cols: Sequence[str]) -> pl.DataFrame:
     """One row per (run, step, sample) of summary rows sorted by those keys: a sequence whose tokens came in
-    several files has several rows, merged as schema.merge_kind says (sums add, min_* and max_* merge).
-    Done here rather than by a GROUP BY in DuckDB: nearly every sequence has one row, and the GROUP BY with a
-    compensated sum per column cost 4x the plain scan (benchmarks/RESULTS-frameworks.md)."""
+    several files has several rows, merged as schema.merge_kind says (sums add, min_* and max_* merge; the
+    SEQ_SUMS of rows written before them are null and add as 0: n_lp_tokens then falls short of n and the
+    sequence's sums come from its token rows). Only the sequences with several rows go through a group_by:
+    nearly every sequence has one, and a GROUP BY of all of them with a compensated sum per column cost DuckDB 4x
+    the plain scan (benchmarks/RESULTS-frameworks.md)."""
     if seq.height < 2:
         return seq
-    starts = group_starts(seq, list(SEQ_KEYS))
-    if starts.size - 1 == seq.height:
+    keys = list(SEQ_KEYS)
+    several = pl.len().over(keys) > 1
+    multi = seq.filter(several)
+    if not multi.height:
         return seq
-    first = starts[:-1]
-    out = {k: seq[k].gather(first) for k in SEQ_KEYS}
-    for c in cols:
-        kind = merge_kind(c)
-        ufunc = np.minimum if kind == "min" else np.maximum if kind == "max" else np.add
-        # nulls only in the SEQ_SUMS of rows written before them: summed as 0, n_lp_tokens then falls short of n
-        # and the sequence's sums come from its token rows
-        x = seq[c].fill_null(0).to_numpy()
-        out[c] = pl.Series(c, ufunc.reduceat(x, first))
-    return pl.DataFrame(out)
+    agg = {"sum": lambda c: pl.col(c).fill_null(0).sum(), "min": lambda c: pl.col(c).min(),
+           "max": lambda c: pl.col(c).max()}
+    merged = multi.group_by(keys).agg(agg[merge_kind(c)](c) for c in cols).select(seq.columns)
+    return pl.concat([seq.filter(~several), merged.cast(seq.schema)]).sort(keys)
 
 
 def group_starts(frame: pl.DataFrame, keys: list[str]) -> np.ndarray:

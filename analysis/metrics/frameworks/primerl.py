@@ -88,7 +88,7 @@ def layer_max_vio(store: Store, runs: Sequence[str], steps, p: dict) -> pl.DataF
         mean, peak = total / n_exp, cells["peak"].to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
         vio = (peak - mean) / mean
-    return cells.select("run", "step", "layer").with_columns(max_vio=pl.Series(vio))
+    return cells.select("run", "step", "layer").with_columns(max_vio=pl.Series("max_vio", vio.tolist(), pl.Float64))
 
 
 def max_vio(store: Store, runs: Sequence[str], keys: list[str], steps, p: dict) -> pl.DataFrame | None:
