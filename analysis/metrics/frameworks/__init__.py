@@ -32,6 +32,7 @@ class View:
     logprobs: bool                   # whether the view reads Σ s, Σ t, ... (summary_seq's SEQ_SUMS)
     cap: Callable[[dict], float] = lambda p: 2.0
     bands: Callable[[dict], bool] = lambda p: True   # whether it reads the ratio-band columns
+    signs: Callable[[dict], bool] = lambda p: False  # whether it reads Σ (r − 1) either side of 0 (rm1_pos, rm1_neg)
     token_sql: Callable = _never     # (params, WHERE over tokens) -> (per-sequence SQL, its parameters) or None
     below: Callable = _never         # params -> ln τ: count per sequence the tokens with Δ < ln τ (`n_below`)
     rewards: Callable = lambda p: False  # whether it reads `reward` of table sequences
@@ -47,7 +48,7 @@ VIEWS: dict[str, View] = {v.name: v for v in (
          cap=nemo.cap, bands=nemo.bands, rewards=nemo.rewards),
     View("prime-rl", "PrimeIntellect-ai/prime-rl@559b4477", primerl.DEFAULTS, primerl.check, None, False),
     View("slime", "THUDM/slime@624b824a", slime.DEFAULTS, slime.check, slime.view, slime.logprobs,
-         cap=slime.cap, below=slime.below),
+         cap=slime.cap, signs=lambda p: p["tis_function"] != "mis", below=slime.below),
 )}
 FRAMEWORKS = tuple(VIEWS)
 
@@ -109,7 +110,8 @@ def framework_table(store: Store, runs: Sequence[str], name: str, by: str = "ste
     if v.view is None:
         return primerl.table(store, runs, keys, steps, p)
     logprobs = v.logprobs(p) if callable(v.logprobs) else v.logprobs
-    seqs = inputs.sequence_inputs(store, runs, steps, v.cap(p), logprobs=logprobs, bands=v.bands(p))
+    seqs = inputs.sequence_inputs(store, runs, steps, v.cap(p), logprobs=logprobs, bands=v.bands(p),
+                                  signs=v.signs(p))
     seqs = inputs.token_columns(store, runs, steps, seqs, lambda where: v.token_sql(p, where), v.below(p),
                                 v.rewards(p))
     # the sequences come sorted by (run, step, sample): each group is a slice, and every column is reduced over

@@ -35,18 +35,31 @@ EXTREME_COLUMNS = ("ext_d", "ext_d2", "ext_r_hi", "ext_r_lo", "ext_ri_hi", "ext_
 LOGPROB_COLUMNS = ("sum_s", "sum_t", "sum_js", "sum_rt")  # schema.SEQ_SUMS less n_lp_tokens
 
 
-def band_sql(where: str) -> str:
-    """Per sequence, from its ratio bands (parameters of `band_params`): n_hi (Δ > ln C), n_lo (Δ < −ln C),
-    a_mid = Σ (r − 1) and b_mid = Σ (r − 1)² over −ln C ≤ Δ ≤ ln C, a_lo = Σ (r − 1) below −ln C, rm1_pos / rm1_neg =
-    Σ (r − 1) over Δ > 0 / Δ < 0."""
+LN_SAFE = math.log(100.0)  # a sequence whose max Δ is above: its mid-band sums are read, not subtracted
+
+
+def band_sql(where: str, signs: bool) -> str:
+    """Per sequence, from its ratio-band rows outside [1/C, C] (parameters of `band_params`): n_hi and n_lo, the
+    tokens with Δ > ln C and Δ < −ln C, a_hi / a_lo = Σ (r − 1) and b_hi / b_lo = Σ (r − 1)² over them, and with
+    signs=True rm1_neg = Σ (r − 1) over Δ < 0. Only those band rows: the bands within [1/C, C] hold most rows and
+    their sums follow from summary_seq's by subtraction (`sequence_inputs`)."""
+    keep = "band > $hi_bin OR band < $lo_bin" + (" OR band < $zero_bin" if signs else "")
+    neg = ", coalesce(fsum(sum_rm1) FILTER (WHERE band < $zero_bin), 0) AS rm1_neg" if signs else ""
     return f"""SELECT run, step, sample,
         coalesce(sum(n_tokens) FILTER (WHERE band > $hi_bin), 0)::DOUBLE AS n_hi,
         coalesce(sum(n_tokens) FILTER (WHERE band < $lo_bin), 0)::DOUBLE AS n_lo,
-        coalesce(fsum(sum_rm1) FILTER (WHERE band BETWEEN $lo_bin AND $hi_bin), 0) AS a_mid,
-        coalesce(fsum(sum_rm1_sq) FILTER (WHERE band BETWEEN $lo_bin AND $hi_bin), 0) AS b_mid,
+        coalesce(fsum(sum_rm1) FILTER (WHERE band > $hi_bin), 0) AS a_hi,
         coalesce(fsum(sum_rm1) FILTER (WHERE band < $lo_bin), 0) AS a_lo,
-        coalesce(fsum(sum_rm1) FILTER (WHERE band > $zero_bin), 0) AS rm1_pos,
-        coalesce(fsum(sum_rm1) FILTER (WHERE band < $zero_bin), 0) AS rm1_neg
+        coalesce(fsum(sum_rm1_sq) FILTER (WHERE band > $hi_bin), 0) AS b_hi,
+        coalesce(fsum(sum_rm1_sq) FILTER (WHERE band < $lo_bin), 0) AS b_lo{neg}
+        FROM summary_seq_band WHERE ({where}) AND ({keep}) GROUP BY run, step, sample"""
+
+
+def mid_sql(where: str) -> str:
+    """Per sequence, a_mid = Σ (r − 1) and b_mid = Σ (r − 1)² over its bands within [1/C, C], summed directly."""
+    return f"""SELECT run, step, sample,
+        coalesce(fsum(sum_rm1) FILTER (WHERE band BETWEEN $lo_bin AND $hi_bin), 0) AS a_mid_x,
+        coalesce(fsum(sum_rm1_sq) FILTER (WHERE band BETWEEN $lo_bin AND $hi_bin), 0) AS b_mid_x
         FROM summary_seq_band WHERE {where} GROUP BY run, step, sample"""
 
 
@@ -65,13 +78,11 @@ def band_params(cap) -> dict:
     if isinstance(cap, tuple):
         lo, hi = cap
         lo_bin = -1 if lo == 0.0 else F.edge_bin(_edge(lo), BAND_EDGES)
-        return {"hi_bin": F.edge_bin(_edge(hi), BAND_EDGES), "lo_bin": lo_bin,
-                "zero_bin": F.edge_bin(0.0, BAND_EDGES)}
+        return {"hi_bin": F.edge_bin(_edge(hi), BAND_EDGES), "lo_bin": lo_bin}
     if float(cap) not in CAPS:
         raise ValueError(f"the cap must be one of {', '.join(f'{c:g}' for c in CAPS)} (the ratio bands the "
                          f"summaries keep), got {cap:g}")
-    return {"hi_bin": F.edge_bin(math.log(cap), BAND_EDGES), "lo_bin": F.edge_bin(-math.log(cap), BAND_EDGES),
-            "zero_bin": F.edge_bin(0.0, BAND_EDGES)}
+    return {"hi_bin": F.edge_bin(math.log(cap), BAND_EDGES), "lo_bin": F.edge_bin(-math.log(cap), BAND_EDGES)}
 
 
 def extremes_sql(where: str) -> str:
@@ -135,7 +146,7 @@ def group_starts(frame: pl.DataFrame, keys: list[str]) -> np.ndarray:
 
 
 def sequence_inputs(store: Store, runs: Sequence[str], steps: tuple[int, int] | None, cap: float,
-                    logprobs: bool, bands: bool = True) -> pl.DataFrame:
+                    logprobs: bool, bands: bool = True, signs: bool = True) -> pl.DataFrame:
     """One row per sequence with trained tokens, ordered by (run, step, sample): the merged TOKEN_SUMS of
     summary_seq (n_tokens as `n`), with bands=True the band columns of `band_sql` at `cap`, the EXTREME_COLUMNS
     (0 where no token passes |Δ| > 20) and, with logprobs=True, the LOGPROB_COLUMNS (from the summaries where
@@ -150,8 +161,24 @@ def sequence_inputs(store: Store, runs: Sequence[str], steps: tuple[int, int] | 
     seq = seq.filter(pl.col("n_tokens") > 0).rename({"n_tokens": "n"})
     seq = seq.with_columns(pl.col("n").cast(pl.Float64))
     if bands:
-        b = store.sql(band_sql(where), params | band_params(cap))
-        seq = seq.join(b, on=list(SEQ_KEYS), how="left", maintain_order="left")
+        bp = band_params(cap)
+        b = store.sql(band_sql(where, signs), params | bp | ({"zero_bin": F.edge_bin(0.0, BAND_EDGES)} if signs else {}))
+        seq = seq.join(b, on=list(SEQ_KEYS), how="left", maintain_order="left").with_columns(
+            pl.col(c).fill_null(0.0) for c in b.columns[3:])
+        # within [1/C, C] by subtraction: exact to a few ε of Σ |r − 1|, which for r ≤ 100 (max Δ ≤ LN_SAFE) is
+        # at most 100 n; above, the mid bands are summed directly (steps with such a sequence only)
+        seq = seq.with_columns(a_mid=pl.col("sum_rm1") - pl.col("a_hi") - pl.col("a_lo"),
+                               b_mid=pl.col("sum_rm1_sq") - pl.col("b_hi") - pl.col("b_lo"))
+        if signs:
+            seq = seq.with_columns(rm1_pos=pl.col("sum_rm1") - pl.col("rm1_neg"))
+        wide = seq.filter(pl.col("max_d") > LN_SAFE)["step"].unique().to_list() if seq.height else []
+        if wide:
+            mwhere, mparams = run_filter(runs, steps, only_steps=wide)
+            mid = store.sql(mid_sql(mwhere), mparams | bp)
+            exact = pl.col("max_d") > LN_SAFE
+            seq = seq.join(mid, on=list(SEQ_KEYS), how="left", maintain_order="left").with_columns(
+                a_mid=pl.when(exact).then(pl.col("a_mid_x")).otherwise(pl.col("a_mid")),
+                b_mid=pl.when(exact).then(pl.col("b_mid_x")).otherwise(pl.col("b_mid"))).drop("a_mid_x", "b_mid_x")
     if seq.height and float(seq["max_abs_d"].max()) > CLAMP:
         ext_steps = seq.filter(pl.col("max_abs_d") > CLAMP)["step"].unique().to_list()
         twhere, tparams = token_filter(store, runs, steps, only_steps=ext_steps)
