@@ -1,14 +1,14 @@
 """Benchmark `metrics --as FRAMEWORK` against the plain `metrics` table on the database of bench_summaries.py
-(benchmarks/inputs/summaries_db.py: 40M token rows, 400 steps; built once and cached in benchmarks/work/,
-git-ignored).
+(benchmarks/inputs/summaries_db.py: 40M token rows, 400 steps; `--steps 80` builds an 8M-token one for a busy
+machine; built once and cached in benchmarks/work/, git-ignored).
 
-    python benchmarks/bench_frameworks.py [--repeat 3] [--no-write] [--no-cli]
+    python benchmarks/bench_frameworks.py [--steps 400] [--repeat 3] [--no-write] [--no-cli]
 
 Times, best of N: the whole command as a child process (`python -m analysis metrics --by step [--as X]`, what a
 user waits for: start, imports, the table, its CSV), and in one process report.metrics_table(by="step") (the
-summaries) against framework_table(by="step") for every framework. The target (issue 41): each `--as` within
-about 2x of plain `metrics` as a command, prime-rl excepted (its median reads the token rows). Results are
-appended to benchmarks/RESULTS-frameworks.md.
+summaries) against framework_table(by="step") for every framework. The target (issue 41): each `--as` from
+summaries as fast as plain `metrics` as a command (within ~1.1x), prime-rl excepted (its median and std read every
+token row: about `metrics --source tokens`). Results are appended to benchmarks/RESULTS-frameworks.md.
 """
 from __future__ import annotations
 
