@@ -422,8 +422,8 @@ def test_slime(data, by, params):
             for key in MIS:
                 if key in params:
                     v = params[key]
-                    a[key] = v == "true" if v in ("true", "false") else v if key.endswith("level") or key == "tis_mode" \
-                        else float(v)
+                    text = key.endswith("level") or key == "tis_mode"
+                    a[key] = v == "true" if v in ("true", "false") else v if text else float(v)
             per = [ref_mis(T[i, M[i] > 0], S[i, M[i] > 0], a) for i in range(M.shape[0])]
             for key in per[0]:
                 X = np.zeros_like(M)

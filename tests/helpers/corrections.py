@@ -13,12 +13,14 @@ from helpers.reference import assert_close
 DEFAULTS = {"tis": {"C": 2.0, "lo": 0.0}, "icepop": {"alpha": 0.5, "beta": 5.0}, "geo_rs": {"lo": 0.999, "hi": 1.001},
             "seq_rs": {"lo": 0.5, "hi": 2.0}, "veto": {"tau": 1e-4},
             "verl_rs": {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.999_1.001"}}
-CHOICES = [("tis", {}), ("tis", {"C": 1.3}), ("tis", {"C": 5.0, "lo": 0.8}), ("icepop", {}), ("icepop", {"alpha": 0.8, "beta": 1.25}),
+CHOICES = [("tis", {}), ("tis", {"C": 1.3}), ("tis", {"C": 5.0, "lo": 0.8}), ("icepop", {}),
+           ("icepop", {"alpha": 0.8, "beta": 1.25}),
            ("geo_rs", {}), ("geo_rs", {"lo": 0.95, "hi": 1.05}), ("seq_rs", {}), ("seq_rs", {"lo": 0.2, "hi": 3.0}),
            ("veto", {}), ("veto", {"tau": 0.05}),
            ("verl_rs", {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.97_1.03"}),
            ("verl_rs", {"rollout_rs": "token_k1,seq_sum_k2", "rollout_rs_threshold": "0.3_3,6"}),
-           ("verl_rs", {"rollout_rs": "token_k2,token_k3,seq_max_k3,seq_mean_k3", "rollout_rs_threshold": "0.2,0.15,8,0.03"}),
+           ("verl_rs", {"rollout_rs": "token_k2,token_k3,seq_max_k3,seq_mean_k3",
+                        "rollout_rs_threshold": "0.2,0.15,8,0.03"}),
            ("verl_rs", {"rollout_rs": "seq_sum_k1,seq_max_k2,seq_sum_k3", "rollout_rs_threshold": "2,10,4"})]
 
 

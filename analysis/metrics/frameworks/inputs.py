@@ -162,7 +162,8 @@ def sequence_inputs(store: Store, runs: Sequence[str], steps: tuple[int, int] | 
     seq = seq.with_columns(pl.col("n").cast(pl.Float64))
     if bands:
         bp = band_params(cap)
-        b = store.sql(band_sql(where, signs), params | bp | ({"zero_bin": F.edge_bin(0.0, BAND_EDGES)} if signs else {}))
+        zero = {"zero_bin": F.edge_bin(0.0, BAND_EDGES)} if signs else {}
+        b = store.sql(band_sql(where, signs), params | bp | zero)
         seq = seq.join(b, on=list(SEQ_KEYS), how="left", maintain_order="left").with_columns(
             pl.col(c).fill_null(0.0) for c in b.columns[3:])
         # within [1/C, C] by subtraction: exact to a few ε of Σ |r − 1|, which for r ≤ 100 (max Δ ≤ LN_SAFE) is

@@ -19,7 +19,8 @@ SAFETY_BOUND = 20.0  # mis.py:188@624b824a
 FUNCTIONS = ("vanilla", "icepop", "mis")
 LEVELS = ("token", "sequence", "geometric")
 DEFAULTS = {"per_token_loss": False, "tis_function": "vanilla", "tis_clip": 2.0, "tis_clip_low": 0.0,
-            # examples/train_infer_mismatch_helper/mis.py (`--custom-tis-function-path ...mis.compute_mis_weights_with_cp`)
+            # examples/train_infer_mismatch_helper/mis.py, used with
+            # `--custom-tis-function-path ...mis.compute_mis_weights_with_cp`
             "use_tis": True, "tis_level": "token", "tis_mode": "truncate", "tis_upper_bound": 2.0,
             "tis_lower_bound": "none", "use_rs": False, "rs_level": "token", "rs_lower_bound": "none",
             "rs_upper_bound": "none", "rs_veto_threshold": "none"}
