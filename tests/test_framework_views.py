@@ -520,6 +520,44 @@ def test_sequences_split_over_files(data, tmp_path):
     two.close()
 
 
+def test_several_runs(data, tmp_path):
+    """Two runs in one database: each run's rows equal those of the run alone, in run-name order."""
+    from helpers.data import metrics_load
+    _, tokens = data
+    other = make_tokens(31, False, steps=(0, 2), n_seq=3).with_columns(run=pl.lit("B"))
+    both = metrics_load(tmp_path / "both", pl.concat([tokens, other]))
+    alone = metrics_load(tmp_path / "alone", other)
+    for name, params in (("verl", {"rollout_token_veto_threshold": "1e-4"}), ("nemo", {}), ("slime", {}),
+                         ("verl-actor", {}), ("prime-rl", {})):
+        for by in ("step", "run"):
+            got = framework_table(both, ["a", "B"], name, by=by, params=params)
+            assert got["run"].to_list()[0] == "B" and got["run"].to_list()[-1] == "a"
+            for run, store in (("B", alone), ("a", data[0])):
+                want = framework_table(store, [run], name, by=by, params=params)
+                mine = got.filter(pl.col("run") == run)
+                assert mine.columns == want.columns and mine.height == want.height
+                for col in want.columns[1:]:
+                    np.testing.assert_allclose(mine[col].to_numpy().astype(float), want[col].to_numpy().astype(float),
+                                               rtol=1e-12, atol=1e-13, err_msg=f"{name} {by} {run} {col}")
+    both.close()
+    alone.close()
+
+
+def test_routing_rows_change_nothing(routed, tmp_path):
+    """A routing file adds summary rows without tokens (null minima and maxima) to each sequence: the views of
+    the tokens are those of a load without routing."""
+    from helpers.data import metrics_load
+    store, tokens, _ = routed
+    plain = metrics_load(tmp_path / "plain", tokens)
+    for name in ("verl", "nemo", "slime", "verl-actor"):
+        a_, b_ = (framework_table(s_, ["a"], name, by="step") for s_ in (store, plain))
+        assert a_.columns == b_.columns
+        for col in a_.columns[1:]:
+            np.testing.assert_allclose(a_[col].to_numpy().astype(float), b_[col].to_numpy().astype(float),
+                                       rtol=1e-12, atol=1e-13, err_msg=f"{name} {col}")
+    plain.close()
+
+
 def test_unknown_names_are_refused():
     with pytest.raises(ValueError, match="unknown framework 'openrlhf'"):
         resolve_params("openrlhf")

@@ -103,29 +103,28 @@ def framework_table(store: Store, runs: Sequence[str], name: str, by: str = "ste
     """
     if by not in ("step", "run"):
         raise ValueError(f"by must be 'step' or 'run', got {by!r}")
-    runs = check_runs(runs)
+    runs = sorted(set(check_runs(runs)))  # rows in run-name order
     p = resolve_params(name, params)
     v = VIEWS[name]
     keys = ["run", "step"] if by == "step" else ["run"]
     if v.view is None:
         return primerl.table(store, runs, keys, steps, p)
     logprobs = v.logprobs(p) if callable(v.logprobs) else v.logprobs
-    seqs = inputs.sequence_inputs(store, runs, steps, v.cap(p), logprobs=logprobs, bands=v.bands(p),
-                                  signs=v.signs(p))
-    seqs = inputs.token_columns(store, runs, steps, seqs, lambda where: v.token_sql(p, where), v.below(p),
-                                v.rewards(p))
+    q = inputs.sequence_arrays(store, runs, steps, v.cap(p), logprobs=logprobs, bands=v.bands(p), signs=v.signs(p))
+    inputs.token_columns(store, runs, steps, q, lambda where: v.token_sql(p, where), v.below(p), v.rewards(p))
+    q["_step"] = q["step"]
     # the sequences come sorted by (run, step, sample): each group is a slice, and every column is reduced over
     # all groups at once (a loop over groups cost ~0.3 ms a group: 0.12 s for 400 steps)
-    q = inputs.arrays(seqs)
-    q["_step"] = seqs["step"].to_numpy()
-    starts = inputs.group_starts(seqs, keys)
+    starts = inputs.group_starts(q, ["_run", "step"] if by == "step" else ["_run"])
     if starts.size < 2:
         return pl.DataFrame(schema={**{k: (pl.String if k == "run" else pl.Int64) for k in keys},
                                     "n_tokens": pl.Int64, "n_sequences": pl.Int64})
     g = inputs.Groups(starts)
     # one value per group: columns built from lists (a polars Series from a numpy array imports numpy.ma,
     # ~10 ms of a command's start)
-    cols = {k: seqs[k].gather(starts[:-1].tolist()) for k in keys}
+    cols = {"run": pl.Series("run", [runs[i] for i in q["_run"][g.first].tolist()], pl.String)}
+    if by == "step":
+        cols["step"] = pl.Series("step", q["step"][g.first].tolist(), pl.Int64)
     cols |= {"n_tokens": pl.Series("n_tokens", g.add(q["n"]).round().astype(np.int64).tolist(), pl.Int64),
              "n_sequences": pl.Series("n_sequences", g.count.astype(np.int64).tolist(), pl.Int64)}
     cols |= {k: pl.Series(k, np.asarray(x, dtype=np.float64).tolist(), pl.Float64)

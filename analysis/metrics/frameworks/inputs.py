@@ -42,7 +42,7 @@ def band_sql(where: str, signs: bool) -> str:
     """Per sequence, from its ratio-band rows outside [1/C, C] (parameters of `band_params`): n_hi and n_lo, the
     tokens with Δ > ln C and Δ < −ln C, a_hi / a_lo = Σ (r − 1) and b_hi / b_lo = Σ (r − 1)² over them, and with
     signs=True rm1_neg = Σ (r − 1) over Δ < 0. Only those band rows: the bands within [1/C, C] hold most rows and
-    their sums follow from summary_seq's by subtraction (`sequence_inputs`)."""
+    their sums follow from summary_seq's by subtraction (`sequence_arrays`)."""
     keep = "band > $hi_bin OR band < $lo_bin" + (" OR band < $zero_bin" if signs else "")
     neg = ", coalesce(fsum(sum_rm1) FILTER (WHERE band < $zero_bin), 0) AS rm1_neg" if signs else ""
     return f"""SELECT run, step, sample,
@@ -113,94 +113,131 @@ def logprob_sql(where: str) -> str:
         GROUP BY run, step, sample"""
 
 
-def _merge_rows(seq: pl.DataFrame, cols: Sequence[str]) -> pl.DataFrame:
-    """One row per (run, step, sample) of summary rows sorted by those keys: a sequence whose tokens came in
-    several files has several rows, merged as schema.merge_kind says (sums add, min_* and max_* merge; the
-    SEQ_SUMS of rows written before them are null and add as 0: n_lp_tokens then falls short of n and the
-    sequence's sums come from its token rows). Only the sequences with several rows go through a group_by:
-    nearly every sequence has one, and a GROUP BY of all of them with a compensated sum per column cost DuckDB 4x
-    the plain scan (benchmarks/RESULTS-frameworks.md)."""
-    if seq.height < 2:
-        return seq
-    keys = list(SEQ_KEYS)
-    several = pl.len().over(keys) > 1
-    multi = seq.filter(several)
-    if not multi.height:
-        return seq
-    agg = {"sum": lambda c: pl.col(c).fill_null(0).sum(), "min": lambda c: pl.col(c).min(),
-           "max": lambda c: pl.col(c).max()}
-    merged = multi.group_by(keys).agg(agg[merge_kind(c)](c) for c in cols).select(seq.columns)
-    return pl.concat([seq.filter(~several), merged.cast(seq.schema)]).sort(keys)
+def _codes(frame: pl.DataFrame, runs: Sequence[str]) -> np.ndarray:
+    """The run of each row as its index in `runs`."""
+    if len(runs) == 1:
+        return np.zeros(frame.height, np.int64)
+    return frame["run"].cast(pl.Enum(list(runs))).to_physical().to_numpy().astype(np.int64)
 
 
-def group_starts(frame: pl.DataFrame, keys: list[str]) -> np.ndarray:
-    """[0, the first row of each later group, height] of a frame sorted by `keys`."""
-    if not frame.height:
+def _keys(frame: pl.DataFrame, runs: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return _codes(frame, runs), frame["step"].to_numpy().astype(np.int64), frame["sample"].to_numpy().astype(np.int64)
+
+
+def align(q: dict, keys: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    """For each (run code, step, sample) of `keys` (each at most once), its row in the sorted, unique sequence
+    rows of `q`, or −1 where `q` has no such sequence: a merge of the two key lists, in numpy."""
+    n = q["_run"].size
+    src = np.r_[np.zeros(n, np.int8), np.ones(keys[0].size, np.int8)]
+    run, step, sample = (np.concatenate([q[k], x]) for k, x in zip(("_run", "step", "sample"), keys))
+    order = np.lexsort((src, sample, step, run))      # equal keys side by side, the sequence row first
+    out = np.full(keys[0].size, -1, np.int64)
+    pos = np.flatnonzero(src[order] == 1)
+    prev = order[pos - 1]
+    hit = (pos > 0) & (src[prev] == 0)
+    hit &= (run[prev] == run[order[pos]]) & (step[prev] == step[order[pos]]) & (sample[prev] == sample[order[pos]])
+    out[order[pos[hit]] - n] = prev[hit]
+    return out
+
+
+def _put(q: dict, frame: pl.DataFrame, runs: Sequence[str], cols: Sequence[str], fill: float = 0.0,
+         where: np.ndarray | None = None) -> None:
+    """Columns of a per-sequence query result into `q` (`fill` for sequences it has no row for); with `where`,
+    only into those sequences (the others keep their values)."""
+    idx = align(q, _keys(frame, runs)) if frame.height else np.zeros(0, np.int64)
+    ok = idx >= 0
+    for c in cols:
+        x = q[c] if where is not None else np.full(q["_run"].size, fill)
+        new = x.copy()
+        new[idx[ok]] = frame[c].cast(pl.Float64).fill_null(fill).to_numpy()[ok]
+        q[c] = np.where(where, new, x) if where is not None else new
+
+
+def group_starts(q: dict, keys: Sequence[str]) -> np.ndarray:
+    """[0, the first row of each later group, n] of sorted rows; keys among "_run", "step", "sample"."""
+    n = q["_run"].size
+    if not n:
         return np.zeros(1, np.int64)
-    change = np.zeros(frame.height, bool)
+    change = np.zeros(n, bool)
     change[0] = True
     for k in keys:
-        col = frame[k]
-        change[1:] |= (col[1:] != col[:-1]).to_numpy()
-    return np.append(np.flatnonzero(change), frame.height)
+        change[1:] |= q[k][1:] != q[k][:-1]
+    return np.append(np.flatnonzero(change), n)
 
 
-def sequence_inputs(store: Store, runs: Sequence[str], steps: tuple[int, int] | None, cap: float,
-                    logprobs: bool, bands: bool = True, signs: bool = True) -> pl.DataFrame:
-    """One row per sequence with trained tokens, ordered by (run, step, sample): the merged TOKEN_SUMS of
-    summary_seq (n_tokens as `n`), with bands=True the band columns of `band_sql` at `cap`, the EXTREME_COLUMNS
-    (0 where no token passes |Δ| > 20) and, with logprobs=True, the LOGPROB_COLUMNS (from the summaries where
-    they cover the sequence, else from its token rows)."""
+def sequence_arrays(store: Store, runs: Sequence[str], steps: tuple[int, int] | None, cap,
+                    logprobs: bool, bands: bool = True, signs: bool = True) -> dict[str, np.ndarray]:
+    """One entry per sequence with trained tokens, as float64 arrays sorted by (run, step, sample): "_run" (the
+    run's index in `runs`), "step", "sample" (int64), the merged TOKEN_SUMS of summary_seq (n_tokens as `n`),
+    with bands=True the band columns of `band_sql` at `cap` and a_mid, b_mid (and with signs rm1_pos), the
+    EXTREME_COLUMNS (0 where no token passes |Δ| > 20) and, with logprobs=True, the LOGPROB_COLUMNS (from the
+    summaries where they cover the sequence, else from its token rows).
+
+    In numpy after one plain scan of summary_seq: sorting, merging the few sequences with rows from several
+    files and joining the other queries' per-sequence rows in polars or in a GROUP BY cost several times the
+    scan on 80k sequences (benchmarks/RESULTS-frameworks.md)."""
     where, params = run_filter(runs, steps)
     have = store.has_seq_sums
     lp = list(SEQ_SUM_NAMES) if logprobs and have else []
     cols = [c for c in columns("summary_seq") if merge_kind(c) != "key"
             and c not in ("max_pos", "n_flip_tokens") and (c not in SEQ_SUM_NAMES or c in lp)]
-    seq = store.sql(f"SELECT run, step, sample, {', '.join(cols)} FROM summary_seq WHERE {where}", params)
-    seq = _merge_rows(seq.sort(list(SEQ_KEYS)), cols)
-    seq = seq.filter(pl.col("n_tokens") > 0).rename({"n_tokens": "n"})
-    seq = seq.with_columns(pl.col("n").cast(pl.Float64))
+    raw = store.sql(f"SELECT run, step, sample, {', '.join(cols)} FROM summary_seq WHERE {where}", params)
+    run, step, sample = _keys(raw, runs)
+    order = np.lexsort((sample, step, run))
+    q = {"_run": run[order], "step": step[order], "sample": sample[order]}
+    for c in cols:  # SEQ_SUMS are null in rows written before them (nan here)
+        q[c] = raw[c].cast(pl.Float64).to_numpy()[order]
+    starts = group_starts(q, ("_run", "step", "sample"))
+    if starts.size - 1 < q["_run"].size:   # a sequence's tokens came in several files: merge its rows
+        first = starts[:-1]
+        extra = np.ones(q["_run"].size, bool)
+        extra[first] = False                                   # the rows after a sequence's first one
+        into = (np.cumsum(~extra) - 1)[extra]                  # ... and the merged row each goes into
+        for c in ("_run", "step", "sample"):
+            q[c] = q[c][first]
+        for c in cols:
+            kind, x = merge_kind(c), q[c]
+            merged = x[first]
+            if kind == "sum":  # a null adds as 0: n_lp_tokens then falls short of n (token rows below)
+                merged = np.nan_to_num(merged, nan=0.0)
+                np.add.at(merged, into, np.nan_to_num(x[extra], nan=0.0))
+            else:  # a routing file's row has no tokens and null minima and maxima: fmin and fmax skip them
+                (np.fmin if kind == "min" else np.fmax).at(merged, into, x[extra])
+            q[c] = merged
+    keep = q["n_tokens"] > 0
+    q = {c: x[keep] for c, x in q.items()}
+    q["n"] = q.pop("n_tokens")
     if bands:
         bp = band_params(cap)
         zero = {"zero_bin": F.edge_bin(0.0, BAND_EDGES)} if signs else {}
         b = store.sql(band_sql(where, signs), params | bp | zero)
-        seq = seq.join(b, on=list(SEQ_KEYS), how="left", maintain_order="left").with_columns(
-            pl.col(c).fill_null(0.0) for c in b.columns[3:])
+        _put(q, b, runs, b.columns[3:])
         # within [1/C, C] by subtraction: exact to a few ε of Σ |r − 1|, which for r ≤ 100 (max Δ ≤ LN_SAFE) is
         # at most 100 n; above, the mid bands are summed directly (steps with such a sequence only)
-        seq = seq.with_columns(a_mid=pl.col("sum_rm1") - pl.col("a_hi") - pl.col("a_lo"),
-                               b_mid=pl.col("sum_rm1_sq") - pl.col("b_hi") - pl.col("b_lo"))
+        q["a_mid"] = q["sum_rm1"] - q["a_hi"] - q["a_lo"]
+        q["b_mid"] = q["sum_rm1_sq"] - q["b_hi"] - q["b_lo"]
         if signs:
-            seq = seq.with_columns(rm1_pos=pl.col("sum_rm1") - pl.col("rm1_neg"))
-        wide = seq.filter(pl.col("max_d") > LN_SAFE)["step"].unique().to_list() if seq.height else []
-        if wide:
-            mwhere, mparams = run_filter(runs, steps, only_steps=wide)
-            mid = store.sql(mid_sql(mwhere), mparams | bp)
-            exact = pl.col("max_d") > LN_SAFE
-            seq = seq.join(mid, on=list(SEQ_KEYS), how="left", maintain_order="left").with_columns(
-                a_mid=pl.when(exact).then(pl.col("a_mid_x")).otherwise(pl.col("a_mid")),
-                b_mid=pl.when(exact).then(pl.col("b_mid_x")).otherwise(pl.col("b_mid"))).drop("a_mid_x", "b_mid_x")
-    if seq.height and float(seq["max_abs_d"].max()) > CLAMP:
-        ext_steps = seq.filter(pl.col("max_abs_d") > CLAMP)["step"].unique().to_list()
-        twhere, tparams = token_filter(store, runs, steps, only_steps=ext_steps)
-        ext = store.sql(extremes_sql(twhere), tparams)
-        seq = seq.join(ext, on=list(SEQ_KEYS), how="left", maintain_order="left")
-    else:
-        seq = seq.with_columns(pl.lit(None, pl.Float64).alias(c) for c in EXTREME_COLUMNS)
-    seq = seq.with_columns(pl.col(c).fill_null(0.0) for c in EXTREME_COLUMNS)
+            q["rm1_pos"] = q["sum_rm1"] - q["rm1_neg"]
+        wide = q["max_d"] > LN_SAFE
+        if wide.any():
+            mwhere, mparams = run_filter(runs, steps, only_steps=np.unique(q["step"][wide]).tolist())
+            mid = store.sql(mid_sql(mwhere), mparams | bp).rename({"a_mid_x": "a_mid", "b_mid_x": "b_mid"})
+            _put(q, mid, runs, ("a_mid", "b_mid"), where=wide)
+    for c in EXTREME_COLUMNS:
+        q[c] = np.zeros(q["n"].size)
+    far = q["max_abs_d"] > CLAMP
+    if far.any():
+        twhere, tparams = token_filter(store, runs, steps, only_steps=np.unique(q["step"][far]).tolist())
+        _put(q, store.sql(extremes_sql(twhere), tparams), runs, EXTREME_COLUMNS)
     if logprobs:
         if not lp:
-            seq = seq.with_columns(pl.lit(None, pl.Float64).alias(c) for c in SEQ_SUM_NAMES)
-        covered = pl.col("n_lp_tokens").cast(pl.Float64).fill_null(0.0) == pl.col("n")
-        short = seq.filter(~covered)["step"].unique().to_list()
-        if short:  # rows written before SEQ_SUMS: those steps' sums from the token rows
-            twhere, tparams = token_filter(store, runs, steps, only_steps=short)
-            tok = store.sql(logprob_sql(twhere), tparams).rename({c: f"{c}_tok" for c in LOGPROB_COLUMNS})
-            seq = seq.join(tok, on=list(SEQ_KEYS), how="left", maintain_order="left").with_columns(
-                pl.when(covered).then(pl.col(c)).otherwise(pl.col(f"{c}_tok")).alias(c) for c in LOGPROB_COLUMNS
-            ).drop([f"{c}_tok" for c in LOGPROB_COLUMNS])
-        seq = seq.drop("n_lp_tokens")
-    return seq
+            for c in SEQ_SUM_NAMES:
+                q[c] = np.full(q["n"].size, np.nan)
+        short = ~(q.pop("n_lp_tokens") == q["n"])
+        if short.any():  # rows written before SEQ_SUMS: those sequences' sums from the token rows
+            twhere, tparams = token_filter(store, runs, steps, only_steps=np.unique(q["step"][short]).tolist())
+            _put(q, store.sql(logprob_sql(twhere), tparams), runs, LOGPROB_COLUMNS, where=short)
+    return q
 
 
 def below_sql(where: str) -> str:
@@ -209,35 +246,32 @@ def below_sql(where: str) -> str:
         WHERE {where} AND trainer_logprob - sampler_logprob < $ln_tau GROUP BY run, step, sample"""
 
 
-def token_columns(store: Store, runs: Sequence[str], steps: tuple[int, int] | None, seqs: pl.DataFrame,
+def token_columns(store: Store, runs: Sequence[str], steps: tuple[int, int] | None, q: dict,
                   token_sql: Callable[[str], tuple[str, dict] | None], ln_tau: float | None,
-                  rewards: bool) -> pl.DataFrame:
-    """`seqs` with what a view reads beyond the summaries, each from one query, 0 where a sequence has none:
+                  rewards: bool) -> None:
+    """Into `q`, what a view reads beyond the summaries, each from one query, 0 where a sequence has none:
     the per-sequence columns of `token_sql(WHERE over tokens)` (every token row of the selection); with ln_tau,
     n_below = tokens with Δ < ln τ, scanning only the steps whose summaries hold such a token (min_d < ln τ);
-    with rewards, `reward` of table sequences (null where none is stored)."""
-    keys = list(SEQ_KEYS)
-    if seqs.height:
-        where, params = token_filter(store, runs, steps)
-        query = token_sql(where)
-        if query is not None:
-            sql, extra = query
-            seqs = seqs.join(store.sql(sql, params | extra), on=keys, how="left", maintain_order="left")
+    with rewards, `reward` of table sequences (nan where none is stored)."""
+    if not q["n"].size:
+        return
+    where, params = token_filter(store, runs, steps)
+    query = token_sql(where)
+    if query is not None:
+        sql, extra = query
+        t = store.sql(sql, params | extra)
+        _put(q, t, runs, t.columns[3:])
     if ln_tau is not None:
-        hit = seqs.filter(pl.col("min_d") < ln_tau)["step"].unique().to_list() if seqs.height else []
-        if hit:
-            where, params = token_filter(store, runs, steps, only_steps=hit)
-            seqs = seqs.join(store.sql(below_sql(where), params | {"ln_tau": ln_tau}), on=keys, how="left",
-                             maintain_order="left")
-        else:
-            seqs = seqs.with_columns(n_below=pl.lit(0.0))
-    added = [c for c in seqs.columns if c.startswith("tk") or c == "n_below"]
-    seqs = seqs.with_columns(pl.col(c).cast(pl.Float64).fill_null(0.0) for c in added)
+        q["n_below"] = np.zeros(q["n"].size)
+        hit = q["min_d"] < ln_tau
+        if hit.any():
+            where, params = token_filter(store, runs, steps, only_steps=np.unique(q["step"][hit]).tolist())
+            _put(q, store.sql(below_sql(where), params | {"ln_tau": ln_tau}), runs, ("n_below",))
     if rewards:
         where, params = run_filter(runs, steps)
-        rw = store.sql(f"SELECT run, step, sample, reward FROM sequences WHERE {where}", params)
-        seqs = seqs.join(rw.unique(keys, keep="last"), on=keys, how="left", maintain_order="left")
-    return seqs
+        rw = store.sql(f"SELECT run, step, sample, any_value(reward) AS reward FROM sequences WHERE {where} "
+                       "GROUP BY ALL", params)
+        _put(q, rw, runs, ("reward",), fill=np.nan)
 
 
 class Groups:
@@ -271,11 +305,6 @@ class Groups:
         dev = x - self.expand(self.mean(x))
         var = self.add(dev * dev) / np.maximum(self.count - 1.0, 1.0)
         return np.where(self.count > 1, np.sqrt(var), 0.0)
-
-
-def arrays(frame: pl.DataFrame) -> dict[str, np.ndarray]:
-    """The numeric columns of a frame of sequence rows as float64 arrays (keys dropped)."""
-    return {c: frame[c].cast(pl.Float64).to_numpy() for c in frame.columns if c not in SEQ_KEYS}
 
 
 def k3_of(x: np.ndarray) -> np.ndarray:
