@@ -184,6 +184,8 @@ def sequence_arrays(store: Store, runs: Sequence[str], steps: tuple[int, int] | 
     raw = store.sql(f"SELECT run, step, sample, {', '.join(cols)} FROM summary_seq WHERE {where}", params)
     run, step, sample = _keys(raw, runs)
     order = np.lexsort((sample, step, run))
+    if (order[1:] > order[:-1]).all():   # stored in order already: no gather
+        order = slice(None)
     q = {"_run": run[order], "step": step[order], "sample": sample[order]}
     for c in cols:  # SEQ_SUMS are null in rows written before them (nan here)
         q[c] = raw[c].cast(pl.Float64).to_numpy()[order]
@@ -198,14 +200,16 @@ def sequence_arrays(store: Store, runs: Sequence[str], steps: tuple[int, int] | 
         for c in cols:
             kind, x = merge_kind(c), q[c]
             merged = x[first]
-            if kind == "sum":  # a null adds as 0: n_lp_tokens then falls short of n (token rows below)
+            if kind == "sum":  # nulls (a routing file's row, SEQ_SUMS before them) add as 0: for SEQ_SUMS,
+                # n_lp_tokens then falls short of n and the sequence's sums come from its token rows
                 merged = np.nan_to_num(merged, nan=0.0)
                 np.add.at(merged, into, np.nan_to_num(x[extra], nan=0.0))
             else:  # a routing file's row has no tokens and null minima and maxima: fmin and fmax skip them
                 (np.fmin if kind == "min" else np.fmax).at(merged, into, x[extra])
             q[c] = merged
     keep = q["n_tokens"] > 0
-    q = {c: x[keep] for c, x in q.items()}
+    if not keep.all():
+        q = {c: x[keep] for c, x in q.items()}
     q["n"] = q.pop("n_tokens")
     if bands:
         bp = band_params(cap)
