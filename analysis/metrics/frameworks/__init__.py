@@ -31,7 +31,9 @@ class View:
     view: Callable[..., dict] | None  # (sequence columns, inputs.Groups, params) -> {column: one value a group}
     logprobs: bool                   # whether the view reads Σ s, Σ t, ... (summary_seq's SEQ_SUMS)
     cap: Callable[[dict], float] = lambda p: 2.0
-    bands: Callable[[dict], bool] = lambda p: True   # whether it reads the ratio-band columns
+    # which ratio-band columns it reads: per sequence (True), only summed over a group's sequences ("group": from
+    # the per-step Δ histogram) or none (False)
+    bands: Callable[[dict], bool | str] = lambda p: True
     signs: Callable[[dict], bool] = lambda p: False  # whether it reads Σ (r − 1) either side of 0 (rm1_pos, rm1_neg)
     token_sql: Callable = _never     # (params, WHERE over tokens) -> (per-sequence SQL, its parameters) or None
     below: Callable = _never         # params -> ln τ: count per sequence the tokens with Δ < ln τ (`n_below`)
@@ -40,7 +42,7 @@ class View:
 
 VIEWS: dict[str, View] = {v.name: v for v in (
     View("verl", "volcengine/verl@b178a3cd", verl.DEFAULTS, verl.check, verl.trainer_view, True,
-         cap=lambda p: float(p["rollout_is_threshold"]), bands=lambda p: p["rollout_is"] == "token",
+         cap=lambda p: float(p["rollout_is_threshold"]), bands=lambda p: p["rollout_is"] == "token" and "group",
          token_sql=verl.token_sql, below=verl.below),
     View("verl-actor", "volcengine/verl@b178a3cd", verl.DEFAULTS, verl.check, verl.actor_view, True,
          bands=lambda p: False),
@@ -48,7 +50,7 @@ VIEWS: dict[str, View] = {v.name: v for v in (
          cap=nemo.cap, bands=nemo.bands, rewards=nemo.rewards),
     View("prime-rl", "PrimeIntellect-ai/prime-rl@559b4477", primerl.DEFAULTS, primerl.check, None, False),
     View("slime", "THUDM/slime@624b824a", slime.DEFAULTS, slime.check, slime.view, slime.logprobs,
-         cap=slime.cap, signs=lambda p: p["tis_function"] != "mis", below=slime.below),
+         cap=slime.cap, bands=slime.bands, signs=lambda p: p["tis_function"] != "mis", below=slime.below),
 )}
 FRAMEWORKS = tuple(VIEWS)
 

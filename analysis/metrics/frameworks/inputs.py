@@ -27,7 +27,7 @@ import polars as pl
 
 from analysis.store import Store
 from analysis.summaries import finalise as F
-from analysis.summaries.schema import BAND_EDGES, CAPS, CLAMP, SEQ_SUM_NAMES, columns, merge_kind
+from analysis.summaries.schema import BAND_EDGES, CAPS, CLAMP, D_EDGES, SEQ_SUM_NAMES, columns, merge_kind
 from analysis.summaries.sql import clamp_log_ratio_sql, log_cosh_half_sql, run_filter, token_filter
 
 SEQ_KEYS = ("run", "step", "sample")
@@ -63,6 +63,21 @@ def mid_sql(where: str) -> str:
         FROM summary_seq_band WHERE {where} GROUP BY run, step, sample"""
 
 
+def hist_band_sql(where: str, signs: bool) -> str:
+    """Per (run, step), from the Δ histogram (summary_hist, on D_EDGES, which hold every band edge): the band
+    columns of `band_sql` and a_mid, b_mid summed over the step's tokens (parameters of `band_params(...,
+    D_EDGES)`). For views that only sum them over a group's tokens: a few rows per step instead of one per
+    sequence and band."""
+    neg = ", coalesce(fsum(sum_rm1) FILTER (WHERE bin < $zero_bin), 0) AS rm1_neg" if signs else ""
+    return f"""SELECT run, step,
+        coalesce(sum(n_tokens) FILTER (WHERE bin > $hi_bin), 0)::DOUBLE AS n_hi,
+        coalesce(sum(n_tokens) FILTER (WHERE bin < $lo_bin), 0)::DOUBLE AS n_lo,
+        coalesce(fsum(sum_rm1) FILTER (WHERE bin < $lo_bin), 0) AS a_lo,
+        coalesce(fsum(sum_rm1) FILTER (WHERE bin BETWEEN $lo_bin AND $hi_bin), 0) AS a_mid,
+        coalesce(fsum(sum_rm1_sq) FILTER (WHERE bin BETWEEN $lo_bin AND $hi_bin), 0) AS b_mid{neg}
+        FROM summary_hist WHERE {where} GROUP BY run, step"""
+
+
 def _edge(x: float) -> float:
     """The edge of BAND_EDGES that ln of a ratio bound x is (up to rounding: ln 0.5 against −ln 2)."""
     lx = math.log(x)
@@ -72,17 +87,17 @@ def _edge(x: float) -> float:
     raise ValueError(f"no ratio band edge at {x:g}")
 
 
-def band_params(cap) -> dict:
-    """Parameters of `band_sql`: `cap` C (the bounds 1/C and C) or (lo, hi) ratio bounds on band edges; lo = 0
-    leaves nothing below."""
+def band_params(cap, edges: Sequence[float] = BAND_EDGES) -> dict:
+    """Parameters of `band_sql` (`hist_band_sql` with edges=D_EDGES): `cap` C (the bounds 1/C and C) or (lo, hi)
+    ratio bounds on band edges; lo = 0 leaves nothing below."""
     if isinstance(cap, tuple):
         lo, hi = cap
-        lo_bin = -1 if lo == 0.0 else F.edge_bin(_edge(lo), BAND_EDGES)
-        return {"hi_bin": F.edge_bin(_edge(hi), BAND_EDGES), "lo_bin": lo_bin}
+        lo_bin = -1 if lo == 0.0 else F.edge_bin(_edge(lo), edges)
+        return {"hi_bin": F.edge_bin(_edge(hi), edges), "lo_bin": lo_bin}
     if float(cap) not in CAPS:
         raise ValueError(f"the cap must be one of {', '.join(f'{c:g}' for c in CAPS)} (the ratio bands the "
                          f"summaries keep), got {cap:g}")
-    return {"hi_bin": F.edge_bin(math.log(cap), BAND_EDGES), "lo_bin": F.edge_bin(-math.log(cap), BAND_EDGES)}
+    return {"hi_bin": F.edge_bin(_edge(cap), edges), "lo_bin": F.edge_bin(_edge(1.0 / cap), edges)}
 
 
 def extremes_sql(where: str) -> str:
@@ -166,10 +181,12 @@ def group_starts(q: dict, keys: Sequence[str]) -> np.ndarray:
 
 
 def sequence_arrays(store: Store, runs: Sequence[str], steps: tuple[int, int] | None, cap,
-                    logprobs: bool, bands: bool = True, signs: bool = True) -> dict[str, np.ndarray]:
+                    logprobs: bool, bands: bool | str = True, signs: bool = True) -> dict[str, np.ndarray]:
     """One entry per sequence with trained tokens, as float64 arrays sorted by (run, step, sample): "_run" (the
     run's index in `runs`), "step", "sample" (int64), the merged TOKEN_SUMS of summary_seq (n_tokens as `n`),
-    with bands=True the band columns of `band_sql` at `cap` and a_mid, b_mid (and with signs rm1_pos), the
+    with bands=True the band columns of `band_sql` at `cap` and a_mid, b_mid (and with signs rm1_pos); with
+    bands="group" the same columns summed over each step, on the step's first sequence (0 on the others: for
+    views that only add them up over a group's sequences; `_group_bands`), the
     EXTREME_COLUMNS (0 where no token passes |Δ| > 20) and, with logprobs=True, the LOGPROB_COLUMNS (from the
     summaries where they cover the sequence, else from its token rows).
 
@@ -211,7 +228,9 @@ def sequence_arrays(store: Store, runs: Sequence[str], steps: tuple[int, int] | 
     if not keep.all():
         q = {c: x[keep] for c, x in q.items()}
     q["n"] = q.pop("n_tokens")
-    if bands:
+    if bands == "group":
+        _group_bands(store, runs, steps, q, cap, signs)
+    elif bands:
         bp = band_params(cap)
         zero = {"zero_bin": F.edge_bin(0.0, BAND_EDGES)} if signs else {}
         b = store.sql(band_sql(where, signs), params | bp | zero)
@@ -242,6 +261,25 @@ def sequence_arrays(store: Store, runs: Sequence[str], steps: tuple[int, int] | 
             twhere, tparams = token_filter(store, runs, steps, only_steps=np.unique(q["step"][short]).tolist())
             _put(q, store.sql(logprob_sql(twhere), tparams), runs, LOGPROB_COLUMNS, where=short)
     return q
+
+
+def _group_bands(store: Store, runs: Sequence[str], steps, q: dict, cap, signs: bool) -> None:
+    """The band columns of a step, from `hist_band_sql`, on its first sequence in `q`, 0 on the others."""
+    where, params = run_filter(runs, steps)
+    zero = {"zero_bin": F.edge_bin(0.0, D_EDGES)} if signs else {}
+    h = store.sql(hist_band_sql(where, signs), params | band_params(cap, D_EDGES) | zero)
+    first = group_starts(q, ("_run", "step"))[:-1]
+    at = {(r, st): i for r, st, i in zip(q["_run"][first].tolist(), q["step"][first].tolist(), first.tolist())}
+    code = {r: i for i, r in enumerate(runs)}
+    rows = [at.get((code[r], st), -1) for r, st in zip(h["run"].to_list(), h["step"].to_list())]
+    idx = np.array(rows, dtype=np.int64)
+    ok = idx >= 0
+    for c in h.columns[2:]:
+        x = np.zeros(q["n"].size)
+        x[idx[ok]] = h[c].to_numpy()[ok]
+        q[c] = x
+    if signs:  # its group sums are Σ sum_rm1 − Σ rm1_neg
+        q["rm1_pos"] = q["sum_rm1"] - q["rm1_neg"]
 
 
 def below_sql(where: str) -> str:

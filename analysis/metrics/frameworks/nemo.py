@@ -57,8 +57,9 @@ def check(p: dict) -> dict:
     return p
 
 
-def bands(p: dict) -> bool:
-    return p["tis_type"] in ("tis", "icepop")
+def bands(p: dict) -> bool | str:
+    """Token-level TIS reads the ratio bands, summed over the batch's tokens only (`inputs._group_bands`)."""
+    return p["tis_type"] in ("tis", "icepop") and "group"
 
 
 def cap(p: dict) -> tuple[float, float]:

@@ -49,7 +49,7 @@ def more_token_columns(store: Store, runs: Sequence[str], by: str = "step", cap:
         raise ValueError(f"by must be 'step' or 'run', got {by!r}")
     runs = sorted(set(check_runs(runs)))  # rows in run-name order
     keys = ["run", "step"] if by == "step" else ["run"]
-    q = I.sequence_arrays(store, runs, steps, cap, logprobs=True)
+    q = I.sequence_arrays(store, runs, steps, cap, logprobs=True, bands="group")
     starts = I.group_starts(q, ["_run", "step"] if by == "step" else ["_run"])
     g = I.Groups(starts)
     rows = []

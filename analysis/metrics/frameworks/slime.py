@@ -77,6 +77,11 @@ def check(p: dict) -> dict:
     return p
 
 
+def bands(p: dict) -> bool | str:
+    """Per sequence for the per-sample reducer; with per_token_loss only their sums over the step's tokens."""
+    return "group" if p["per_token_loss"] else True
+
+
 def logprobs(p: dict) -> bool:
     return p["tis_function"] == "mis"
 
