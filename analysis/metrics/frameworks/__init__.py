@@ -38,19 +38,21 @@ class View:
     token_sql: Callable = _never     # (params, WHERE over tokens) -> (per-sequence SQL, its parameters) or None
     below: Callable = _never         # params -> ln τ: count per sequence the tokens with Δ < ln τ (`n_below`)
     rewards: Callable = lambda p: False  # whether it reads `reward` of table sequences
+    only: tuple | None = None        # the TOKEN_SUMS of summary_seq it reads (None: all); fewer is a faster scan
 
 
 VIEWS: dict[str, View] = {v.name: v for v in (
     View("verl", "volcengine/verl@b178a3cd", verl.DEFAULTS, verl.check, verl.trainer_view, True,
          cap=lambda p: float(p["rollout_is_threshold"]), bands=lambda p: p["rollout_is"] == "token" and "group",
-         token_sql=verl.token_sql, below=verl.below),
+         token_sql=verl.token_sql, below=verl.below, only=verl.READS),
     View("verl-actor", "volcengine/verl@b178a3cd", verl.DEFAULTS, verl.check, verl.actor_view, True,
-         bands=lambda p: False),
+         bands=lambda p: False, only=("sum_k3",)),
     View("nemo", "NVIDIA-NeMo/RL@7ea279ab", nemo.DEFAULTS, nemo.check, nemo.view, True,
-         cap=nemo.cap, bands=nemo.bands, rewards=nemo.rewards),
+         cap=nemo.cap, bands=nemo.bands, rewards=nemo.rewards, only=("sum_d2", "sum_k3", "sum_k3r", "sum_mpe")),
     View("prime-rl", "PrimeIntellect-ai/prime-rl@559b4477", primerl.DEFAULTS, primerl.check, None, False),
     View("slime", "THUDM/slime@624b824a", slime.DEFAULTS, slime.check, slime.view, slime.logprobs,
-         cap=slime.cap, bands=slime.bands, signs=lambda p: p["tis_function"] != "mis", below=slime.below),
+         cap=slime.cap, bands=slime.bands, signs=lambda p: p["tis_function"] != "mis", below=slime.below,
+         only=("sum_abs_d", "sum_k3")),
 )}
 FRAMEWORKS = tuple(VIEWS)
 
@@ -112,7 +114,8 @@ def framework_table(store: Store, runs: Sequence[str], name: str, by: str = "ste
     if v.view is None:
         return primerl.table(store, runs, keys, steps, p)
     logprobs = v.logprobs(p) if callable(v.logprobs) else v.logprobs
-    q = inputs.sequence_arrays(store, runs, steps, v.cap(p), logprobs=logprobs, bands=v.bands(p), signs=v.signs(p))
+    q = inputs.sequence_arrays(store, runs, steps, v.cap(p), logprobs=logprobs, bands=v.bands(p), signs=v.signs(p),
+                               only=v.only)
     inputs.token_columns(store, runs, steps, q, lambda where: v.token_sql(p, where), v.below(p), v.rewards(p))
     q["_step"] = q["step"]
     # the sequences come sorted by (run, step, sample): each group is a slice, and every column is reduced over

@@ -181,15 +181,20 @@ def group_starts(q: dict, keys: Sequence[str]) -> np.ndarray:
     return np.append(np.flatnonzero(change), n)
 
 
+ALWAYS = ("n_tokens", "sum_d", "max_abs_d", "min_d", "max_d", "sum_rm1", "sum_rm1_sq")  # what this module reads
+
+
 def sequence_arrays(store: Store, runs: Sequence[str], steps: tuple[int, int] | None, cap,
-                    logprobs: bool, bands: bool | str = True, signs: bool = True) -> dict[str, np.ndarray]:
+                    logprobs: bool, bands: bool | str = True, signs: bool = True,
+                    only: Sequence[str] | None = None) -> dict[str, np.ndarray]:
     """One entry per sequence with trained tokens, as float64 arrays sorted by (run, step, sample): "_run" (the
     run's index in `runs`), "step", "sample" (int64), the merged TOKEN_SUMS of summary_seq (n_tokens as `n`),
     with bands=True the band columns of `band_sql` at `cap` and a_mid, b_mid (and with signs rm1_pos); with
     bands="group" the same columns summed over each step, on the step's first sequence (0 on the others: for
     views that only add them up over a group's sequences; `_group_bands`), the
     EXTREME_COLUMNS (0 where no token passes |Δ| > 20) and, with logprobs=True, the LOGPROB_COLUMNS (from the
-    summaries where they cover the sequence, else from its token rows).
+    summaries where they cover the sequence, else from its token rows). `only`: of the TOKEN_SUMS, read these
+    (and ALWAYS) only.
 
     In numpy after one plain scan of summary_seq: sorting, merging the few sequences with rows from several
     files and joining the other queries' per-sequence rows in polars or in a GROUP BY cost several times the
@@ -198,7 +203,8 @@ def sequence_arrays(store: Store, runs: Sequence[str], steps: tuple[int, int] | 
     have = store.has_seq_sums
     lp = list(SEQ_SUM_NAMES) if logprobs and have else []
     cols = [c for c in columns("summary_seq") if merge_kind(c) != "key"
-            and c not in ("max_pos", "n_flip_tokens") and (c not in SEQ_SUM_NAMES or c in lp)]
+            and c not in ("max_pos", "n_flip_tokens") and (c in lp if c in SEQ_SUM_NAMES else
+                                                           only is None or c in only or c in ALWAYS)]
     raw = store.sql(f"SELECT run, step, sample, {', '.join(cols)} FROM summary_seq WHERE {where}", params)
     run, step, sample = _keys(raw, runs)
     order = np.lexsort((sample, step, run))

@@ -25,6 +25,12 @@ DEFAULTS = {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "n
             "rollout_token_veto_threshold": "none", "micro_batch_seqs": 4}
 
 
+# the TOKEN_SUMS of summary_seq the trainer view reads (besides inputs.ALWAYS): the rejection terms and the
+# probability moments of calculate_debug_metrics
+READS = ("sum_d2", "sum_k3", "sum_adp", "max_adp", "sum_ps", "sum_pt", "sum_ps2", "sum_pt2", "sum_pspt", "sum_qs",
+         "sum_qt", "sum_qs2", "sum_qt2", "sum_qsqt")
+
+
 def _mean(total, count):
     return total / (count + EPS)
 
