@@ -73,7 +73,7 @@ def main() -> None:
     tables = {"metrics --by step": lambda: report.metrics_table(store, [D.RUN], by="step")}
     for name in names:
         tables[f"metrics --by step --as {name}"] = lambda name=name: framework_table(store, [D.RUN], name, by="step")
-    body += (f"| table (in process) | seconds |\n|---|---|\n"
+    body += ("| table (in process) | seconds |\n|---|---|\n"
              + "".join(f"| `{label}` | {repeat(fn, args.repeat).best:.3f} |\n" for label, fn in tables.items()))
     store.close()
     size = f"{n_tokens:,} summarised tokens" + ("" if n_rows == n_tokens else f" ({n_rows:,} token rows)")

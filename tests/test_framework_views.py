@@ -478,7 +478,7 @@ def ref_max_vio(counts: np.ndarray, k: int, avoid: bool) -> float:  # prime-rl m
 @pytest.mark.parametrize("params", [{}, {"try_to_avoid_padding_experts": "false"}, {"num_experts": "12"},
                                     {"load_side": "sampler", "num_experts": "10"}])
 def test_primerl_max_vio(routed, by, params):
-    store, tokens, routing = routed
+    store, _, routing = routed
     p = resolve_params("prime-rl", params)
     side = "trainer_experts" if p["load_side"] == "trainer" else "sampler_experts"
     n_exp = p["num_experts"] or 1 + max(max(x) for x in routing[side].to_list())

@@ -8,7 +8,6 @@ kl_k3_std and kl_k3_median (the per-token term).
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np

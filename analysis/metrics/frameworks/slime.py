@@ -121,7 +121,6 @@ def _mis(q, g: I.Groups, p: dict, reduce) -> dict[str, np.ndarray]:
     is a per-token tensor; a per-sequence value v counts as v on each of the sequence's n tokens (sum n·v)."""
     n = q["n"]
     m = p["_mis"]
-    out: dict[str, np.ndarray] = {}
     mean_t, mean_s = q["sum_t"] / np.maximum(n, 1.0), q["sum_s"] / np.maximum(n, 1.0)   # mis.py:17-19
     lpd = mean_s - mean_t
     per_seq = {                                                        # add_ppl_metrics, mis.py:383-451
