@@ -543,6 +543,12 @@ def test_several_runs(data, tmp_path):
     alone.close()
 
 
+def test_max_vio_refuses_fewer_experts_than_routed(routed):
+    store, _, _ = routed
+    with pytest.raises(ValueError, match="num_experts 4: run 'a' routes to expert 7"):
+        framework_table(store, ["a"], "prime-rl", params={"num_experts": "4"})
+
+
 def test_routing_rows_change_nothing(routed, tmp_path):
     """A routing file adds summary rows without tokens (null minima and maxima) to each sequence: the views of
     the tokens are those of a load without routing."""
@@ -569,6 +575,19 @@ def test_unknown_names_are_refused():
         resolve_params("verl", {"rollout_rs": "token_k2", "rollout_rs_threshold": "0.1_2"})
     with pytest.raises(ValueError, match="cap must be one of"):
         framework_table(None, ["a"], "verl", params={"rollout_is_threshold": "2.5"})
+    with pytest.raises(ValueError, match="rollout_token_veto_threshold must be positive"):
+        resolve_params("verl", {"rollout_token_veto_threshold": "0"})
+    with pytest.raises(ValueError, match="tis_ratio: the summaries' ratio bands answer a token-level bound"):
+        resolve_params("nemo", {"tis_type": "tis", "tis_ratio": "2.5"})
+    with pytest.raises(ValueError, match="icepop needs tis_ratio_min"):
+        resolve_params("nemo", {"tis_type": "icepop"})
+    resolve_params("nemo", {"tis_type": "seq-mask-tis", "tis_ratio": "1.002", "tis_ratio_min": "0.999"})  # any
+    with pytest.raises(ValueError, match="rs_level token: the summaries' ratio bands answer one pair"):
+        resolve_params("slime", {"tis_function": "mis", "use_rs": "true", "rs_upper_bound": "5"})
+    with pytest.raises(ValueError, match="tis_function: expected one of vanilla, icepop, mis"):
+        resolve_params("slime", {"tis_function": "gspo"})
+    with pytest.raises(ValueError, match="load_side: trainer or sampler"):
+        resolve_params("prime-rl", {"load_side": "both"})
 
 
 def test_cli_as_and_its_errors(metrics_store_from, capsys):
