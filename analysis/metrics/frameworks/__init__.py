@@ -18,7 +18,6 @@ from analysis.metrics.frameworks import inputs, nemo, primerl, slime, verl
 from analysis.store import Store
 from analysis.summaries.sql import check_runs
 
-
 _never = lambda p, *a: None
 
 
@@ -29,8 +28,8 @@ class View:
     defaults: dict
     check: Callable[[dict], dict]
     view: Callable[..., dict] | None  # (sequence columns, inputs.Groups, params) -> {column: one value a group}
-    logprobs: bool                   # whether the view reads Σ s, Σ t, ... (summary_seq's SEQ_SUMS)
-    cap: Callable[[dict], float] = lambda p: 2.0
+    logprobs: bool | Callable[[dict], bool]  # whether the view reads Σ s, Σ t, ... (summary_seq's SEQ_SUMS)
+    cap: Callable[[dict], float | tuple] = lambda p: 2.0  # the ratio bands' C, or (lo, hi) bounds on band edges
     # which ratio-band columns it reads: per sequence (True), only summed over a group's sequences ("group": from
     # the per-step Δ histogram) or none (False)
     bands: Callable[[dict], bool | str] = lambda p: True
