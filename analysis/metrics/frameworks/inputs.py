@@ -1,8 +1,11 @@
-"""Per-sequence inputs of the framework views: one row per sequence with every sum a framework formula reads.
+"""Per-sequence inputs of the framework views: one entry per sequence (numpy arrays sorted by run, step, sample)
+with every sum a framework formula reads, and the reducers over groups of them (`Groups`).
 
-From the per-sequence summaries (`summary_seq`, its ratio bands `summary_seq_band`): the token sums of schema.py
-(Σ Δ, Σ Δ², Σ k3, Σ (r − 1), ... with r = exp(clamp(Δ, −20, 20))) and, at a cap C of schema.CAPS, the counts and
-sums of r − 1 above ln C, below −ln C, between, and either side of 0.
+From the per-sequence summaries (`summary_seq`, one plain scan of the columns a view reads): the token sums of
+schema.py (Σ Δ, Σ Δ², Σ k3, Σ (r − 1), ... with r = exp(clamp(Δ, −20, 20))). At a ratio bound C (schema.CAPS, or
+any band edge), the counts and sums of r − 1 above ln C, below −ln C, between, and below 0: per sequence from its
+band rows outside [1/C, C] (`summary_seq_band`; the sums within by subtraction), or per step from the Δ
+histogram (`summary_hist`) for views that only add them up over a group's tokens.
 
 From the per-sequence log-prob sums of summary_seq (schema.SEQ_SUMS): Σ s, Σ t (verl's and our perplexities),
 Σ log cosh(Δ/2) (NeMo's Jensen-Shannon term, a function of Δ alone) and Σ r·t (NeMo approx_entropy). A sequence
@@ -14,7 +17,9 @@ From the token rows, only what the summaries do not hold:
     before a sum (verl rejection). Tokens with |Δ| > 20 are the only ones where that differs from the summaries;
     one filtered scan sums the differences per sequence (steps without such tokens are skipped by the summaries'
     max |Δ|).
-Both are exact where the token rows are complete (`read.coverage`); on a DriftLogger sample they cover the
+  * `token_columns`: a view's own per-sequence token sums (verl's token rejection options), the tokens below a
+    veto threshold (only steps whose summaries hold one), and `reward` from table sequences.
+These are exact where the token rows are complete (`read.coverage`); on a DriftLogger sample they cover the
 kept rows only.
 """
 from __future__ import annotations
@@ -30,7 +35,6 @@ from analysis.summaries import finalise as F
 from analysis.summaries.schema import BAND_EDGES, CAPS, CLAMP, D_EDGES, SEQ_SUM_NAMES, columns, merge_kind
 from analysis.summaries.sql import clamp_log_ratio_sql, log_cosh_half_sql, run_filter, token_filter
 
-SEQ_KEYS = ("run", "step", "sample")
 EXTREME_COLUMNS = ("ext_d", "ext_d2", "ext_r_hi", "ext_r_lo", "ext_ri_hi", "ext_ri_lo", "ext_rt")
 LOGPROB_COLUMNS = ("sum_s", "sum_t", "sum_js", "sum_rt")  # schema.SEQ_SUMS less n_lp_tokens
 
