@@ -605,6 +605,13 @@ def test_cli_as_and_its_errors(metrics_store_from, capsys):
     assert "kl_type: expected k1, k2 or k3" in capsys.readouterr().err
     assert main(["metrics", "--db", db, "--as", "verl", "--by", "layer"]) == 1
     assert "--as takes --by step or --by run" in capsys.readouterr().err
+    # chained rejection options and their thresholds, comma-separated as verl's config spells them
+    assert main(["metrics", "--db", db, "--run", "a", "--by", "run", "--as", "verl", "--param", "rollout_is=none",
+                 "--param", "rollout_rs=token_k2,seq_mean_k1", "--param", "rollout_rs_threshold=0.3,0.97_1.03"]) == 0
+    header = capsys.readouterr().out.splitlines()[0].split(",")
+    assert "rollout_corr/rollout_rs_token_k2_mean" in header and "rollout_corr/rollout_rs_masked_fraction" in header
+    assert main(["metrics", "--db", db, "--as", "prime-rl", "--param", "num_experts=x"]) == 1
+    assert "--param num_experts=x" in capsys.readouterr().err
 
 
 # -- our own version 3 columns (METRICS.md "More token columns"), r = e^clamp(Δ, ±20), plain means ------------
