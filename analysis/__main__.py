@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("corrections", help="what an off-policy correction would mask (METRICS.md Corrections)")
     _db_arg(p)
     p.add_argument("--run", action="append", default=None, help="run name (repeatable; default: all runs)")
-    p.add_argument("--method", required=True, choices=("tis", "icepop", "geo_rs", "seq_rs", "veto"))
+    p.add_argument("--method", required=True, choices=("tis", "icepop", "geo_rs", "seq_rs", "veto", "verl_rs"))
     p.add_argument("--param", action="append", default=[], metavar="K=V",
                    help="method parameter, e.g. --param alpha=0.5 (repeatable; defaults in METRICS.md)")
     p.add_argument("--by", choices=("step", "run"), default="step")

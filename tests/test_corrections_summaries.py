@@ -37,7 +37,7 @@ def no_rewards(tokens: pl.DataFrame) -> dict:
 
 def test_which_parameters_need_token_rows():
     # tis always: its weights min(r, C) are not clamped below (Σ w² from band sums would cancel where r << 1)
-    assert [m for m, p in CHOICES if C.reads_tokens(m, p)] == ["tis", "tis"]
+    assert [m for m, p in CHOICES if C.reads_tokens(m, p)] == ["tis"] * 3 + ["verl_rs"] * 4
     assert C.reads_tokens("tis", {"C": 1e12}) and C.reads_tokens("tis", {"C": 5.0})
     assert not C.reads_tokens("icepop", {"alpha": 0.8, "beta": 1.25})  # ln 0.8 = log1p(−0.2) up to the last bit
     assert C.reads_tokens("icepop", {"alpha": 0.6})

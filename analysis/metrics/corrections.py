@@ -37,7 +37,8 @@ class Method:
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("tis", {"C": 2.0}, "weight w = min(r, C); masks nothing", "verl token TIS, slime --use-tis"),
+    Method("tis", {"C": 2.0, "lo": 0.0}, "weight w = clamp(r, lo, C) (min(r, C) for lo = 0); masks nothing",
+           "verl token TIS, slime --use-tis (lo: slime --tis-clip-low, NeMo truncated_importance_sampling_ratio_min)"),
     Method("icepop", {"alpha": 0.5, "beta": 5.0}, "masks a token with r < alpha or r > beta",
            "IcePop (Ring-1T), NeMo icepop"),
     Method("geo_rs", {"lo": 0.999, "hi": 1.001}, "masks a sequence whose exp(mean Δ) is outside [lo, hi]",
@@ -48,6 +49,16 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "slime --rs-veto-threshold, verl veto"),
 )}
 
+# verl's current rejection (verl/trainer/ppo/rollout_corr_helper.py:156-372@b178a3cd): its parameters are text
+# (option names chained with commas, thresholds "lo_hi" or "hi"), so it is offered by the command line and the API,
+# not among METHODS (the simulator page's number inputs); always from token rows
+TEXT_METHODS: dict[str, Method] = {"verl_rs": Method(
+    "verl_rs", {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.999_1.001"},
+    "masks a token, or a whole sequence, that any of the chained verl rejection options rejects",
+    "verl rollout_rs / rollout_rs_threshold (b178a3cd): token_k1|k2|k3, seq_sum_k1|k2|k3, seq_mean_k1|k2|k3, "
+    "seq_max_k2|k3")}
+SEQ_EPS = 1e-8  # verl's masked_mean divides by (count + 1e-8) (verl/utils/torch_functional.py:301@b178a3cd)
+
 COLUMNS = ("method", "params", "run", "step", "n_tokens", "n_sequences", "masked_token_frac", "masked_seq_frac",
            "weight_mean", "ess_after", "masked_reward_mean", "kept_reward_mean", "masked_adv_pos_frac",
            "masked_adv_neg_frac")
@@ -56,8 +67,11 @@ COLUMNS = ("method", "params", "run", "step", "n_tokens", "n_sequences", "masked
 def resolve_params(method: str, params: Mapping[str, float] | None = None) -> dict[str, float]:
     """The method's parameters: its defaults overridden by `params`. ValueError names an unknown method or
     parameter, and a value that breaks the method's rule (bands must be positive and ordered)."""
+    if method in TEXT_METHODS:
+        return _resolve_text(method, params)
     if method not in METHODS:
-        raise ValueError(f"unknown correction method {method!r}; expected one of {', '.join(METHODS)}")
+        raise ValueError(f"unknown correction method {method!r}; expected one of "
+                         f"{', '.join([*METHODS, *TEXT_METHODS])}")
     m = METHODS[method]
     out = dict(m.defaults)
     for key, value in (params or {}).items():
@@ -68,13 +82,58 @@ def resolve_params(method: str, params: Mapping[str, float] | None = None) -> di
             out[key] = float(value)
         except (TypeError, ValueError):
             raise ValueError(f"{method} parameter {key!r} must be a number, got {value!r}") from None
-    if not all(v > 0 for v in out.values()):
-        raise ValueError(f"{method}: every parameter must be > 0, got {out}")
+    if not all(v > 0 or (method, k) == ("tis", "lo") and v == 0 for k, v in out.items()):
+        raise ValueError(f"{method}: every parameter must be > 0 (tis lo ≥ 0), got {out}")
+    if method == "tis" and not out["lo"] <= out["C"]:
+        raise ValueError(f"tis: lo must be <= C, got lo={out['lo']:g}, C={out['C']:g}")
     if method == "icepop" and not out["alpha"] < out["beta"]:
         raise ValueError(f"icepop: alpha must be < beta, got alpha={out['alpha']:g}, beta={out['beta']:g}")
     if method in ("geo_rs", "seq_rs") and not out["lo"] <= out["hi"]:
         raise ValueError(f"{method}: lo must be <= hi, got lo={out['lo']:g}, hi={out['hi']:g}")
     return out
+
+
+def _resolve_text(method: str, params) -> dict:
+    """verl_rs's parameters, checked as verl parses them (analysis.metrics.frameworks.verl.parse_rs)."""
+    from analysis.metrics.frameworks.verl import parse_rs
+    out = dict(TEXT_METHODS[method].defaults)
+    for key, value in (params or {}).items():
+        if key not in out:
+            raise ValueError(f"{method} has no parameter {key!r}; its parameters are "
+                             f"{', '.join(f'{k} (default {v})' for k, v in out.items())}")
+        out[key] = str(value).strip()
+    parse_rs(out["rollout_rs"], out["rollout_rs_threshold"])
+    return out
+
+
+def verl_options(values: Mapping) -> list[tuple[str, float, float]]:
+    """[(option, low, up)] of verl_rs: the bounds its statistic is compared with (ln of the ratio bounds for k1
+    options, RC:259-260, 335-336@b178a3cd; (0, upper) otherwise)."""
+    from analysis.metrics.frameworks.verl import parse_rs
+    out = []
+    for option, lower, upper in parse_rs(values["rollout_rs"], values["rollout_rs_threshold"]):
+        out.append((option, math.log(lower), math.log(upper)) if option.endswith("k1") else (option, 0.0, upper))
+    return out
+
+
+def _verl_rules(p: str, values: Mapping) -> tuple[str, str]:
+    """verl_rs's (token rule over cd, sequence rule over the per-sequence sums of `_VERL_AGGREGATES`): each option
+    keeps low ≤ x ≤ up for k1 and x ≤ up otherwise (RC:271-331); a token is masked when any option rejects it
+    or its sequence (RC:339, 365)."""
+    terms = {"k1": "(-cd)", "k2": "(0.5 * cd * cd)", "k3": "(exp(cd) - 1.0 - cd)"}
+    tok, seq = [], []
+    for j, (option, _, _) in enumerate(verl_options(values)):
+        kind, k = option.rsplit("_", 1)
+        x = terms[k] if kind == "token" else {
+            "seq_sum": f"s_{k}", "seq_mean": f"(s_{k} / (n_tok + {SEQ_EPS}))", "seq_max": f"x_{k}"}[kind]
+        fail = f"({x} > ${p}o{j}_up" + (f" OR {x} < ${p}o{j}_low)" if k == "k1" else ")")
+        (tok if kind == "token" else seq).append(fail)
+    return " OR ".join(tok) or "FALSE", " OR ".join(seq) or "FALSE"
+
+
+# per-sequence sums verl_rs's sequence options read, over cd = clamp(Δ, ±20) (RC:221-224, 232-243)
+_VERL_AGGREGATES = ("sum(-cd) AS s_k1, sum(0.5 * cd * cd) AS s_k2, sum(exp(cd) - 1.0 - cd) AS s_k3, "
+                    "max(0.5 * cd * cd) AS x_k2, max(exp(cd) - 1.0 - cd) AS x_k3")
 
 
 def parse_param_args(items: Sequence[str]) -> dict[str, float]:
@@ -105,13 +164,13 @@ def reads_tokens(method: str, params: Mapping[str, float] | None = None) -> bool
     alpha or beta whose ln lies strictly inside the clamp and off the summaries' band edges. Sequence rules never
     do."""
     p = resolve_params(method, params)
-    if method == "tis":
+    if method in ("tis", "verl_rs"):
         return True
     bounds = ("alpha", "beta") if method == "icepop" else ()
     return any(-CLAMP < log_threshold(p[k]) < CLAMP and log_threshold(p[k]) not in BAND_EDGES for k in bounds)
 
 
-def _rules(method: str, p: str) -> tuple[str, str]:
+def _rules(method: str, p: str, values: Mapping | None = None) -> tuple[str, str]:
     """(token rule, sequence rule) as SQL, parameters named `$<p><name>`: a token is masked by the token rule
     over its clamped log-ratio cd (icepop: r < alpha ⟺ cd < ln alpha, compared in log space as the summaries
     do); a sequence by the sequence rule over its aggregates sum_d, mean_d, min_r."""
@@ -124,12 +183,21 @@ def _rules(method: str, p: str) -> tuple[str, str]:
         return "FALSE", f"({seq_ratio} < ${p}lo OR {seq_ratio} > ${p}hi)"
     if method == "veto":
         return "FALSE", f"(min_r < ${p}tau)"
+    if method == "verl_rs":
+        return _verl_rules(p, values)
     return "FALSE", "FALSE"  # tis
 
 
 def _rule_params(i: int, method: str, values: Mapping[str, float], src: str) -> dict:
     """The query parameters of choice i's rules (`$m<i>_<name>`) on token rows or on summaries, the ones its SQL
     names and no others (DuckDB refuses a parameter the query does not use)."""
+    if method == "verl_rs":   # the bounds `_verl_rules` names: low for k1 options only
+        out = {}
+        for j, (option, low, up) in enumerate(verl_options(values)):
+            out[f"m{i}_o{j}_up"] = up
+            if option.endswith("k1"):
+                out[f"m{i}_o{j}_low"] = low
+        return out
     if method == "icepop":
         if src == "summaries":
             return seq_summaries.icepop_params(i, values, log_threshold)
@@ -137,13 +205,13 @@ def _rule_params(i: int, method: str, values: Mapping[str, float], src: str) -> 
     return {f"m{i}_{k}": v for k, v in values.items()}
 
 
-def _union_sql(methods: Sequence[str]) -> str:
+def _union_sql(methods: Sequence[str], values: Sequence[Mapping] | None = None) -> str:
     """Per (method index m, sequence) from `seq` (one row per sequence with sum_d, mean_d, min_r, n_tok and, per
     method i, n_tok_masked<i>, sum_weight<i>, n_kept<i>, sw<i>, sw2<i> over its tokens under the token rule):
     the sequence rule applied on top (a masked sequence masks all its tokens and keeps none)."""
     rows = []
     for i, method in enumerate(methods):
-        seq_rule = _rules(method, f"m{i}_")[1]
+        seq_rule = _rules(method, f"m{i}_", values[i] if values else None)[1]
         rows.append(f"""SELECT {i} AS m, run, step, sample, n_tok,
                CASE WHEN {seq_rule} THEN n_tok ELSE n_tok_masked{i} END AS n_masked,
                CASE WHEN {seq_rule} THEN 0.0 ELSE sum_weight{i} END AS sum_weight,
@@ -154,17 +222,17 @@ def _union_sql(methods: Sequence[str]) -> str:
     return "\n        UNION ALL ".join(rows)
 
 
-def _sequence_partials_sql(methods: Sequence[str], where: str) -> str:
+def _sequence_partials_sql(methods: Sequence[str], where: str, values: Sequence[Mapping] | None = None) -> str:
     """Per (method index m, sequence): counts and sums of the sequence's tokens under method m's rule, for every
     method from one pass over the token rows.
 
-    w_ess is the ESS weight of a kept token (min(r, C) for tis, clamp(r, 1/C, C) with C = 2 otherwise); weight
-    is the correction's weight (min(r, C) for tis, r for kept tokens of the masking methods)."""
+    w_ess is the ESS weight of a kept token (clamp(r, lo, C) for tis, clamp(r, 1/C, C) with C = 2 otherwise); weight
+    is the correction's weight (clamp(r, lo, C) for tis, r for kept tokens of the masking methods)."""
     masks, seq_cols = [], []
     for i, method in enumerate(methods):
-        token_rule = _rules(method, f"m{i}_")[0]
+        token_rule = _rules(method, f"m{i}_", values[i] if values else None)[0]
         if method == "tis":
-            w_ess = weight = f"least(r, $m{i}_C)"
+            w_ess = weight = f"greatest(least(r, $m{i}_C), $m{i}_lo)"
         else:
             w_ess, weight = clamp_sql("r", f"1.0 / {ESS_CAP}", str(ESS_CAP)), "r"
         masks.append(f"{token_rule} AS masked{i}")
@@ -173,15 +241,17 @@ def _sequence_partials_sql(methods: Sequence[str], where: str) -> str:
                        count_if(NOT masked{i}) AS n_kept{i},
                        sum(CASE WHEN masked{i} THEN 0.0 ELSE {w_ess} END) AS sw{i},
                        sum(CASE WHEN masked{i} THEN 0.0 ELSE {w_ess} * {w_ess} END) AS sw2{i}""")
+    if "verl_rs" in methods:
+        seq_cols.append(_VERL_AGGREGATES)
     return f"""
-        WITH tok AS (SELECT run, step, sample, d, exp(cd) AS r, {', '.join(masks)}
+        WITH tok AS (SELECT run, step, sample, d, cd, exp(cd) AS r, {', '.join(masks)}
                      FROM (SELECT run, step, sample, trainer_logprob - sampler_logprob AS d,
                                   {clamp_log_ratio_sql('trainer_logprob - sampler_logprob')} AS cd
                            FROM tokens WHERE {where})),
         seq AS (SELECT run, step, sample, count(*) AS n_tok, sum(d) AS sum_d, avg(d) AS mean_d, min(r) AS min_r,
                        {', '.join(seq_cols)}
                 FROM tok GROUP BY run, step, sample)
-        {_union_sql(methods)}"""
+        {_union_sql(methods, values)}"""
 
 
 def corrections(store: Store, runs: Sequence[str] | str, method: str, params: Mapping[str, float] | None = None,
@@ -189,8 +259,8 @@ def corrections(store: Store, runs: Sequence[str] | str, method: str, params: Ma
     """METRICS.md Corrections columns of one method per (run, step) (`by="step"`) or per run (`by="run"`).
 
     masked_token_frac = masked tokens / n_tokens; masked_seq_frac = sequences with a masked token / n_sequences;
-    weight_mean = mean over all tokens of the weight (min(r, C) for tis; r kept, 0 masked otherwise);
-    ess_after = (Σw)² / (n_kept · Σw²) over kept tokens (w = min(r, C) for tis, clamp(r, 1/2, 2) otherwise),
+    weight_mean = mean over all tokens of the weight (clamp(r, lo, C) for tis; r kept, 0 masked otherwise);
+    ess_after = (Σw)² / (n_kept · Σw²) over kept tokens (w = clamp(r, lo, C) for tis, clamp(r, 1/2, 2) otherwise),
     NULL when nothing is kept; masked/kept_reward_mean = mean reward of masked/kept sequences (NULL without
     rewards or such sequences); masked_adv_pos/neg_frac = masked tokens / tokens among sequences with advantage
     > 0 / < 0 (NULL without such tokens). Returns COLUMNS (without step for by="run"); empty groups give no row.
@@ -258,7 +328,7 @@ def _grouped(store: Store, runs, choices: Sequence[tuple[str, Mapping[str, float
         methods = [m for m, _ in mine]
         if src == "tokens":
             where, qp = token_filter(store, runs, steps, only_steps=only_steps)
-            partials = _sequence_partials_sql(methods, where)
+            partials = _sequence_partials_sql(methods, where, [v for _, v in mine])
         else:
             where, qp = run_filter(runs, steps)
             partials = f"WITH {seq_summaries.seq_ctes(methods, where)}\n        {_union_sql(methods)}"
@@ -306,12 +376,13 @@ QUANTITY_LABELS = {"token": "|Δ| per token", "seq_mean": "|mean Δ| per sequenc
 
 
 def band_log_width(method: str, params: Mapping[str, float] | None = None) -> float:
-    """How far the method's band reaches from Δ = 0 in log units, on its narrower side: ln C for tis,
+    """How far the method's band reaches from Δ = 0 in log units, on its narrower side: ln C for tis (with lo > 0
+    min(ln C, −ln lo)),
     min(−ln alpha, ln beta) for icepop, −ln tau for veto, min(−ln lo, ln hi) for geo_rs and seq_rs (0 when the
     band does not contain 1: such a band masks even identical log-probs)."""
     p = resolve_params(method, params)
     if method == "tis":
-        return math.log(p["C"])
+        return min(math.log(p["C"]), -math.log(p["lo"])) if p["lo"] > 0 else math.log(p["C"])
     if method == "veto":
         return max(0.0, -math.log(p["tau"]))
     lo, hi = (p["alpha"], p["beta"]) if method == "icepop" else (p["lo"], p["hi"])

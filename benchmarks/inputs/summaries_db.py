@@ -44,7 +44,7 @@ def build(path: Path) -> dict:
         FROM (SELECT i, i // {SEQS * LEN} AS st, 1.5 * ln(1.0 - random()) AS s,
                      0.05 * sqrt(-2.0 * ln(1.0 - random())) * cos(2.0 * pi() * random())
                      * CASE WHEN random() < 0.005 THEN 20.0 ELSE 1.0 END AS d
-              FROM range({STEPS * SEQS * LEN}) r(i))""")
+              FROM range({TOKEN_STEPS * SEQS * LEN}) r(i))""")
     t1 = time.perf_counter()
     # routing of the first ROUTED_LEN tokens of each step (samples 0..2, positions in order), file_id 1000 + ...;
     # stored compact as ingest stores it (the trainer's list only where it differs, the sampler's packed in one
@@ -62,7 +62,7 @@ def build(path: Path) -> dict:
                            ((i // {LAYERS}) % {ROUTED_LEN} % {LEN})::INTEGER AS pos, (i % {LAYERS})::INTEGER AS layer,
                            list_transform(range({K}), lambda j: ((hash(i) % {EXPERTS}) + j * 8 + 1)::INTEGER % {EXPERTS}) AS se,
                            random() < 0.03 AS sw
-                    FROM range({STEPS * ROUTED_LEN * LAYERS}) r(i)))""")
+                    FROM range({TOKEN_STEPS * ROUTED_LEN * LAYERS}) r(i)))""")
     con.execute(f"""INSERT INTO expert_load (run, step, layer, expert, n_sampler, n_trainer, file_id)
         SELECT '{RUN}', step, layer, e, count(*), count(*), 1000 + step // {FILE_STEPS}
         FROM (SELECT step, layer, unnest(sampler_experts) AS e FROM routing) GROUP BY ALL""")
@@ -86,6 +86,25 @@ def build(path: Path) -> dict:
     store.close()
     return {"tokens_s": t1 - t0, "routing_s": t2 - t1, "summaries_tokens_s": t3 - t2, "summaries_routing_s": t4 - t3,
             "computed_tokens": block * SEQS * LEN, "computed_routing": block * ROUTED_LEN * LAYERS}
+
+
+TOKEN_STEPS = STEPS  # steps that get token and routing rows (the summaries cover STEPS either way)
+
+
+def use_steps(steps: int, token_steps: int | None = None) -> None:
+    """Build and read a database of `steps` steps (a multiple of FILE_STEPS * COMPUTED_FILES; 400 = 40M tokens,
+    40 = 4M) instead of STEPS, kept in its own file. token_steps: only the first ones get token and routing rows
+    (at least the summarised block): the summaries of a 40M-token run over 4M token rows, for a busy machine
+    (what reads token rows then reads fewer)."""
+    global STEPS, TOKEN_STEPS, DB
+    block = FILE_STEPS * COMPUTED_FILES
+    token_steps = steps if token_steps is None else token_steps
+    if steps < block or steps % block or not block <= token_steps <= steps:
+        raise ValueError(f"steps must be a positive multiple of {block} and token_steps within [{block}, steps], "
+                         f"got {steps} and {token_steps}")
+    STEPS, TOKEN_STEPS = steps, token_steps
+    name = "bench_summaries" + ("" if steps == 400 else f"_{steps}")
+    DB = WORK / f"{name}{'' if token_steps == steps else f'_t{token_steps}'}.duckdb"
 
 
 def is_built(path: Path) -> bool:

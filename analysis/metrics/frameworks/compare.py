@@ -3,7 +3,8 @@ same quantity, and one line on why they differ (reducer, clamp, micro-batch, kl 
 
 Ours: `read.token_table` and `ours.more_token_columns` (r = e^clamp(Δ, ±20), plain token means, C = 2). Theirs:
 `framework_table(..., by="run")` with each view's defaults (verl: rollout_is token, threshold 2; verl-actor:
-micro-batches of 4 sequences; slime: per-sample means) unless a pair names a parameter (NeMo's kl_type).
+micro-batches of 4 sequences; slime: per-sample means) unless a pair names a parameter (NeMo's kl_type, slime's
+mis.py metrics). Routing pairs (prime-rl max_vio) only for runs with routing: ours from routing.routing_metrics.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Sequence
 
 import polars as pl
 
-from analysis.metrics import read
+from analysis.metrics import read, routing
 from analysis.metrics.frameworks import framework_table, ours
 from analysis.store import Store
 from analysis.summaries.sql import check_runs
@@ -27,6 +28,7 @@ EPS_NEMO = "NeMo divides by n + 1e-8"
 UNCLAMPED = "; Δ not clamped at ±20"
 ACTOR = "verl-actor: mean over micro-batches of 4 sequences"
 PER_SAMPLE = "slime averages per sample first (ours: over tokens)"
+MIS = {"tis_function": "mis"}  # slime with examples/train_infer_mismatch_helper/mis.py
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Pair:
     theirs: str                # a column of its framework_table
     reason: str                # why the two can differ, shown where they do
     params: dict = field(default_factory=dict)
+    routing: bool = False      # a routing quantity: only for runs with routing (ours from routing_metrics)
 
     @property
     def label(self) -> str:
@@ -85,6 +88,14 @@ PAIRS: tuple[Pair, ...] = (
     *(Pair(f"seq mult-prob error {s}", f"seq_mult_prob_error_{s}", "nemo", f"{s}_seq_mult_prob_error",
            "NeMo: Δ not clamped at ±20") for s in ("max", "mean", "min")),
     Pair("JS divergence", "js_divergence", "nemo", "js_divergence_error", EPS_NEMO),
+    Pair("KL k3", "kl_k3", "slime", "mis_k3_kl", PER_SAMPLE + UNCLAMPED, MIS),
+    Pair("KL k1", "kl_k1", "slime", "mis_kl", PER_SAMPLE, MIS),
+    Pair("training perplexity", "training_ppl", "slime", "mis_training_ppl", "rounding only (the same formula)", MIS),
+    Pair("sampler perplexity", "sampler_ppl", "slime", "mis_rollout_ppl", "rounding only (the same formula)", MIS),
+    Pair("χ² token", "chi2_token", "slime", "mis_chi2_token", PER_SAMPLE, MIS),
+    Pair("expert load max_vio", "load_max_vio_trainer", "prime-rl", "max_vio/mean",
+         "prime-rl drops the top_k most-loaded experts and counts every expert of the model (ours: the experts "
+         "seen)", routing=True),
     Pair("|p_t − p_s| mean", "prob_abs_diff_mean", "verl", "training/rollout_probs_diff_mean", "rounding only (the same formula)"),
     Pair("|p_t − p_s| max", "prob_abs_diff_max", "verl", "training/rollout_probs_diff_max", "rounding only (the same formula)"),
     Pair("Pearson(p_t, p_s)", "prob_pearson", "verl", "training/rollout_actor_probs_pearson_corr",
@@ -116,6 +127,9 @@ def comparison(store: Store, runs: Sequence[str], steps: tuple[int, int] | None 
     runs = check_runs(runs)
     tables = [read.token_table(store, runs, by="run", cap=CAP, steps=steps),
               ours.more_token_columns(store, runs, by="run", cap=CAP, steps=steps)]
+    routed = {r for r, trainer in store.routing_sides().items() if trainer and r in runs}  # trainer side: ours
+    if routed:
+        tables.append(routing.routing_metrics(store, sorted(routed), by="run", steps=steps, token_flips=False))
     mine = {r: {} for r in runs}
     for t in tables:
         for row in t.iter_rows(named=True):
@@ -130,8 +144,8 @@ def comparison(store: Store, runs: Sequence[str], steps: tuple[int, int] | None 
     for run in runs:
         for p in PAIRS:
             theirs_row = theirs[(p.framework, tuple(sorted(p.params.items())))].get(run)
-            if theirs_row is None or "n_tokens" not in mine[run]:
-                continue  # no tokens in the range
+            if theirs_row is None or "n_tokens" not in mine[run] or (p.routing and run not in routed):
+                continue  # no tokens in the range, or no routing
             a, b = mine[run].get(p.ours), theirs_row.get(p.theirs)
             rows.append((run, p.quantity, p.ours, a, p.label, p.theirs, b, SAME if agree(a, b) else p.reason))
     schema = dict(zip(COLUMNS, (pl.String, pl.String, pl.String, pl.Float64, pl.String, pl.String, pl.Float64,

@@ -8,7 +8,6 @@ kl_k3_std and kl_k3_median (the per-token term).
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
@@ -23,22 +22,22 @@ V3_COLUMNS = ("training_ppl", "sampler_ppl", "log_ppl_abs_diff", "ratio_std_clam
               "kl_k3_std", "kl_k3_median")
 
 
-def group_columns(q, cap: float) -> dict[str, float]:
-    """The summary- and sequence-derived V3_COLUMNS of one group (q: `inputs.arrays` of its sequences)."""
-    n, N = q["n"], q["n"].sum()
+def group_columns(q, g: I.Groups, cap: float) -> dict[str, np.ndarray]:
+    """The summary- and sequence-derived V3_COLUMNS of every group of `g` (q: `inputs.sequence_arrays`)."""
+    n, N = q["n"], g.add(q["n"])
     sw, sw2 = I.clamped_weight_sums(q, cap)
-    mean_w = sw.sum() / N
+    mean_w = g.add(sw) / N
     mpe = 1.0 + q["sum_mpe"] / n       # per sequence mean exp(|clamp Δ|)
     return {
-        "training_ppl": float(np.exp(-q["sum_t"] / n).mean()),
-        "sampler_ppl": float(np.exp(-q["sum_s"] / n).mean()),
-        "log_ppl_abs_diff": float(np.abs(q["sum_d"] / n).mean()),
+        "training_ppl": g.mean(np.exp(-q["sum_t"] / n)),
+        "sampler_ppl": g.mean(np.exp(-q["sum_s"] / n)),
+        "log_ppl_abs_diff": g.mean(np.abs(q["sum_d"] / n)),
         # population std of w = clamp(r, 1/C, C): Σ (w − 1)² / N − (Σ (w − 1) / N)², no cancellation near r = 1
-        "ratio_std_clamped": float(math.sqrt(max((sw2.sum() - 2.0 * sw.sum() + N) / N - (mean_w - 1.0) ** 2, 0.0))),
-        "ratio_abs_dev_mean": float((q["rm1_pos"] - q["rm1_neg"]).sum() / N),
-        "js_divergence": float(q["sum_js"].sum() / N),
-        "seq_mult_prob_error_max": float(mpe.max()), "seq_mult_prob_error_mean": float(mpe.mean()),
-        "seq_mult_prob_error_min": float(mpe.min()),
+        "ratio_std_clamped": np.sqrt(np.maximum((g.add(sw2) - 2.0 * g.add(sw) + N) / N - (mean_w - 1.0) ** 2, 0.0)),
+        "ratio_abs_dev_mean": g.add(q["rm1_pos"] - q["rm1_neg"]) / N,
+        "js_divergence": g.add(q["sum_js"]) / N,
+        "seq_mult_prob_error_max": g.max(mpe), "seq_mult_prob_error_mean": g.mean(mpe),
+        "seq_mult_prob_error_min": g.min(mpe),
     }
 
 
@@ -47,12 +46,16 @@ def more_token_columns(store: Store, runs: Sequence[str], by: str = "step", cap:
     """[run, (step,) V3_COLUMNS...] (METRICS.md version 3, "More token columns"), C = `cap` (schema.CAPS)."""
     if by not in ("step", "run"):
         raise ValueError(f"by must be 'step' or 'run', got {by!r}")
-    runs = check_runs(runs)
+    runs = sorted(set(check_runs(runs)))  # rows in run-name order
     keys = ["run", "step"] if by == "step" else ["run"]
-    seqs = I.sequence_inputs(store, runs, steps, cap, logprobs=True)
+    q = I.sequence_arrays(store, runs, steps, cap, logprobs=True, bands="group")
+    starts = I.group_starts(q, ["_run", "step"] if by == "step" else ["_run"])
+    g = I.Groups(starts)
     rows = []
-    for key, group in seqs.group_by(keys, maintain_order=True):
-        rows.append(dict(zip(keys, key)) | group_columns(I.arrays(group), cap))
+    if starts.size > 1:
+        head = {"run": [runs[i] for i in q["_run"][g.first].tolist()], "step": q["step"][g.first].tolist()}
+        vals = {k: v.tolist() for k, v in group_columns(q, g, cap).items()}
+        rows = [{k: head[k][i] for k in keys} | {c: vals[c][i] for c in vals} for i in range(g.first.size)]
     where, params = token_filter(store, runs, steps)
     k = ", ".join(keys)
     k3 = store.sql(f"""SELECT {k}, stddev_samp(k3) AS kl_k3_std, quantile_cont(k3, 0.5) AS kl_k3_median
