@@ -28,7 +28,7 @@ PAIR_LABELS = ("replay", "preset", "name", "run", "pair_of", "pair_kind")
 OUTSIDE_CLIP = 0.1  # clip_frac at ε = 0.1: the share of tokens with r outside [0.9, 1.1] (TRL #6789)
 
 
-def _configs(store: Store) -> dict[str, dict]:
+def run_configs(store: Store) -> dict[str, dict]:
     """{run: its config} for every run of the database, from one query."""
     out = {}
     for run, text in store.runs().select("run", "config").iter_rows():
@@ -43,7 +43,7 @@ def _configs(store: Store) -> dict[str, dict]:
 def trainer_self_runs(store: Store, configs: dict[str, dict] | None = None) -> dict[str, list[str]]:
     """{run: the runs ingested as its trainer-vs-trainer rerun (config pair_of = run, pair_kind = trainer_self)},
     for the runs that have one (and are in the database)."""
-    configs = _configs(store) if configs is None else configs
+    configs = run_configs(store) if configs is None else configs
     out: dict[str, list[str]] = {}
     for run, cfg in configs.items():
         of = cfg.get("pair_of")
@@ -82,6 +82,13 @@ def trainer_self_table(store: Store, runs: Sequence[str], steps: tuple[int, int]
     return pl.DataFrame(rows, schema=schema, orient="row") if rows else pl.DataFrame(schema=schema)
 
 
+def has_partners(store: Store, runs: Sequence[str]) -> bool:
+    """Whether some run of `runs` has a trainer-vs-trainer rerun or a replay group (what Compare's Pairs tab
+    shows)."""
+    configs = run_configs(store)
+    return bool(set(runs) & set(trainer_self_runs(store, configs))) or bool(replay_groups(store, runs, configs))
+
+
 def replay_mode(config: dict | None) -> str | None:
     """The run's routing-replay mode (config `replay`: none, ids or ids+weights; a boolean: false = none, true =
     ids), or None when the config does not say."""
@@ -101,7 +108,7 @@ def pairing_key(config: dict | None) -> str:
 def replay_groups(store: Store, runs: Sequence[str], configs: dict[str, dict] | None = None) -> list[dict[str, list[str]]]:
     """The replay groups holding some run of `runs`: {mode: its runs} over every run of the database whose config
     has a replay mode, grouped by pairing_key; only groups with at least two modes, one of them none."""
-    configs = _configs(store) if configs is None else configs
+    configs = run_configs(store) if configs is None else configs
     groups: dict[str, dict[str, list[str]]] = {}
     for run, cfg in configs.items():
         mode = replay_mode(cfg)

@@ -115,7 +115,8 @@ ACTIONS = {
     "retokenization": ("Keep the sampler's token ids for the trainer: the text was tokenized again between turns, "
                        "which is not numerics", "verl #3720, TRL #5224"),
     "per_turn": ("Look at what the environment adds before that turn (tool output, a new template) and how both "
-                 "sides tokenize and process it", "docs/DIAGNOSIS.md#cause-signatures (multi-turn rollouts)"),
+                 "sides tokenize and process it",
+                 "no published threshold: Driftscope's rule, docs/DIAGNOSIS.md#cause-signatures"),
     "trainer_self": ("Part of this mismatch is the trainer disagreeing with itself (batch size, chunking): "
                      "batch-invariant trainer kernels first; an engine fix cannot go below this level",
                      "TRL #6789 (trainer chunking alone moved 8.0% of tokens outside [0.9, 1.1], the engine 7.5%)"),
@@ -583,7 +584,7 @@ def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | No
     turned = [r for r in runs if sigs.get(r) and (sigs[r]["n_seg_first"] or 0) > 0]
     turns = buckets.mismatch_by(store, turned, "segment", steps=steps, metrics=["kl_k3", "log_ratio_abs_mean"]) \
         if turned else None
-    configs = pairs._configs(store)
+    configs = pairs.run_configs(store)
     selfs = pairs.trainer_self_table(store, runs, steps, configs)
     replays = pairs.replay_table(store, runs, steps, configs)
     corridors = gates.corridor_gates(store, runs, baselines, corridor or gates.Corridor(), steps, cap, clip) \
