@@ -212,3 +212,15 @@ def test_runs_without_segments_stay_silent(tmp_path):
     assert row["n_seg_first"] == 0 and row["boundary_low_share"] is None
     assert not {"retokenization", "per_turn"} & {f.kind for f in F.findings_many(store, ["flat"])["flat"]}
     store.close()
+
+
+def test_cli_findings_print_the_new_kinds(db, tmp_path, capsys):
+    from analysis.__main__ import main
+    _, frames = db
+    store = metrics_load(tmp_path, pl.concat([frames["turns"], frames["retok"]]))
+    path = str(store.path)
+    store.close()
+    assert main(["findings", "--db", path, "--run", "turns", "--run", "retok"]) == 0
+    text = capsys.readouterr().out
+    assert "] per_turn: Turn 2 of 3" in text and "kl_k3_by_turn = [" in text
+    assert "[warn] retokenization:" in text and "see: /token_drift?" in text
