@@ -105,7 +105,8 @@ def pairing_key(config: dict | None) -> str:
     return json.dumps({k: v for k, v in (config or {}).items() if k not in PAIR_LABELS}, sort_keys=True, default=str)
 
 
-def replay_groups(store: Store, runs: Sequence[str], configs: dict[str, dict] | None = None) -> list[dict[str, list[str]]]:
+def replay_groups(store: Store, runs: Sequence[str],
+                  configs: dict[str, dict] | None = None) -> list[dict[str, list[str]]]:
     """The replay groups holding some run of `runs`: {mode: its runs} over every run of the database whose config
     has a replay mode, grouped by pairing_key; only groups with at least two modes, one of them none."""
     configs = run_configs(store) if configs is None else configs

@@ -66,14 +66,16 @@ RULES = {
     "rising_trend": f"≥ {TREND_MIN_STEPS} steps, median kl_k3 of the last third ≥ {TREND_RATIO:g}× the first third, "
                     f"and Spearman(step, kl_k3) ≥ {TREND_RANK_CORR:g}",
     "first_token": f"tokens at response position 0 carry ≥ {FIRST_TOKEN_SHARE:.0%} of Σ k3 (first_token_kl_share) and "
-                   f"their kl_k3 is ≥ {CONCENTRATION:g}× that of the other positions (token rows)",
+                   f"their kl_k3 is ≥ {CONCENTRATION:g}× that of the other positions (summaries)",
     "lattice": f"≥ {LATTICE_SHARE:.0%} of the tokens with Δ ≠ 0 (at least {LATTICE_MIN}) have Δ on a non-zero multiple of "
-               f"q = {residual.LATTICE_Q:g} within {residual.LATTICE_TOL:g} (token rows)",
-    "retokenization": f"≥ {RETOK_MIN} tokens at the first position of a segment (turn) have Δ < {residual.BOUNDARY_LOW:g}, "
-                      f"and their share (boundary_low_share) is ≥ {RETOK_RATIO:g}× that of the other tokens with a "
-                      "segment (elsewhere_low_share)",
-    "per_turn": f"of ≥ 2 turns (segments), one carries ≥ {CARRY_SHARE:.0%} of Σ k3 with a kl_k3 ≥ {CONCENTRATION:g}× that "
-                "of the other turns' tokens (token rows; not reported where retokenization explains it)",
+               f"q = {residual.LATTICE_Q:g} within {residual.LATTICE_TOL:g} (summaries where they settle it, else "
+               "token rows)",
+    "retokenization": f"≥ {RETOK_MIN} tokens at the first position of a segment (turn) have Δ < "
+                      f"{residual.BOUNDARY_LOW:g}, and their share (boundary_low_share) is ≥ {RETOK_RATIO:g}× that of "
+                      "the other tokens with a segment (elsewhere_low_share)",
+    "per_turn": f"of ≥ 2 turns (segments), one carries ≥ {CARRY_SHARE:.0%} of Σ k3 with a kl_k3 ≥ "
+                f"{CONCENTRATION:g}× that of the other turns' tokens (token rows; not reported where retokenization "
+                "explains it)",
     "trainer_self": f"a trainer-vs-trainer rerun of the run's tokens (ingest --pair-of RUN) has a kl_k3 ≥ "
                     f"{SELF_SHARE:.0%} of the run's",
     "replay_residue": "the run's config has replay = ids or ids+weights and a run of the same config apart from "
