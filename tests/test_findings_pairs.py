@@ -74,6 +74,17 @@ def test_ingest_pair_of_records_the_pairing(paired, capsys):
     assert pairs.trainer_self_runs(store) == {"eng": ["eng-trainer-self"], "eng2": ["eng2-rerun"],
                                               "control": ["control-trainer-self"]}
     store.close()
+    # a rerun keeps the config it came with, and is no run of that configuration (no peer in its band)
+    from analysis.commands import mark_pairs
+    from analysis.findings import gates
+    from analysis.ingest.units import Outcome
+    store = Store(path)
+    store.set_run_config("eng2-rerun", {"model": "m", "dtype": "bf16"})
+    assert mark_pairs(store, "eng2", [Outcome("f", "loaded", runs=["eng2-rerun", "eng2"])]) == ["eng2-rerun"]
+    assert store.run_config("eng2-rerun") == {"model": "m", "dtype": "bf16", "pair_of": "eng2",
+                                              "pair_kind": "trainer_self"}
+    assert gates.config_key(store.run_config("eng2-rerun")) is None and gates.config_key({"model": "m"})
+    store.close()
     assert main(["ingest", "x.parquet", "--db", path, "--pair-of", "nope"]) == 2
     assert "--pair-of: no run named 'nope'" in capsys.readouterr().err
     assert main(["ingest", "x.parquet", "--db", path, "--pair-of", "eng", "--run", "eng"]) == 2
