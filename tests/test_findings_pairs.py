@@ -145,7 +145,7 @@ def test_replay_groups_pair_runs_by_config(replays):
     store, _ = replays
     assert pairs.replay_groups(store, ["ids"]) == [{"none": ["live"], "ids": ["ids"], "ids+weights": ["idsw"]}]
     assert pairs.replay_groups(store, ["other_seed", "control"]) == []
-    assert pairs.replay_mode({"replay": True}) == "ids" and pairs.replay_mode({"replay": "IDS+weights"}) == \
+    assert pairs.replay_mode({"replay": True}) is None and pairs.replay_mode({"replay": "IDS+weights"}) == \
         "ids+weights" and pairs.replay_mode({"replay": "r3"}) is None and pairs.replay_mode({}) is None
 
 

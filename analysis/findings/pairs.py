@@ -90,11 +90,9 @@ def has_partners(store: Store, runs: Sequence[str]) -> bool:
 
 
 def replay_mode(config: dict | None) -> str | None:
-    """The run's routing-replay mode (config `replay`: none, ids or ids+weights; a boolean: false = none, true =
-    ids), or None when the config does not say."""
+    """The run's routing-replay mode (config `replay`: none, ids or ids+weights, any case), or None when the config
+    does not say. A boolean (the lab's before it had three modes) says too little: true may be either replay."""
     v = (config or {}).get("replay")
-    if isinstance(v, bool):
-        return "ids" if v else "none"
     if isinstance(v, str) and v.strip().lower() in REPLAY_MODES:
         return v.strip().lower()
     return None
