@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--map", action="append", default=[], metavar="COLUMN=FIELD",
                    help="JSON Lines / Parquet whose keys match no format: the field holding a SCHEMA column "
                         "(repeatable), e.g. --map sampler_logprob=rollout_logprobs (docs/frameworks.md)")
+    p.add_argument("--pair-of", default=None, metavar="RUN",
+                   help="the files are a trainer-vs-trainer rerun of RUN's tokens: stored as a run paired with RUN "
+                        "(config pair_of, pair_kind trainer_self; run name: --run, default RUN-trainer-self)")
     _db_arg(p)
     p = sub.add_parser("runs", help="list runs (CSV)")
     _db_arg(p)
@@ -169,6 +172,14 @@ def _ingest(db, args) -> int:
     logging.basicConfig(level=logging.DEBUG if settings.DEBUG.read() else logging.CRITICAL,
                         format="%(levelname)s %(name)s: %(message)s")
     store = open_store(db, memory_limit=settings.MEMORY_LIMIT.read() or INGEST_MEMORY_LIMIT)
+    if args.pair_of is not None:
+        from analysis.commands import pair_run_name
+        try:
+            args.run = pair_run_name(store, args.pair_of, args.run)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            store.close()
+            return 2
     bar = TerminalProgress()
     if bar.enabled:
         from analysis.ingest.warm import compiled
@@ -186,6 +197,10 @@ def _ingest(db, args) -> int:
         print(outcome.line(), file=sys.stdout if outcome.status in ("loaded", "skipped") else sys.stderr)
         failed += outcome.status == "refused"
         errors += outcome.status == "error"
+    if args.pair_of is not None:
+        from analysis.commands import mark_pairs
+        for run in mark_pairs(store, args.pair_of, [o for o in outcomes if o.status == "loaded"]):
+            print(f"paired {run} with {args.pair_of} (trainer_self)")
     store.close()
     return 3 if errors else 1 if failed else 0
 

@@ -92,6 +92,29 @@ def _findings(store: Store, runs: list[str], args) -> int:
     return 0
 
 
+def pair_run_name(store: Store, of: str, run: str | None) -> str:
+    """The run name of a trainer-vs-trainer rerun of `of` (`ingest --pair-of`): `run`, or `of`-trainer-self;
+    refuses a missing `of` and a rerun named as `of` itself (its rows would join the run they are compared with)."""
+    known = store.run_names()
+    if of not in known:
+        raise ValueError(f"--pair-of: no run named {of!r} in {store.path} (runs: {', '.join(known) or 'none'}); "
+                         "ingest the run first")
+    name = run or f"{of}-trainer-self"
+    if name == of:
+        raise ValueError(f"--pair-of {of}: the rerun needs a name of its own (--run NAME), not {of!r}")
+    return name
+
+
+def mark_pairs(store: Store, of: str, loaded) -> list[str]:
+    """Record in each run loaded by `loaded` (ingest Outcomes) that it is a trainer-vs-trainer rerun of `of`:
+    config pair_of = of, pair_kind = trainer_self (the rest of its config kept). Returns those runs."""
+    from analysis.findings.pairs import TRAINER_SELF
+    runs = sorted({r for o in loaded for r in o.runs if r != of})
+    for run in runs:
+        store.set_run_config(run, store.run_config(run) | {"pair_of": of, "pair_kind": TRAINER_SELF})
+    return runs
+
+
 def _write(df, fmt: str) -> None:
     sys.stdout.write(df.write_csv() if fmt == "csv" else df.write_json() + "\n")
 

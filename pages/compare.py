@@ -1,6 +1,7 @@
 """Compare: what differs between runs (configs), how much the mismatch changes, and the overlaid distributions."""
 import streamlit as st
 
+from analysis.findings import pairs
 from analysis.metrics import compare, dashboard, distributions, routing
 from ui import auth, charts, glossary, plot, routing_charts
 from ui import state as S
@@ -26,7 +27,8 @@ with S.guard("compare the configs"):
 
 both = [r for r, kind in S.cached(dashboard.routing_kinds, sel.runs).items() if kind == "both"]
 S.remember("compare_baseline", "compare_metrics")
-labels = ["Metric deltas", "Distributions"] + (["Routing"] if both else [])
+partnered = S.cached(pairs.has_partners, sel.runs)
+labels = ["Metric deltas", "Distributions"] + (["Routing"] if both else []) + (["Pairs"] if partnered else [])
 tabs = S.tabs(labels, key="compare_tab")  # only the open tab runs its queries
 
 if tabs[0].open:
@@ -78,3 +80,24 @@ if both and tabs[2].open:
         st.markdown("**Routing flip rate per layer**")
         df = S.cached(routing.layer_profile, both, steps=sel.steps)
         plot.show(routing_charts.layer_profile(df, colors), key="compare_layers")
+
+if partnered and tabs[-1].open:
+    with tabs[-1]:
+        with S.guard("compare the trainer with itself"):
+            own = S.cached(pairs.trainer_self_table, sel.runs, steps=sel.steps)
+            if not own.is_empty():
+                st.markdown("**The trainer against itself**")
+                st.dataframe(own, hide_index=True, key="compare_self_table", column_config=S.number_columns(own))
+                st.caption("A rerun of the trainer on the same tokens (`ingest FILES --pair-of RUN`): its mismatch "
+                           "with itself beside the engine's. self_share = its kl_k3 / the run's; outside_0_9_1_1 = "
+                           "tokens with r outside [0.9, 1.1] (TRL #6789: 8.0 % from trainer chunking alone).")
+        with S.guard("compare the replay modes"):
+            replay = S.cached(pairs.replay_table, sel.runs, steps=sel.steps)
+            if not replay.is_empty():
+                st.markdown("**What routing replay removed, and what remains**")
+                st.dataframe(replay, hide_index=True, key="compare_replay_table",
+                             column_config=S.number_columns(replay))
+                st.caption("Runs of one config apart from `replay` (none, ids, ids+weights; labels such as preset "
+                           "ignored), from the whole database: kl_k3 removed against the group's none runs, and the "
+                           "remaining mismatch's signatures (share of Σ k3 on the first token, of Δ ≠ 0 on "
+                           "multiples of 0.125, of Δ < −10 at turn starts and elsewhere).")

@@ -2,7 +2,7 @@
 step ranges (waterfall), what each off-policy correction would mask (simulator), and the published gates."""
 import streamlit as st
 
-from analysis.findings import decomposition, gates
+from analysis.findings import decomposition, gates, pairs
 from analysis.findings import ranking as findings
 from analysis.metrics import corrections, dashboard, drilldown, sampled
 from ui import auth, findings_charts, nav, plot
@@ -86,6 +86,25 @@ def cards_tab() -> None:
                 with st.expander(f"{len(rest)} more (info)"):
                     for group in grouped(rest):
                         finding_card(group)
+    partners()
+
+
+def partners() -> None:
+    """The trainer against itself and the replay groups beside the engine's numbers (findings/pairs.py)."""
+    with S.guard("read the partner runs"):
+        own = S.cached(pairs.trainer_self_table, sel.runs, steps=sel.steps)
+        replay = S.cached(pairs.replay_table, sel.runs, steps=sel.steps)
+        if own.is_empty() and replay.is_empty():
+            return
+        st.markdown("**Against partner runs**")
+        if not own.is_empty():
+            st.dataframe(own, hide_index=True, key="findings_self_table", column_config=S.number_columns(own))
+            st.caption("The trainer against itself on the same tokens (`ingest --pair-of`) beside the engine's "
+                       "mismatch: trainer_self fires when its kl_k3 is 30 % of the run's or more.")
+        if not replay.is_empty():
+            st.dataframe(replay, hide_index=True, key="findings_replay_table", column_config=S.number_columns(replay))
+            st.caption("kl_k3 each routing-replay mode removed against the runs of the same config without replay, "
+                       "and the signatures of what remains (Compare, Pairs).")
 
 
 def baselines() -> list[str]:

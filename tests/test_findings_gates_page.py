@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from helpers.apptest import app_env, errors, open_app, open_tab, texts
-from helpers.data import metrics_load
+from helpers.data import metrics_db
 
 pytestmark = pytest.mark.slow
 CFG = {"model": "m", "dtype": "bf16", "engine": "vllm"}
@@ -29,12 +29,7 @@ def _run(run: str, seed: int, sd: float, outlier: bool = False) -> pl.DataFrame:
 def db(tmp_path, monkeypatch):
     app_env(monkeypatch)
     frames = [_run("base1", 1, 0.05), _run("base2", 2, 0.05), _run("base3", 3, 0.05), _run("spiky", 4, 0.05, True)]
-    store = metrics_load(tmp_path, pl.concat(frames))
-    for run in ("base1", "base2", "base3", "spiky"):
-        store.set_run_config(run, CFG)
-    path = store.path
-    store.close()
-    return path
+    return metrics_db(tmp_path, pl.concat(frames), {run: CFG for run in ("base1", "base2", "base3", "spiky")})
 
 
 def test_gates_tab_shows_corridors_and_the_configuration_band(monkeypatch, db):

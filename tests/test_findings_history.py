@@ -16,6 +16,7 @@ from analysis.findings import ranking as F
 from analysis.summaries import schema as S
 
 from helpers.data import metrics_load
+from helpers.reference import delta_bins
 
 CFG = {"model": "qwen3-30b", "dtype": "bf16", "engine": "vllm"}
 
@@ -154,20 +155,12 @@ def test_one_outlier_token_reads_as_one(db):
     assert f.severity == "warn" and "1 of 720 tokens beyond it" in f.title and "outlier tokens" in f.title
 
 
-def _bins(d: np.ndarray) -> np.ndarray:
-    """The schema's bin of each Δ (summaries/schema.py): 2·#{E < d} + (1 if d is an edge)."""
-    e = np.asarray(S.D_EDGES)
-    below = np.searchsorted(e, d, side="left")
-    on = (below < len(e)) & (e[np.minimum(below, len(e) - 1)] == d)
-    return 2 * below + on
-
-
 @pytest.mark.parametrize("seed", range(3))
 def test_tokens_beyond_brackets_the_exact_count(seed):
     rng = np.random.default_rng(seed)
     e = np.asarray(S.D_EDGES)
     d = np.concatenate([rng.normal(0, 0.3, 2000), rng.choice(e[(np.abs(e) < 3)], 200)])  # some exactly on edges
-    b = _bins(d)
+    b = delta_bins(d)
     counts = pl.DataFrame({"bin": b, "n": np.ones(len(b), np.int64)}).group_by("bin").agg(pl.col("n").sum())
     for x in [0.05, 0.1, float(e[e > 0.2][0]), 0.7, 2.0]:
         lo, hi, n = gates.tokens_beyond(counts, "abs", x)

@@ -275,8 +275,10 @@ MIN_PEERS = 3  # fewer runs of a configuration make no band
 
 def config_key(config: dict | None) -> tuple | None:
     """The values of CONFIG_KEYS in a run's config (strings as given; a missing key is None), or None when the
-    config has none of them (such runs are compared with nothing)."""
+    config has none of them or is a rerun paired with another run (pair_of): such runs are compared with nothing."""
     config = config or {}
+    if config.get("pair_of") is not None:  # a trainer-vs-trainer rerun (ingest --pair-of) is no run of the config
+        return None
     key = tuple(None if config.get(k) is None else str(config.get(k)) for k in CONFIG_KEYS)
     return None if all(v is None for v in key) else key
 

@@ -19,14 +19,15 @@ from urllib.parse import urlencode
 import numpy as np
 import polars as pl
 
-from analysis.findings import decomposition, gates, residual
+from analysis.findings import decomposition, gates, pairs, residual
 from analysis.metrics import buckets, corrections, dashboard, routing, sampled
 from analysis.store import Store
 from analysis.summaries import checks, sql
 
 SEVERITIES = ("alert", "warn", "info")
-KINDS = ("position_shift", "sampling_params", "staleness", "routing_flips", "low_probability_tokens", "long_sequences", "spikes", "rising_trend",
-         "first_token", "lattice", "step0_mismatch", "corridor", "band_violation", "unusual_for_config", "noise_floor",
+KINDS = ("position_shift", "sampling_params", "retokenization", "staleness", "trainer_self", "routing_flips",
+         "low_probability_tokens", "long_sequences", "spikes", "rising_trend", "first_token", "lattice", "per_turn",
+         "step0_mismatch", "corridor", "band_violation", "replay_residue", "unusual_for_config", "noise_floor",
          "healthy")
 
 # Thresholds of the rules (each named in RULES)
@@ -45,6 +46,9 @@ SEQ_NEAR_CLAMP = 10.0    # |ΣΔ| ≥ 10 = half the clamp (20): the sequence rat
 FIRST_TOKEN_SHARE = 0.3  # position 0 carries ≥ 30% of Σ k3 (one position of many) ...
 LATTICE_SHARE = 0.5      # half the tokens with Δ ≠ 0 sit on a non-zero multiple of q
 LATTICE_MIN = 20         # ... of at least this many such tokens
+RETOK_MIN = 3            # at least this many segment-first tokens with Δ < −10 ...
+RETOK_RATIO = 10.0       # ... and their share ≥ 10× the share of Δ < −10 among the other tokens with a segment
+SELF_SHARE = 0.3         # the trainer against itself reaches ≥ 30% of the run's kl_k3
 OUTLIER_TOKENS = 3       # a max-type gate crossed by at most this many tokens reads as outliers, not the distribution
 
 RULES = {
@@ -62,9 +66,20 @@ RULES = {
     "rising_trend": f"≥ {TREND_MIN_STEPS} steps, median kl_k3 of the last third ≥ {TREND_RATIO:g}× the first third, "
                     f"and Spearman(step, kl_k3) ≥ {TREND_RANK_CORR:g}",
     "first_token": f"tokens at response position 0 carry ≥ {FIRST_TOKEN_SHARE:.0%} of Σ k3 (first_token_kl_share) and "
-                   f"their kl_k3 is ≥ {CONCENTRATION:g}× that of the other positions (token rows)",
+                   f"their kl_k3 is ≥ {CONCENTRATION:g}× that of the other positions (summaries)",
     "lattice": f"≥ {LATTICE_SHARE:.0%} of the tokens with Δ ≠ 0 (at least {LATTICE_MIN}) have Δ on a non-zero multiple of "
-               f"q = {residual.LATTICE_Q:g} within {residual.LATTICE_TOL:g} (token rows)",
+               f"q = {residual.LATTICE_Q:g} within {residual.LATTICE_TOL:g} (summaries where they settle it, else "
+               "token rows)",
+    "retokenization": f"≥ {RETOK_MIN} tokens at the first position of a segment (turn) have Δ < "
+                      f"{residual.BOUNDARY_LOW:g}, and their share (boundary_low_share) is ≥ {RETOK_RATIO:g}× that of "
+                      "the other tokens with a segment (elsewhere_low_share)",
+    "per_turn": f"of ≥ 2 turns (segments), one carries ≥ {CARRY_SHARE:.0%} of Σ k3 with a kl_k3 ≥ "
+                f"{CONCENTRATION:g}× that of the other turns' tokens (token rows; not reported where retokenization "
+                "explains it)",
+    "trainer_self": f"a trainer-vs-trainer rerun of the run's tokens (ingest --pair-of RUN) has a kl_k3 ≥ "
+                    f"{SELF_SHARE:.0%} of the run's",
+    "replay_residue": "the run's config has replay = ids or ids+weights and a run of the same config apart from "
+                      "replay has none: kl_k3 removed against it, and what remains",
     "corridor": "a metric outside ref − max(rel_down·|ref|, floor) … ref + max(rel_up·|ref|, floor) around the mean of "
                 "the baseline runs (--baseline; defaults rel_up 0.5, rel_down 0.8, floor 0.02), or NaN; a max-type "
                 f"metric names the tokens beyond the edge (≤ {OUTLIER_TOKENS}: outliers, not the distribution)",
@@ -99,6 +114,17 @@ ACTIONS = {
     "lattice": ("Δ in exact steps of q is a low-precision grid (FP8 steps of 0.125): keep the log-prob path (LM head, "
                 "log-softmax) out of FP8 on the side that quantises",
                 "miles #2722 (TE-FP8 differences in exact steps of 0.125)"),
+    "retokenization": ("Keep the sampler's token ids for the trainer: the text was tokenized again between turns, "
+                       "which is not numerics", "verl #3720, TRL #5224"),
+    "per_turn": ("Look at what the environment adds before that turn (tool output, a new template) and how both "
+                 "sides tokenize and process it",
+                 "no published threshold: Driftscope's rule, docs/DIAGNOSIS.md#cause-signatures"),
+    "trainer_self": ("Part of this mismatch is the trainer disagreeing with itself (batch size, chunking): "
+                     "batch-invariant trainer kernels first; an engine fix cannot go below this level",
+                     "TRL #6789 (trainer chunking alone moved 8.0% of tokens outside [0.9, 1.1], the engine 7.5%)"),
+    "replay_residue": ("What replay leaves is not routing: read the remaining signatures (first token, lattice) "
+                       "for the next fix", "miles #2722 (ids-only replay 0.369 → 0.139 mean |Δ|; the rest on the "
+                       "first token and an FP8 grid); prime-rl #3543"),
     "corridor": ("Compare this run's config with the baseline runs' (Compare page); a corridor tripped by a few "
                  "tokens points at those tokens (Token drift, extreme tokens), not at the whole run",
                  "miles docs/ci/03-metric-history-gate.md; NeMo RL #4080 (a max-type gate read 464.6 from one token)"),
@@ -118,6 +144,7 @@ TOKENS_WHERE = ("token_drift", {"tokens_tab": "Where the mismatch lives"})
 TOKENS_DIST = ("token_drift", {})  # its first tab: the Δ histogram
 ROUTING_TOKENS = ("routing", {"routing_tab": "Flips per token"})
 OVERVIEW = ("overview", {})
+PAIRS = ("compare", {"compare_tab": "Pairs"})  # Compare's tab of trainer-self reruns and replay groups
 FINDINGS_TABS = ("Waterfall", "Correction simulator", "Gates")  # the Findings page's other tabs (query-bound)
 WATERFALL = ("findings", {"findings_tab": FINDINGS_TABS[0]})
 SIMULATOR = ("findings", {"findings_tab": FINDINGS_TABS[1]})
@@ -157,7 +184,7 @@ class Finding:
 
 # Token drift's grouping radio binds its shown label to the URL (ui/glossary.DIMENSIONS; a test keeps them equal)
 TOKENS_DIM_LABELS = {"prob": "sampler probability exp(s)", "length": "response length", "lag": "staleness (lag)",
-                     "position": "position in the response"}
+                     "position": "position in the response", "segment": "turn"}
 
 
 def _where(dim: str) -> tuple[str, dict]:
@@ -421,6 +448,79 @@ def _lattice(run, sig: dict | None) -> list[Finding]:
                     {"lattice_share": share, "q": sig["q"], "n_nonzero": sig["n_nonzero"]}, *TOKENS_DIST, share)]
 
 
+def _retokenization(run, sig: dict | None) -> list[Finding]:
+    if not sig or sig["boundary_low_share"] is None or (sig["n_seg_first_low"] or 0) < RETOK_MIN:
+        return []
+    at, rest = sig["boundary_low_share"], sig["elsewhere_low_share"] or 0.0
+    if rest > 0 and at < RETOK_RATIO * rest:
+        return []
+    page, query = _where("segment")
+    return [Finding(run, "retokenization", "warn", f"{sig['n_seg_first_low']} of {sig['n_seg_first']} turn starts "
+                    f"({at:.1%}) have Δ < {residual.BOUNDARY_LOW:g}, against {rest:.2%} of the other tokens: the "
+                    "text was tokenized again between turns",
+                    {"boundary_low_share": at, "elsewhere_low_share": rest, "n_seg_first": sig["n_seg_first"],
+                     "n_seg_first_low": sig["n_seg_first_low"], "n_seg_rest": sig["n_seg_rest"],
+                     "from": sig["segments_from"]}, page, query, at)]
+
+
+def _per_turn(run, turns: pl.DataFrame, cause_sev) -> list[Finding]:
+    if turns.height < 2:
+        return []
+    t = _mass(turns)
+    total, n = t["mass"].sum(), t["n_tokens"].sum()
+    worst = t.sort("kl_k3", descending=True, nulls_last=True).row(0, named=True)
+    share = worst["mass"] / total if total > 0 else 0.0
+    others = n - worst["n_tokens"]
+    k_rest = (total - worst["mass"]) / others if others else 0.0
+    if share < CARRY_SHARE or (k_rest > 0 and worst["kl_k3"] < CONCENTRATION * k_rest):
+        return []
+    ratio = worst["kl_k3"] / k_rest if k_rest > 0 else math.inf
+    page, query = _where("segment")
+    by_turn = {int(r["bucket"]): r for r in t.sort("bucket").iter_rows(named=True)}
+    return [Finding(run, "per_turn", cause_sev(share), f"Turn {int(worst['bucket'])} of {t.height} carries "
+                    f"{share:.1%} of the mismatch: kl_k3 {worst['kl_k3']:.3g} vs {k_rest:.3g} in the other turns"
+                    + (f" ({ratio:.0f}×)" if math.isfinite(ratio) else "") + f", mean |Δ| "
+                    f"{worst['log_ratio_abs_mean']:.3g}",
+                    {"turn": int(worst["bucket"]), "share_of_kl": share, "kl_k3_turn": worst["kl_k3"],
+                     "kl_k3_other_turns": k_rest, "kl_k3_by_turn": [by_turn[b]["kl_k3"] for b in by_turn],
+                     "abs_delta_by_turn": [by_turn[b]["log_ratio_abs_mean"] for b in by_turn]}, page, query, share)]
+
+
+def _trainer_self(run, rows: pl.DataFrame, cause_sev) -> list[Finding]:
+    out = []
+    for p in rows.iter_rows(named=True):
+        share = p["self_share"]
+        if share is None or share < SELF_SHARE:
+            continue
+        out.append(Finding(run, "trainer_self", cause_sev(min(share, 1.0)), f"The trainer disagrees with itself "
+                           f"as much as {share:.0%} of the engine mismatch: kl_k3 {p['kl_k3_self']:.3g} "
+                           f"({p['trainer_self_run']}, trainer vs trainer) vs {p['kl_k3']:.3g}; tokens outside "
+                           f"r ∈ [0.9, 1.1]: {p['outside_0_9_1_1_self']:.2%} vs {p['outside_0_9_1_1']:.2%}",
+                           {k: p[k] for k in ("trainer_self_run", "self_share", "kl_k3", "kl_k3_self",
+                                              "outside_0_9_1_1", "outside_0_9_1_1_self", "n_tokens",
+                                              "n_tokens_self")}, *PAIRS, min(share, 1.0)))
+    return out
+
+
+def _replay_residue(run, rows: pl.DataFrame) -> list[Finding]:
+    out = []
+    for r in rows.filter(pl.col("replay") != "none").iter_rows(named=True):
+        if r["removed_share"] is None:
+            continue
+        left = [f"{r['first_token_kl_share']:.0%} of it on the first token"
+                if (r["first_token_kl_share"] or 0) >= FIRST_TOKEN_SHARE else "",
+                f"{r['lattice_share']:.0%} of Δ ≠ 0 on multiples of {residual.LATTICE_Q:g}"
+                if (r["lattice_share"] or 0) >= LATTICE_SHARE else ""]
+        left = [x for x in left if x]
+        out.append(Finding(run, "replay_residue", "info", f"{r['replay']} replay removed {r['removed_share']:.0%} of "
+                           f"kl_k3 ({r['kl_k3_baseline']:.3g} → {r['kl_k3']:.3g}, against {r['baseline']})"
+                           + (f"; what remains: {', '.join(left)}" if left else ""),
+                           {k: r[k] for k in ("replay", "baseline", "kl_k3", "kl_k3_baseline", "kl_k3_removed",
+                                              "removed_share", "token_any_flip_rate", "first_token_kl_share",
+                                              "lattice_share", "boundary_low_share")}, *PAIRS, 0.0))
+    return out
+
+
 def _corridors(run, rows: pl.DataFrame, baselines: Sequence[str]) -> list[Finding]:
     out = []
     for g in rows.filter(pl.col("status").is_in(["fail", "error"])).iter_rows(named=True):
@@ -483,6 +583,12 @@ def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | No
     first_steps = _first_steps(store, runs)
     first_lag = _first_step_lags(store, runs, first_steps, steps) if has_lag else {}
     sigs = {r["run"]: r for r in residual.signature_table(store, runs, q, steps).iter_rows(named=True)}
+    turned = [r for r in runs if sigs.get(r) and (sigs[r]["n_seg_first"] or 0) > 0]
+    turns = buckets.mismatch_by(store, turned, "segment", steps=steps, metrics=["kl_k3", "log_ratio_abs_mean"]) \
+        if turned else None
+    configs = pairs.run_configs(store)
+    selfs = pairs.trainer_self_table(store, runs, steps, configs)
+    replays = pairs.replay_table(store, runs, steps, configs)
     corridors = gates.corridor_gates(store, runs, baselines, corridor or gates.Corridor(), steps, cap, clip) \
         if baselines else None
     bands = gates.config_bands(store, runs, steps, cap, clip)
@@ -513,6 +619,11 @@ def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | No
             found += _trend(store, run, rsteps, cause_sev)
             found += _first_token(run, sigs.get(run), cause_sev)
             found += _lattice(run, sigs.get(run))
+            retok = _retokenization(run, sigs.get(run))
+            found += retok
+            if turns is not None and not retok:
+                found += _per_turn(run, of(turns), cause_sev)
+            found += _trainer_self(run, of(selfs), cause_sev)
         first = first_steps.get(run)
         if first is not None and (steps is None or steps[0] is None or steps[0] <= first):
             found += _step0(run, first, rsteps, first_lag.get(run))
@@ -520,6 +631,7 @@ def findings_many(store: Store, runs: Sequence[str], steps: tuple[int, int] | No
         if corridors is not None:
             found += _corridors(run, of(corridors), baselines)
         found += _unusual(run, of(bands))
+        found += _replay_residue(run, of(replays))
         qrow = of(noise)
         if qrow.height:
             found += _noise(run, qrow.row(0, named=True))

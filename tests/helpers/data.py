@@ -95,6 +95,17 @@ def metrics_load(tmp_path: Path, tokens: pl.DataFrame, routing: pl.DataFrame | N
     return store
 
 
+def metrics_db(tmp_path: Path, tokens: pl.DataFrame, configs: dict[str, dict]) -> Path:
+    """`metrics_load` of `tokens`, each run of `configs` given its config, closed: the database's path (what
+    the AppTest page tests open)."""
+    store = metrics_load(tmp_path, tokens)
+    for run, config in configs.items():
+        store.set_run_config(run, config)
+    path = store.path
+    store.close()
+    return path
+
+
 def write_parquet(path, df: pl.DataFrame, metadata: dict | None = None) -> None:
     """`df` as a Parquet file, with `metadata` as the file's schema metadata (the logger's marks) when given."""
     table = df.to_arrow()

@@ -197,3 +197,12 @@ def ref_residual(d, pos, sample, segment, q: float = 0.125) -> dict:
     return {"first_token_kl_share": math.fsum(k3_first) / total if total > 0 else None,
             "lattice_share_q": lattice / nonzero if nonzero else None,
             "boundary_low_share": share(at_first), "elsewhere_low_share": share(rest)}
+
+
+def delta_bins(d: np.ndarray) -> np.ndarray:
+    """The schema's fine bin of each Δ (summaries/schema.py, D_EDGES): 2·#{E < d} + (1 if d is an edge)."""
+    from analysis.summaries.schema import D_EDGES
+    e = np.asarray(D_EDGES)
+    below = np.searchsorted(e, d, side="left")
+    on = (below < len(e)) & (e[np.minimum(below, len(e) - 1)] == d)
+    return 2 * below + on
