@@ -304,6 +304,16 @@ class Store:
         """Whether summary_seq has the per-sequence log-prob sums (summaries/schema.py SEQ_SUMS), as has_check_sums."""
         return self._has_columns("summary_seq", summary_schema.SEQ_SUM_NAMES)
 
+    @property
+    def has_topk_sums(self) -> bool:
+        """Whether summary_step has the full-distribution sums (summaries/schema.py TOPK_SUMS), as has_check_sums."""
+        return self._has_columns("summary_step", summary_schema.TOPK_SUM_NAMES)
+
+    @property
+    def has_weight_sums(self) -> bool:
+        """Whether summary_layer has the routing-weight sums (summaries/schema.py WEIGHT_SUMS), as has_check_sums."""
+        return self._has_columns("summary_layer", summary_schema.WEIGHT_SUM_NAMES)
+
     def _has_columns(self, table: str, names: Sequence[str]) -> bool:
         """Whether `table` has every column of `names` (asked once per table: the layout does not change while open)."""
         known = self.__dict__.setdefault("_columns_known", {})
@@ -342,20 +352,23 @@ class Store:
             ids = [r[0] for r in w.execute(
                 "SELECT DISTINCT file_id FROM tokens WHERE run = ? UNION SELECT DISTINCT file_id FROM routing "
                 "WHERE run = ? UNION SELECT DISTINCT file_id FROM sequences WHERE run = ? "
-                "UNION SELECT DISTINCT file_id FROM summary_step WHERE run = ?",
-                [run, run, run, run]).fetchall()]
+                "UNION SELECT DISTINCT file_id FROM summary_step WHERE run = ? "
+                "UNION SELECT DISTINCT file_id FROM topk WHERE run = ?",
+                [run, run, run, run, run]).fetchall()]
             coded = coded_tables(w.cur)
             for table in (*schema.stored_tables("tokens"), *schema.stored_tables("routing")):
                 where = f"run_id = (SELECT run_id FROM {schema.RUN_IDS} WHERE run = ?)" if table in coded else "run = ?"
                 w.execute(f"DELETE FROM {table} WHERE {where}", [run])
-            for table in ("sequences", "expert_load", "runs", schema.RUN_IDS,
+            for table in ("sequences", "topk", "expert_load", "runs", schema.RUN_IDS,
                           *(t for t in summary_schema.TABLES if "run" in summary_schema.columns(t))):
                 w.execute(f"DELETE FROM {table} WHERE run = ?", [run])
             # a file that held several runs keeps its record while any of its rows remain
             for fid in ids:
                 left = w.execute("SELECT (SELECT count(*) FROM tokens WHERE file_id = ?) + "
                                  "(SELECT count(*) FROM routing WHERE file_id = ?) + "
-                                 "(SELECT count(*) FROM summary_step WHERE file_id = ?)", [fid, fid, fid]).fetchall()[0][0]
+                                 "(SELECT count(*) FROM topk WHERE file_id = ?) + "
+                                 "(SELECT count(*) FROM summary_step WHERE file_id = ?)",
+                                 [fid, fid, fid, fid]).fetchall()[0][0]
                 if not left:
                     w.execute("DELETE FROM files WHERE file_id = ?", [fid])
                     w.execute("DELETE FROM summary_skip WHERE file_id = ?", [fid])

@@ -19,10 +19,12 @@ from analysis.ingest.validate import Batch, row_where, valid_names
 
 
 def table_kind(columns: list[str] | set[str]) -> str | None:
-    """'routing' if the columns hold routing rows, 'tokens' if token log-probs, else None."""
+    """'routing' if the columns hold routing rows, 'tokens' if token log-probs, 'topk' if top-k lists, else None."""
     cols = set(columns)
     if {"layer", "sampler_experts"} <= cols:
         return "routing"
+    if "sampler_topk_ids" in cols and not {"sampler_logprob", "trainer_logprob"} & cols:
+        return "topk"
     if {"sampler_logprob", "trainer_logprob"} & cols:
         return "tokens"
     return None
@@ -78,7 +80,8 @@ _CSV_CONVERSION = re.compile(r"CSV column #(\d+): CSV conversion error to (\w+):
 
 
 def read_csv(fp: BinaryIO, name: str, limits: Limits) -> Iterator[Batch]:
-    list_cols = ("sampler_experts", "trainer_experts", "sampler_weights", "trainer_weights")
+    list_cols = ("sampler_experts", "trainer_experts", "sampler_weights", "trainer_weights", "sampler_topk_ids",
+                 "sampler_topk_logprobs", "trainer_topk_ids", "trainer_topk_logprobs")
     try:
         reader = pacsv.open_csv(fp, read_options=pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES),
                                 convert_options=pacsv.ConvertOptions(

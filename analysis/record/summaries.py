@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from analysis.record.checks import check_sums
+from analysis.record.fulldist import topk_sums, weight_diff
 from analysis.record.token_sample import Kept, SamplePlan
 from analysis.summaries import kernel
 from analysis.summaries import schema as S
@@ -62,6 +63,10 @@ class StepTensors:
     trainer_version: torch.Tensor | None
     sampler_experts: torch.Tensor | None  # [B, T, L, K]
     trainer_experts: torch.Tensor | None
+    sampler_weights: torch.Tensor | None = None  # [B, T, L, K] float64 router combine weights, experts' order
+    trainer_weights: torch.Tensor | None = None
+    topk: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # [B, T, J] ids, log-probs
+    #                                                       of the sampler, then the trainer (log-probs float64)
 
     @property
     def device(self) -> torch.device:
@@ -254,6 +259,13 @@ def _routing(x: StepTensors, flat: torch.Tensor) -> _Routing:
         n_top1, common = torch.zeros_like(n_flip), torch.zeros_like(n_flip)
         first = torch.zeros_like(n_flip)
         flipped_layers = torch.empty(n, dtype=torch.int64, device=dev)
+    weighted = both and x.sampler_weights is not None and x.trainer_weights is not None
+    if weighted:  # METRICS.md v3 weight_abs_diff over the rows whose two expert sets are equal
+        sw_all = x.sampler_weights.reshape(B * T, L, K)
+        tw_all = x.trainer_weights.reshape(B * T, L, K)
+        n_w = torch.zeros(L, dtype=torch.int64, device=dev)
+        sum_w = torch.zeros(L, dtype=torch.float64, device=dev)
+        max_w = torch.full((L,), -math.inf, dtype=torch.float64, device=dev)
     for lo in range(0, n, ROUTING_CHUNK):
         rows = flat[lo:lo + ROUTING_CHUNK]
         se = se_all[rows].to(torch.int64)  # [c, L, K]
@@ -269,10 +281,19 @@ def _routing(x: StepTensors, flat: torch.Tensor) -> _Routing:
         any_flip = flip.any(1)
         first += torch.bincount(flip[any_flip].to(torch.int8).argmax(1), minlength=L)  # lowest flipped layer
         flipped_layers[lo:lo + len(rows)] = flip.sum(1)
+        if weighted:
+            d = weight_diff(se, te, sw_all[rows], tw_all[rows])  # [c, L]
+            same = ~flip
+            n_w += same.sum(0)
+            sum_w += torch.where(same, d, 0.0).sum(0)
+            torch.maximum(max_w, torch.where(same, d, -math.inf).amax(0), out=max_w)
     zeros, nulls = [0] * L, [None] * L  # as ingest's SQL has them: count_if over no trainer side is NULL
     layer_rows = {"layer": list(range(L)), "k": [K] * L, "n_rows": [n] * L, "n_both": [n if both else 0] * L,
                   "n_flip": n_flip.tolist() if both else nulls, "n_top1": n_top1.tolist() if both else nulls,
                   "sum_common": common.tolist() if both else zeros, "n_first_flip": first.tolist() if both else zeros}
+    if weighted:
+        layer_rows |= {"n_weight_rows": n_w.tolist(), "sum_weight_abs_diff": sum_w.tolist(),
+                       "max_weight_abs_diff": [v if v > -math.inf else None for v in max_w.tolist()]}
     if n == 0:
         layer_rows = {k: [] for k in layer_rows}
     counts = {side: c.reshape(L, n_experts) for side, c in load.items()}
@@ -383,6 +404,8 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | No
         space = work or Workspace()
         sums = check_sums(x.s, x.t, x.mask, lambda name, shape: space.get(name, shape, torch.float64, dev))
         tables["summary_step"] |= {k: [v] for k, v in sums.items()}
+        if x.topk is not None:  # the full-distribution sums (schema.TOPK_SUMS)
+            tables["summary_step"] |= {k: [v] for k, v in topk_sums(*x.topk, x.mask).items()}
     if tables["summary_seq"]:
         tables["summary_seq"] |= seq_logprob_sums(x, np.asarray(tables["summary_seq"]["sample"]))
     if routing is not None:

@@ -27,6 +27,12 @@ FLIP_COLUMNS = ("token_any_flip_rate", "flipped_layers_per_token")
 # standard error of the slope that the temperature check reads
 CHECK_COLUMNS = ("ratio_mean_se", "missing_mass", "logprob_slope", "logprob_slope_se", "lag_abs_delta_prev",
                  "lag_abs_delta_next")
+# METRICS.md v3 "Full distribution" (by=step and by=run: from summary_step's TOPK_SUMS), means over the positions
+# with top-k lists of both sides; null where a group has none
+TOPK_COLUMNS = ("topk_overlap", "top1_agree", "topk_mass_sampler", "topk_mass_trainer", "topk_kl_shared",
+                "topk_tv_lower", "topk_tv_upper")
+# METRICS.md v3 "Routing margins and weights" (by=layer: from summary_layer's WEIGHT_SUMS)
+WEIGHT_COLUMNS = ("weight_abs_diff_mean", "weight_abs_diff_max")
 
 
 def summarised(cap: float, clip: float) -> bool:
@@ -82,6 +88,15 @@ def check_sql(checks: bool = True) -> str:
         f"CASE WHEN {covered} AND m.n_adj > 0 THEN m.sum_abs_lag_prev / m.n_adj END AS lag_abs_delta_prev",
         f"CASE WHEN {covered} AND m.n_adj > 0 THEN m.sum_abs_lag_next / m.n_adj END AS lag_abs_delta_next",
     ])
+
+
+def topk_sql(topk: bool = True) -> str:
+    """Select-list of TOPK_COLUMNS over a merged summary_step relation (aliased m): each sum of TOPK_SUMS over
+    n_topk, null where n_topk is 0 or null; topk=False: the database has no such columns (opened read-only)."""
+    if not topk:
+        return ",\n".join(f"NULL::DOUBLE AS {c}" for c in TOPK_COLUMNS)
+    sums = dict(zip(TOPK_COLUMNS, S.TOPK_SUM_NAMES[1:]))
+    return ",\n".join(f"m.{v}::DOUBLE / nullif(m.n_topk, 0) AS {c}" for c, v in sums.items())
 
 
 def token_sql(keys: Sequence[str]) -> str:
@@ -176,14 +191,16 @@ def sequence_sql(keys: Sequence[str], where: str, length_bucket: str | None = No
         GROUP BY {', '.join(keys)}"""
 
 
-def token_table_sql(keys: Sequence[str], where: str, flips: bool = True, checks: bool = True) -> str:
-    """The METRICS.md token table (TOKEN_COLUMNS, CHECK_COLUMNS, plus FLIP_COLUMNS with flips=True) per group of
-    `keys` (("run",) or ("run", "step")) over the summary rows matching `where`. Parameters: `threshold_params`.
-    checks=False: summary_step has no CHECK_SUMS columns (a database made before them, opened read-only)."""
+def token_table_sql(keys: Sequence[str], where: str, flips: bool = True, checks: bool = True,
+                    topk: bool = True) -> str:
+    """The METRICS.md token table (TOKEN_COLUMNS, CHECK_COLUMNS, TOPK_COLUMNS, plus FLIP_COLUMNS with flips=True)
+    per group of `keys` (("run",) or ("run", "step")) over the summary rows matching `where`. Parameters:
+    `threshold_params`. checks=False / topk=False: summary_step has no CHECK_SUMS / TOPK_SUMS columns (a database
+    made before them, opened read-only)."""
     keys = list(keys)
     on = lambda a, b: " AND ".join(f"{a}.{k} = {b}.{k}" for k in keys)
-    cols = token_sql(keys) + ",\n" + check_sql(checks)
-    without = () if checks else S.CHECK_SUM_NAMES
+    cols = token_sql(keys) + ",\n" + check_sql(checks) + ",\n" + topk_sql(topk)
+    without = (() if checks else S.CHECK_SUM_NAMES) + (() if topk else S.TOPK_SUM_NAMES)
     seq = ", ".join(f"q.{c}" for c in SEQUENCE_COLUMNS)
     flip = ("""CASE WHEN m.n_routed > 0 THEN m.n_any_flip::DOUBLE / m.n_routed END AS token_any_flip_rate,
                CASE WHEN m.n_routed > 0 THEN m.sum_flipped_layers::DOUBLE / m.n_routed END AS flipped_layers_per_token"""
@@ -194,7 +211,7 @@ def token_table_sql(keys: Sequence[str], where: str, flips: bool = True, checks:
          q AS ({sequence_sql(keys, where)}),
          t AS (SELECT {cols}, {seq}{', ' + flip if flip else ''}
                FROM m JOIN h ON {on('m', 'h')} JOIN q ON {on('m', 'q')})
-    SELECT {', '.join(keys)}, {', '.join(TOKEN_COLUMNS + CHECK_COLUMNS)}{', ' + ', '.join(FLIP_COLUMNS) if flips else ''}
+    SELECT {', '.join(keys)}, {', '.join(TOKEN_COLUMNS + CHECK_COLUMNS + TOPK_COLUMNS)}{', ' + ', '.join(FLIP_COLUMNS) if flips else ''}
     FROM t ORDER BY {', '.join(keys)}"""
 
 
@@ -213,28 +230,35 @@ LAYER_LOAD_SQL = """
     GROUP BY run, step, layer"""
 
 
-def layer_counts_sql(where: str) -> str:
-    """Per (run, step, layer): merged routing counts, the overlap numerator Σ|E_s ∩ E_t|/k, and load_max_vio."""
+def layer_counts_sql(where: str, weights: bool = True) -> str:
+    """Per (run, step, layer): merged routing counts, the overlap numerator Σ|E_s ∩ E_t|/k, the weight sums (null
+    without weights; weights=False: the database has no such columns, opened read-only), and load_max_vio."""
+    w = (", ".join(f"{S.merge_sql('summary_layer', c)} AS {c}" for c in S.WEIGHT_SUM_NAMES) if weights else
+         ", ".join(f"NULL::{c.sql_type} AS {c.name}" for c in S.WEIGHT_SUMS))
     return f"""
     WITH c AS (SELECT run, step, layer, min(k) AS k, sum(n_rows)::BIGINT AS n_rows, sum(n_both)::BIGINT AS n_both,
                       sum(n_flip)::BIGINT AS n_flip, sum(n_top1)::BIGINT AS n_top1,
-                      sum(sum_common)::BIGINT AS sum_common, sum(n_first_flip)::BIGINT AS n_first_flip
+                      sum(sum_common)::BIGINT AS sum_common, sum(n_first_flip)::BIGINT AS n_first_flip, {w}
                FROM summary_layer WHERE {where} GROUP BY run, step, layer),
          l AS ({LAYER_LOAD_SQL.format(where=where)})
     SELECT c.*, c.sum_common::DOUBLE / c.k AS sum_overlap, l.load_max_vio_sampler, l.load_max_vio_trainer
     FROM c LEFT JOIN l USING (run, step, layer)"""
 
 
-def routing_by_layer_sql(where: str) -> str:
-    """by=layer: [run, step, layer, n_tokens, flip_rate, top1_flip_rate, overlap, load_max_vio_*]; flip
-    columns over rows with both sides (null for sampler-only layers, n_tokens 0)."""
+def routing_by_layer_sql(where: str, weights: bool = True) -> str:
+    """by=layer: [run, step, layer, n_tokens, flip_rate, top1_flip_rate, overlap, load_max_vio_*,
+    weight_abs_diff_mean, weight_abs_diff_max]; flip columns over rows with both sides (null for sampler-only
+    layers, n_tokens 0); the weight columns over rows with both sides' weights and equal expert sets (null
+    without any)."""
     return f"""
     SELECT run, step, layer, n_both AS n_tokens,
            n_flip::DOUBLE / nullif(n_both, 0) AS flip_rate,
            n_top1::DOUBLE / nullif(n_both, 0) AS top1_flip_rate,
            sum_overlap / nullif(n_both, 0) AS overlap,
-           load_max_vio_sampler, load_max_vio_trainer
-    FROM ({layer_counts_sql(where)}) ORDER BY run, step, layer"""
+           load_max_vio_sampler, load_max_vio_trainer,
+           sum_weight_abs_diff / nullif(n_weight_rows, 0) AS weight_abs_diff_mean,
+           CASE WHEN n_weight_rows > 0 THEN max_weight_abs_diff END AS weight_abs_diff_max
+    FROM ({layer_counts_sql(where, weights)}) ORDER BY run, step, layer"""
 
 
 def routing_pooled_sql(keys: Sequence[str], where: str, token_flips: bool) -> str:
@@ -248,7 +272,7 @@ def routing_pooled_sql(keys: Sequence[str], where: str, token_flips: bool) -> st
            fsum(sum_overlap) / nullif(sum(n_both), 0) AS overlap,
            avg(load_max_vio_sampler) AS load_max_vio_sampler,
            avg(load_max_vio_trainer) AS load_max_vio_trainer
-        FROM ({layer_counts_sql(where)}) GROUP BY {k}"""
+        FROM ({layer_counts_sql(where, weights=False)}) GROUP BY {k}"""
     if not token_flips:
         return f"""SELECT {k}, flip_rate, top1_flip_rate, overlap, load_max_vio_sampler, load_max_vio_trainer, n_rows
                    FROM ({pooled}) ORDER BY {k}"""
@@ -300,7 +324,7 @@ def layer_profile_sql(where: str) -> str:
     return f"""
     SELECT run, layer, sum(n_both)::BIGINT AS n_tokens, sum(n_flip)::DOUBLE / sum(n_both) AS flip_rate,
            sum(n_top1)::DOUBLE / sum(n_both) AS top1_flip_rate, fsum(sum_overlap) / sum(n_both) AS overlap
-    FROM ({layer_counts_sql(where)}) GROUP BY run, layer HAVING sum(n_both) > 0 ORDER BY run, layer"""
+    FROM ({layer_counts_sql(where, weights=False)}) GROUP BY run, layer HAVING sum(n_both) > 0 ORDER BY run, layer"""
 
 
 # -- buckets --------------------------------------------------------------------------------------------

@@ -1,0 +1,59 @@
+"""The full-distribution sums of a step (summaries/schema.py TOPK_SUMS), reduced with torch on the tensors' device.
+
+The formulas are summaries/fulldist.py's (METRICS.md v3 "Full distribution"), here as torch ops over the trained
+positions in chunks: a chunk's [c, J, J] id comparison bounds the temporaries (J = 20: 400 bytes a position), and
+each sum is a float64 reduction of the chunk, added on the device; only the step's eight numbers leave it.
+"""
+from __future__ import annotations
+
+import torch
+
+from analysis.summaries.schema import TOPK_SUM_NAMES
+
+CHUNK = 1 << 15  # positions per chunk
+
+
+def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp: torch.Tensor,
+              mask: torch.Tensor) -> dict[str, float | int]:
+    """TOPK_SUMS over the mask==True positions of [B, T, J] top-J ids and log-probs of both sides (J the same on
+    both; ids distinct within a position; log-probs finite, checked by the caller)."""
+    J = s_ids.shape[-1]
+    rows = mask.reshape(-1).nonzero().squeeze(1)
+    a_ids, b_ids = s_ids.reshape(-1, J), t_ids.reshape(-1, J)
+    a_lp, b_lp = s_lp.reshape(-1, J), t_lp.reshape(-1, J)
+    f64 = torch.float64
+    acc = torch.zeros(len(TOPK_SUM_NAMES) - 1, dtype=f64, device=mask.device)
+    for lo in range(0, len(rows), CHUNK):
+        r = rows[lo:lo + CHUNK]
+        a_id, b_id = a_ids[r], b_ids[r]
+        a, b = a_lp[r].to(f64), b_lp[r].to(f64)
+        eq = a_id[:, :, None] == b_id[:, None, :]  # [c, J, J]
+        shared = eq.any(2)
+        b_m = torch.where(eq, b[:, None, :], 0.0).sum(2)  # the trainer's log-prob of each shared sampler id
+        ps, pt = torch.exp(a), torch.exp(b)
+        pt_m = torch.where(shared, torch.exp(b_m), 0.0)
+        ps_m = torch.where(shared, ps, 0.0)
+        ms, mt = ps_m.sum(1), pt_m.sum(1)
+        n_i = shared.sum(1)
+        l1 = (ps_m - pt_m).abs_().sum(1)
+        many = n_i >= 2
+        safe_ms, safe_mt = torch.where(many, ms, 1.0), torch.where(many, mt, 1.0)
+        shift = (torch.log(safe_ms) - torch.log(safe_mt))[:, None]
+        kl = torch.where(shared, (ps_m / safe_ms[:, None]) * ((a - b_m) - shift), 0.0).sum(1)
+        kl = torch.where(many, kl, 0.0)
+        agree = a_id.gather(1, a.argmax(1, keepdim=True)) == b_id.gather(1, b.argmax(1, keepdim=True))
+        acc += torch.stack([n_i.sum().to(f64) / J, agree.sum().to(f64), ps.sum(), pt.sum(), kl.sum(),
+                            0.5 * l1.sum() + 0.5 * (ms - mt).abs().sum(),
+                            0.5 * l1.sum() + 0.5 * (1.0 - ms).sum() + 0.5 * (1.0 - mt).sum()])
+    v = acc.tolist()
+    return {"n_topk": int(len(rows)), "sum_topk_overlap": v[0], "n_top1_agree": int(round(v[1])),
+            "sum_topk_mass_sampler": v[2], "sum_topk_mass_trainer": v[3], "sum_topk_kl_shared": v[4],
+            "sum_topk_tv_lower": v[5], "sum_topk_tv_upper": v[6]}
+
+
+def weight_diff(se: torch.Tensor, te: torch.Tensor, sw: torch.Tensor, tw: torch.Tensor) -> torch.Tensor:
+    """Σ_k |w_s(e_k) − w_t(e_k)| per [..., K] row of expert ids and float64 weights, the trainer's weights matched
+    to the sampler's by expert id (meaningful where the two id sets are equal: the caller keeps those rows)."""
+    eq = se[..., :, None] == te[..., None, :]
+    matched = torch.where(eq, tw[..., None, :], 0.0).sum(-1)
+    return (sw - matched).abs_().sum(-1)
