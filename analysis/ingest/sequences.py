@@ -183,15 +183,15 @@ def _array(name: str, where: str, col: str, values: list, fix: str) -> pa.Array:
 
 
 def _add_routing(name, where, line_no, obj, n, keep, base, chunk: _Chunk) -> None:
+    for key, side in (("sampler_weights", "sampler_experts"), ("trainer_weights", "trainer_experts")):
+        if obj.get(key) is not None and obj.get(side) is None:
+            raise MissingColumn(name, where, f"'{key}' given without '{side}'",
+                                "a weight belongs to the expert at its rank: give both")
     if obj.get("sampler_experts") is None:
         if obj.get("trainer_experts") is not None:
             raise MissingColumn(name, where, "'trainer_experts' given without 'sampler_experts'",
                                 "routing needs the sampler's experts")
         return
-    for key, side in (("sampler_weights", "sampler_experts"), ("trainer_weights", "trainer_experts")):
-        if obj.get(key) is not None and obj.get(side) is None:
-            raise MissingColumn(name, where, f"'{key}' given without '{side}'",
-                                "a weight belongs to the expert at its rank: give both")
     sides = {}
     for key in ("sampler_experts", "trainer_experts", "sampler_weights", "trainer_weights"):
         v = obj.get(key)

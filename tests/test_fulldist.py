@@ -1,0 +1,221 @@
+"""METRICS.md v3 full-distribution (topk_*, top1_agree) and routing-weight (weight_abs_diff_*) columns: from
+DriftLogger's summaries at token_sample 1.0, 0.1 and 0.0, and from the same step as sequence JSON Lines, against
+brute-force references (tests/helpers/fulldist.py) at rel 1e-12; edge cases; refusals of bad input."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from analysis.ingest import ingest_paths
+from analysis.metrics.report import metrics_table
+from analysis.record.logger import DriftLogger
+from analysis.store import Store
+from analysis.summaries import fulldist
+
+from helpers.fulldist import add_fulldist, sequence_lines, topk_reference, weight_reference
+from helpers.logger import make_step
+
+TOPK = ("topk_overlap", "top1_agree", "topk_mass_sampler", "topk_mass_trainer", "topk_kl_shared", "topk_tv_lower",
+        "topk_tv_upper")
+STEPS = (2, 5)
+
+
+def steps() -> dict[int, dict]:
+    return {n: add_fulldist(make_step(B=10, T=14, L=3, K=2, E=5, seed=n), seed=n) for n in STEPS}
+
+
+def close(got, want, what):
+    assert got is not None and math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-300), (what, got, want)
+
+
+def check_columns(store: Store, data: dict[int, dict]) -> None:
+    by_step = {r["step"]: r for r in metrics_table(store, ["r"], by="step").to_dicts()}
+    refs = {n: topk_reference(d) for n, d in data.items()}
+    for n, ref in refs.items():
+        for c in TOPK:
+            close(by_step[n][c], ref[c], (n, c))
+    # per run: each step's means weighted by its positions
+    counts = {n: int(d["mask"].sum()) for n, d in data.items()}
+    run = metrics_table(store, ["r"], by="run").to_dicts()[0]
+    for c in TOPK:
+        want = math.fsum(refs[n][c] * counts[n] for n in refs) / sum(counts.values())
+        close(run[c], want, ("run", c))
+    layers = {(r["step"], r["layer"]): r for r in metrics_table(store, ["r"], by="layer").to_dicts()}
+    for n, d in data.items():
+        for layer, (mean, top) in weight_reference(d).items():
+            close(layers[(n, layer)]["weight_abs_diff_mean"], mean, (n, layer, "mean"))
+            close(layers[(n, layer)]["weight_abs_diff_max"], top, (n, layer, "max"))
+
+
+@pytest.mark.parametrize("token_sample", [1.0, 0.1, 0.0])
+def test_logger_summaries_equal_reference(tmp_path, token_sample):
+    data = steps()
+    log = DriftLogger(tmp_path / "logs", "r", token_sample=token_sample, worst_sequences=1, top_tokens=3)
+    for n, d in data.items():
+        written = log.log_step(n, **d)
+        assert ("topk" in written) == (token_sample > 0)
+    store = Store(tmp_path / "db.duckdb")
+    assert {o.status for o in ingest_paths(store, [tmp_path / "logs"])} == {"loaded"}
+    check_columns(store, data)
+    if token_sample == 1.0:  # the stored rows are the inputs (fp32 in, fp32 stored)
+        row = store.sql("SELECT * FROM topk WHERE step = 2 AND sample = 100 AND pos = 0").to_dicts()[0]
+        assert row["sampler_topk_ids"] == data[2]["sampler_topk_ids"][0, 0].tolist()
+        assert row["trainer_topk_logprobs"] == data[2]["trainer_topk_logprobs"][0, 0].tolist()
+        w = store.sql("SELECT sampler_weights FROM routing WHERE step = 2 AND sample = 100 AND pos = 0 "
+                      "AND layer = 1").item()
+        assert w.to_list() == data[2]["sampler_weights"][0, 0, 1].tolist()
+
+
+def test_sequence_jsonl_equals_reference(tmp_path):
+    data = steps()
+    path = tmp_path / "seqs.jsonl"
+    path.write_text("\n".join(line for n, d in data.items() for line in sequence_lines(d, n)) + "\n")
+    store = Store(tmp_path / "db.duckdb")
+    outcomes = ingest_paths(store, [path])
+    assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
+    check_columns(store, data)
+
+
+def test_long_parquet_topk_after_tokens(tmp_path):
+    """A top-k Parquet file given before its tokens file still finds its tokens (top-k loads after tokens)."""
+    data = {2: steps()[2]}
+    DriftLogger(tmp_path / "logs", "r", token_sample=1.0).log_step(2, **data[2])
+    import pyarrow.parquet as pq
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for kind in ("topk", "tokens", "routing"):  # unmarked: ingest summarises every row itself
+        table = pq.read_table(tmp_path / "logs" / "r" / f"{kind}-step000002.parquet")
+        pq.write_table(table.replace_schema_metadata({}), plain / f"a-{kind}.parquet")
+    store = Store(tmp_path / "db.duckdb")
+    outcomes = ingest_paths(store, sorted(plain.iterdir()))
+    assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
+    check_columns(store, data)
+
+
+def terms(si, sl, ti, tl):
+    f = lambda a, dt: np.asarray(a, dt)[None]  # noqa: E731
+    out = fulldist.topk_terms(f(si, np.int64), f(sl, np.float64), f(ti, np.int64), f(tl, np.float64))
+    return {k: float(v[0]) for k, v in out.items()}
+
+
+def test_edge_cases():
+    lp = np.log([0.5, 0.2, 0.1])
+    same = terms([4, 7, 9], lp, [4, 7, 9], lp)
+    assert same["overlap"] == 1.0 and same["agree"] == 1.0 and same["kl_shared"] == 0.0
+    assert same["tv_lower"] == 0.0 and math.isclose(same["tv_upper"], 1 - 0.8, rel_tol=1e-12)
+    disjoint = terms([4, 7, 9], lp, [1, 2, 3], lp)
+    assert disjoint["overlap"] == 0.0 and disjoint["agree"] == 0.0 and disjoint["kl_shared"] == 0.0
+    assert disjoint["tv_lower"] == 0.0 and disjoint["tv_upper"] == 1.0  # nothing shared: TV may be anything up to 1
+    one = terms([4, 7, 9], lp, [1, 9, 3], lp)  # |I| = 1: no distribution over I to compare
+    assert one["kl_shared"] == 0.0 and math.isclose(one["overlap"], 1 / 3)
+    assert math.isclose(one["tv_lower"], 0.5 * abs(0.1 - 0.2) + 0.5 * abs(0.1 - 0.2), rel_tol=1e-12)
+    # renormalised over I, equal proportions give KL 0 even where the masses differ
+    prop = terms([1, 2], np.log([0.4, 0.2]), [2, 1], np.log([0.1, 0.2]))
+    assert abs(prop["kl_shared"]) < 1e-15 and prop["agree"] == 1.0
+
+
+def test_identical_sides_in_the_logger(tmp_path):
+    d = add_fulldist(make_step(B=4, T=6, seed=3), seed=3)
+    d["trainer_topk_ids"], d["trainer_topk_logprobs"] = d["sampler_topk_ids"], d["sampler_topk_logprobs"]
+    d["trainer_experts"], d["trainer_weights"] = d["sampler_experts"], d["sampler_weights"]
+    DriftLogger(tmp_path / "logs", "r", token_sample=0.0).log_step(1, **d)
+    store = Store(tmp_path / "db.duckdb")
+    ingest_paths(store, [tmp_path / "logs"])
+    row = metrics_table(store, ["r"], by="step").to_dicts()[0]
+    assert (row["topk_overlap"], row["top1_agree"], row["topk_kl_shared"], row["topk_tv_lower"]) == (1, 1, 0, 0)
+    layers = metrics_table(store, ["r"], by="layer")
+    assert layers["weight_abs_diff_mean"].to_list() == [0.0] * len(layers)
+
+
+def test_runs_without_topk_have_null_columns(tmp_path):
+    DriftLogger(tmp_path / "logs", "r", token_sample=0.0).log_step(1, **make_step(B=3, T=4))
+    store = Store(tmp_path / "db.duckdb")
+    ingest_paths(store, [tmp_path / "logs"])
+    row = metrics_table(store, ["r"], by="step").to_dicts()[0]
+    assert all(row[c] is None for c in TOPK)
+    assert metrics_table(store, ["r"], by="layer")["weight_abs_diff_mean"].null_count() == 3
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.pop("trainer_topk_logprobs"), "trainer_topk_logprobs: missing"),
+    (lambda d: d.update(trainer_topk_ids=d["trainer_topk_ids"][..., :3]), "trainer_topk_ids: expected shape"),
+    (lambda d: d["sampler_topk_logprobs"].__setitem__((0, 0, 2), 0.5), "sampler_topk_logprobs[0, 0, 2] = 0.5"),
+    (lambda d: d["sampler_topk_logprobs"].__setitem__((1, 0, 0), float("nan")), "sampler_topk_logprobs[1, 0, 0]"),
+    (lambda d: d["trainer_topk_ids"].__setitem__((0, 0, 1), d["trainer_topk_ids"][0, 0, 0]),
+     "trainer_topk_ids[0, 0] = "),
+    (lambda d: d["sampler_topk_ids"].__setitem__((0, 0, 1), -3), "sampler_topk_ids[0, 0, 1] = -3"),
+    (lambda d: d.update(sampler_topk_ids=d["sampler_topk_ids"].float()), "expected integer token ids"),
+    (lambda d: d.pop("trainer_experts"), "trainer_weights: given without trainer_experts"),
+    (lambda d: d.update(sampler_weights=d["sampler_weights"][..., :1]), "sampler_weights: expected shape"),
+    (lambda d: d["trainer_weights"].__setitem__((2, 0, 1, 0), float("inf")), "trainer_weights[2, 0]"),
+])
+def test_logger_refuses(tmp_path, change, message):
+    d = add_fulldist(make_step(B=4, T=6, seed=1), seed=1)
+    d["mask"] = torch.ones_like(d["mask"])
+    d["sampler_logprobs"] = torch.nan_to_num(d["sampler_logprobs"], nan=-1.0)
+    change(d)
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        DriftLogger(tmp_path / "logs", "r").log_step(0, **d)
+    assert not list((tmp_path / "logs" / "r").glob("*.parquet"))
+
+
+def test_padding_is_not_checked(tmp_path):
+    d = add_fulldist(make_step(B=4, T=6, seed=1), seed=1)
+    pad = ~d["mask"].bool()
+    assert pad.any()
+    d["sampler_topk_logprobs"][pad] = float("nan")
+    d["trainer_topk_ids"][pad] = 0  # repeated ids at padding
+    d["sampler_weights"][pad] = float("inf")
+    DriftLogger(tmp_path / "logs", "r").log_step(0, **d)
+
+
+def one_line(**extra) -> str:
+    obj = {"run": "r", "step": 1, "sample": 0, "sampler_logprobs": [-0.5, -1.0], "trainer_logprobs": [-0.4, -1.1],
+           "sampler_topk_ids": [[1, 2], [3, 4]], "sampler_topk_logprobs": [[-0.5, -1.5], [-1.0, -2.0]],
+           "trainer_topk_ids": [[2, 1], [3, 5]], "trainer_topk_logprobs": [[-0.6, -1.2], [-1.1, -1.9]]}
+    return json.dumps({**obj, **extra})
+
+
+@pytest.mark.parametrize("extra, place, rule", [
+    ({"trainer_topk_ids": None}, "line 2 (step 1, sample 0)", "'trainer_topk_ids' missing"),
+    ({"trainer_topk_ids": [[2, 1, 7], [3, 5, 8]]}, "line 2 (step 1, sample 0)", "has shape [2, 3]"),
+    ({"trainer_topk_ids": [[2, 2], [3, 5]]}, "line 2 (step 1, sample 0, token 0), column 'trainer_topk_ids'",
+     "token ids repeat"),
+    ({"sampler_topk_logprobs": [[-0.5, 0.5], [-1.0, -2.0]]},
+     "line 2 (step 1, sample 0, token 0), column 'sampler_topk_logprobs'", "finite and <= 0"),
+    ({"sampler_topk_ids": [[1, -2], [3, 4]]}, "line 2 (step 1, sample 0, token 0), column 'sampler_topk_ids'",
+     "negative token id"),
+    ({"sampler_weights": [[[0.5]], [[0.5]]]}, "line 2 (step 1, sample 0)", "'sampler_weights' given without"),
+    ({"sampler_experts": [[[1, 2]], [[0, 3]]], "sampler_weights": [[[0.5]], [[0.5]]]}, "line 2 (step 1, sample 0)",
+     "'sampler_weights' has shape [2, 1, 1], expected [2, 1, 2]"),
+])
+def test_jsonl_refusals_name_file_line_and_rule(tmp_path, extra, place, rule):
+    path = tmp_path / "bad.jsonl"
+    good = json.loads(one_line())
+    good["sample"] = 9
+    path.write_text(json.dumps(good) + "\n" + one_line(**extra) + "\n")
+    store = Store(tmp_path / "db.duckdb")
+    [outcome] = ingest_paths(store, [path])
+    assert outcome.status == "refused"
+    assert "bad.jsonl" in outcome.line() and place in outcome.line() and rule in outcome.line(), outcome.line()
+    assert store.scalar("SELECT count(*) FROM topk") == 0 and store.scalar("SELECT count(*) FROM tokens") == 0
+
+
+def test_orphan_topk_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from analysis.routing_rows import list_column
+    table = pa.table({"run": ["r"], "step": [1], "sample": [0], "pos": [0],
+                      "sampler_topk_ids": list_column(np.array([[1, 2]], np.int32)),
+                      "sampler_topk_logprobs": list_column(np.array([[-0.1, -2.0]], np.float32)),
+                      "trainer_topk_ids": list_column(np.array([[1, 2]], np.int32)),
+                      "trainer_topk_logprobs": list_column(np.array([[-0.1, -2.0]], np.float32))})
+    pq.write_table(table, tmp_path / "topk.parquet")
+    store = Store(tmp_path / "db.duckdb")
+    [outcome] = ingest_paths(store, [tmp_path / "topk.parquet"])
+    assert outcome.status == "refused" and "top-k row (run='r', step=1, sample=0, pos=0)" in outcome.line()
+    assert store.scalar("SELECT count(*) FROM topk") == 0
