@@ -32,7 +32,8 @@ def close(got, want, what):
     assert got is not None and math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-300), (what, got, want)
 
 
-def check_columns(store: Store, data: dict[int, dict]) -> None:
+def check_columns(store: Store, data: dict[int, dict], rows: bool = True) -> None:
+    """rows: the store holds token rows (else a table from token rows, for C outside the summaries, is empty)."""
     by_step = {r["step"]: r for r in metrics_table(store, ["r"], by="step").to_dicts()}
     refs = {n: topk_reference(d) for n, d in data.items()}
     for n, ref in refs.items():
@@ -44,6 +45,10 @@ def check_columns(store: Store, data: dict[int, dict]) -> None:
     for c in TOPK:
         want = math.fsum(refs[n][c] * counts[n] for n in refs) / sum(counts.values())
         close(run[c], want, ("run", c))
+    # C and ε outside the summaries' grid: the token columns come from the token rows, the top-k ones still from
+    # the summaries (they depend on neither)
+    other = metrics_table(store, ["r"], by="run", cap=1.7)
+    assert all(other[c].to_list() == [run[c]] for c in TOPK) if rows else other.is_empty()
     layers = {(r["step"], r["layer"]): r for r in metrics_table(store, ["r"], by="layer").to_dicts()}
     for n, d in data.items():
         for layer, (mean, top) in weight_reference(d).items():
@@ -60,7 +65,7 @@ def test_logger_summaries_equal_reference(tmp_path, token_sample):
         assert ("topk" in written) == (token_sample > 0)
     store = Store(tmp_path / "db.duckdb")
     assert {o.status for o in ingest_paths(store, [tmp_path / "logs"])} == {"loaded"}
-    check_columns(store, data)
+    check_columns(store, data, rows=token_sample > 0)
     if token_sample == 1.0:  # the stored rows are the inputs (fp32 in, fp32 stored)
         row = store.sql("SELECT * FROM topk WHERE step = 2 AND sample = 100 AND pos = 0").to_dicts()[0]
         assert row["sampler_topk_ids"] == data[2]["sampler_topk_ids"][0, 0].tolist()

@@ -99,6 +99,15 @@ def topk_sql(topk: bool = True) -> str:
     return ",\n".join(f"m.{v}::DOUBLE / nullif(m.n_topk, 0) AS {c}" for c, v in sums.items())
 
 
+def topk_table_sql(keys: Sequence[str], where: str) -> str:
+    """[keys, TOPK_COLUMNS] per group of `keys` over the summary_step rows matching `where` (for token tables
+    computed from token rows, whose top-k columns still come from the summaries: they do not depend on C or ε)."""
+    k = ", ".join(keys)
+    return f"""SELECT {k}, {topk_sql()} FROM ({merged('summary_step', keys, where,
+                                                     without=[c for c in S.columns('summary_step')
+                                                              if c not in S.TOPK_SUM_NAMES])}) m"""
+
+
 def token_sql(keys: Sequence[str]) -> str:
     """Select-list of the token columns over a merged relation with TOKEN_SUMS (aliased m) and the cap/clip
     counts of `threshold_sql` (aliased h): everything but the sequence columns."""
