@@ -102,9 +102,13 @@ def test_long_parquet_topk_after_tokens(tmp_path):
 
 
 def terms(si, sl, ti, tl):
+    """The per-position terms of one position, as the CPU pass sums them (one group of one row)."""
     f = lambda a, dt: np.asarray(a, dt)[None]  # noqa: E731
-    out = fulldist.topk_terms(f(si, np.int64), f(sl, np.float64), f(ti, np.int64), f(tl, np.float64))
-    return {k: float(v[0]) for k, v in out.items()}
+    out = fulldist.topk_sums(f(si, np.int64), f(sl, np.float64), f(ti, np.int64), f(tl, np.float64),
+                             np.zeros(1, np.int64), 1)[0]
+    assert out[0] == 1
+    return dict(zip(("overlap", "agree", "mass_sampler", "mass_trainer", "kl_shared", "tv_lower", "tv_upper"),
+                    out[1:].tolist()))
 
 
 def test_edge_cases():
@@ -224,3 +228,34 @@ def test_orphan_topk_refused(tmp_path):
     [outcome] = ingest_paths(store, [tmp_path / "topk.parquet"])
     assert outcome.status == "refused" and "top-k row (run='r', step=1, sample=0, pos=0)" in outcome.line()
     assert store.scalar("SELECT count(*) FROM topk") == 0
+
+
+@pytest.mark.parametrize("ids_dtype, lp_dtype", [(torch.int64, torch.float32), (torch.int32, torch.float64),
+                                                 (torch.int32, torch.bfloat16)])
+def test_cpu_pass_and_torch_ops_agree_with_reference(ids_dtype, lp_dtype):
+    """The CPU's numba pass (threads sharing the chunks) and the torch ops of accelerators, run here on the CPU,
+    against the reference, for the dtypes trainers hand over (bf16 log-probs widen exactly)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from analysis.record import fulldist as R
+    d = add_fulldist(make_step(B=40, T=30, seed=4), seed=4)
+    for k in ("sampler_topk_ids", "trainer_topk_ids"):
+        d[k] = d[k].to(ids_dtype)
+    for k in ("sampler_topk_logprobs", "trainer_topk_logprobs"):
+        d[k] = d[k].to(lp_dtype)
+    ref = topk_reference(d)
+    args = [d[k] for k in ("sampler_topk_ids", "sampler_topk_logprobs", "trainer_topk_ids", "trainer_topk_logprobs")]
+    mask = d["mask"].bool()
+    with ThreadPoolExecutor(1) as pool:
+        old = R.CPU_CHUNK
+        R.CPU_CHUNK = 64  # many chunks, shared by two threads
+        try:
+            cpu = R.topk_sums(*args, mask, pool=pool)
+        finally:
+            R.CPU_CHUNK = old
+    for sums in (cpu, R.topk_sums_torch(*args, mask)):
+        n = sums["n_topk"]
+        assert n == int(mask.sum())
+        for c, name in zip(TOPK, ("sum_topk_overlap", "n_top1_agree", "sum_topk_mass_sampler", "sum_topk_mass_trainer",
+                                  "sum_topk_kl_shared", "sum_topk_tv_lower", "sum_topk_tv_upper")):
+            close(sums[name] / n, ref[c], c)

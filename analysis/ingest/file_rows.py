@@ -120,14 +120,11 @@ class TopkSums:
         self._sums: dict[tuple[str, int], np.ndarray] = {}
 
     def add(self, data: pa.Table, mats: dict[str, np.ndarray], runs=None) -> None:
-        terms = fulldist.topk_terms(mats["sampler_topk_ids"], mats["sampler_topk_logprobs"],
-                                    mats["trainer_topk_ids"], mats["trainer_topk_logprobs"])
         names, index = runs if runs is not None else run_codes(data.column("run"))
         step = data.column("step").to_numpy()
-        keys, group = np.unique(np.stack([index, step]), axis=1, return_inverse=True)
-        group = group.reshape(-1)
-        cols = [np.ones(len(step))] + [terms[t] for t in fulldist.TOPK_TERMS]
-        sums = np.stack([np.bincount(group, weights=c, minlength=keys.shape[1]) for c in cols], 1)
+        keys, group = np.unique(np.stack([np.asarray(index), step]), axis=1, return_inverse=True)
+        sums = fulldist.topk_sums(mats["sampler_topk_ids"], mats["sampler_topk_logprobs"], mats["trainer_topk_ids"],
+                                  mats["trainer_topk_logprobs"], group.reshape(-1).astype(np.int64), keys.shape[1])
         run_names = names.to_pylist()
         for g in range(keys.shape[1]):
             key = (run_names[int(keys[0, g])], int(keys[1, g]))

@@ -1,19 +1,72 @@
-"""The full-distribution sums of a step (summaries/schema.py TOPK_SUMS), reduced with torch on the tensors' device.
+"""The full-distribution sums of a step (summaries/schema.py TOPK_SUMS), on the tensors' device.
 
-The formulas are summaries/fulldist.py's (METRICS.md v3 "Full distribution"), here as torch ops over the trained
-positions in chunks: a chunk's [c, J, J] id comparison bounds the temporaries (J = 20: 400 bytes a position), and
-each sum is a float64 reduction of the chunk, added on the device; only the step's eight numbers leave it.
+The formulas are summaries/fulldist.py's (METRICS.md v3 "Full distribution"). On the CPU, that module's numba
+pass over chunks of positions, the chunk's exponentials by torch (vectorised) into buffers kept from step to step,
+the chunks shared among torch.get_num_threads() threads. Elsewhere (`topk_sums_torch`), torch ops over the
+trained positions in chunks: a chunk's [c, J, J] id comparison bounds the temporaries (J = 20: 400 bytes a
+position), and each sum is a float64 reduction of the chunk, added on the device; only the step's eight numbers
+leave it.
 """
 from __future__ import annotations
 
+import threading
+
+import numpy as np
 import torch
 
+from analysis.summaries import fulldist
 from analysis.summaries.schema import TOPK_SUM_NAMES
 
-CHUNK = 1 << 15  # positions per chunk
+CHUNK = 1 << 15  # positions per chunk (torch ops)
+CPU_CHUNK = 1 << 13  # positions per chunk of the CPU pass: its two [c, J] float64 blocks stay in the L2 cache
+
+
+def _row(v: list[float]) -> dict[str, float | int]:
+    return {name: int(round(x)) if name.startswith("n_") else x for name, x in zip(TOPK_SUM_NAMES, v)}
 
 
 def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp: torch.Tensor,
+              mask: torch.Tensor, pool=None) -> dict[str, float | int]:
+    """TOPK_SUMS over the mask==True positions of [B, T, J] top-J ids and log-probs of both sides (checked by
+    the caller): the numba pass on the CPU (`pool`: an executor for the other threads), torch ops elsewhere."""
+    if mask.device.type != "cpu":
+        return topk_sums_torch(s_ids, s_lp, t_ids, t_lp, mask)
+    J = s_ids.shape[-1]
+    n = mask.numel()
+    flat = [v.reshape(n, J) for v in (s_ids, s_lp, t_ids, t_lp)]
+    valid = mask.reshape(n)
+    pieces = iter(range(0, n, CPU_CHUNK))
+    taking = threading.Lock()
+
+    def work() -> np.ndarray:
+        out = np.zeros((1, fulldist.N_SUMS))
+        ps = torch.empty(CPU_CHUNK, J, dtype=torch.float64)
+        pt = torch.empty_like(ps)
+        while True:
+            with taking:
+                lo = next(pieces, None)
+            if lo is None:
+                return out
+            hi = min(n, lo + CPU_CHUNK)
+            a_id, a, b_id, b = (v[lo:hi] for v in flat)
+            e_s, e_t = ps[:hi - lo].copy_(a).exp_(), pt[:hi - lo].copy_(b).exp_()
+            group = valid[lo:hi].to(torch.int64).sub_(1).numpy()  # 0 where trained, −1 at padding
+            fulldist.group_sums(a_id.numpy(), _np_floats(a), b_id.numpy(), _np_floats(b), e_s.numpy(),
+                                e_t.numpy(), group, out)
+    threads = min(torch.get_num_threads(), max(1, n // (4 * CPU_CHUNK))) if pool is not None else 1
+    done = [pool.submit(work) for _ in range(threads - 1)]
+    total = work()
+    for f in done:
+        total += f.result()
+    return _row(total[0].tolist())
+
+
+def _np_floats(v: torch.Tensor) -> np.ndarray:
+    """A float tensor as numpy (bf16 and fp16 widened to fp32, exactly: numpy has no bf16)."""
+    return (v if v.dtype in (torch.float32, torch.float64) else v.to(torch.float32)).numpy()
+
+
+def topk_sums_torch(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp: torch.Tensor,
               mask: torch.Tensor) -> dict[str, float | int]:
     """TOPK_SUMS over the mask==True positions of [B, T, J] top-J ids and log-probs of both sides (J the same on
     both; ids distinct within a position; log-probs finite, checked by the caller)."""
@@ -45,10 +98,7 @@ def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp
         acc += torch.stack([n_i.sum().to(f64) / J, agree.sum().to(f64), ps.sum(), pt.sum(), kl.sum(),
                             0.5 * l1.sum() + 0.5 * (ms - mt).abs().sum(),
                             0.5 * l1.sum() + 0.5 * (1.0 - ms).sum() + 0.5 * (1.0 - mt).sum()])
-    v = acc.tolist()
-    return {"n_topk": int(len(rows)), "sum_topk_overlap": v[0], "n_top1_agree": int(round(v[1])),
-            "sum_topk_mass_sampler": v[2], "sum_topk_mass_trainer": v[3], "sum_topk_kl_shared": v[4],
-            "sum_topk_tv_lower": v[5], "sum_topk_tv_upper": v[6]}
+    return _row([float(len(rows))] + acc.tolist())
 
 
 def weight_diff(se: torch.Tensor, te: torch.Tensor, sw: torch.Tensor, tw: torch.Tensor) -> torch.Tensor:

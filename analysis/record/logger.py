@@ -344,9 +344,23 @@ def _weights(x: StepTensors, sampler_weights, trainer_weights) -> tuple[torch.Te
     return out[0], out[1]
 
 
+def _first_repeat(ids: torch.Tensor, mask: torch.Tensor) -> int | None:
+    """The flat index b·T + p of the first trained position whose ids repeat one, or None: a numba scan on the
+    CPU (sorting every position's list cost more than the step's summaries), a sort elsewhere."""
+    J = ids.shape[-1]
+    if ids.device.type == "cpu":
+        from analysis.summaries.fulldist import first_repeat
+        i = first_repeat(ids.reshape(-1, J).numpy(), mask.reshape(-1).numpy())
+        return None if i < 0 else int(i)
+    srt = ids.sort(-1).values
+    dup = (srt[..., 1:] == srt[..., :-1]).any(-1) & mask
+    return int(dup.reshape(-1).nonzero()[0]) if dup.any() else None
+
+
 def _topk(x: StepTensors, s_ids, s_lp, t_ids, t_lp) -> tuple | None:
     """The four top-J tensors, checked: all four or none, each [B, T, J] with one J, ids integers >= 0 and
-    distinct within a trained position, log-probs finite and <= 0 there. Log-probs become float64."""
+    distinct within a trained position, log-probs finite and <= 0 there. Kept in their dtypes (widened to
+    float64 chunk by chunk where the sums read them)."""
     given = {"sampler_topk_ids": s_ids, "sampler_topk_logprobs": s_lp, "trainer_topk_ids": t_ids,
              "trainer_topk_logprobs": t_lp}
     have = [k for k, v in given.items() if v is not None]
@@ -367,20 +381,20 @@ def _topk(x: StepTensors, s_ids, s_lp, t_ids, t_lp) -> tuple | None:
         v = first if name == "sampler_topk_ids" else _tensor(value, name, x.device)
         _expect_shape(v, shape, name)
         if name.endswith("_ids"):
-            if v.is_floating_point() or v.dtype == torch.bool:
+            if v.is_floating_point() or v.is_complex() or v.dtype == torch.bool:
                 raise ValueError(f"{name}: expected integer token ids, got dtype {v.dtype}")
-            v = v.to(torch.int64)
-            bad = (v < 0) & m
-            if bad.any():
-                b, p, j = (int(i) for i in bad.nonzero()[0])
-                raise ValueError(f"{name}[{b}, {p}, {j}] = {int(v[b, p, j])}: token ids are >= 0")
-            srt = v.sort(-1).values
-            dup = (srt[..., 1:] == srt[..., :-1]).any(-1) & x.mask
-            if dup.any():
-                b, p = (int(i) for i in dup.nonzero()[0])
+            if v.numel() and bool(v.min() < 0):  # one pass; the padding may hold anything, so look closer
+                bad = (v < 0) & m
+                if bad.any():
+                    b, p, j = (int(i) for i in bad.nonzero()[0])
+                    raise ValueError(f"{name}[{b}, {p}, {j}] = {int(v[b, p, j])}: token ids are >= 0")
+            row = _first_repeat(v, x.mask)
+            if row is not None:
+                b, p = divmod(row, T)
                 raise ValueError(f"{name}[{b}, {p}] = {v[b, p].tolist()}: the ids of one position must be distinct")
         else:
-            v = v.to(torch.float64)
+            if not v.is_floating_point():
+                raise ValueError(f"{name}: expected floating-point log-probs, got dtype {v.dtype}")
             if not _all_logprobs(v, m):
                 bad = m & ~(torch.isfinite(v) & (v <= 0))
                 b, p, j = (int(i) for i in bad.nonzero()[0])

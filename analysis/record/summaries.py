@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from analysis.record.checks import check_sums
-from analysis.record.fulldist import topk_sums, weight_diff
+from analysis.record.fulldist import topk_sums, topk_sums_torch, weight_diff
 from analysis.record.token_sample import Kept, SamplePlan
 from analysis.summaries import kernel
 from analysis.summaries import schema as S
@@ -405,7 +405,8 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | No
         sums = check_sums(x.s, x.t, x.mask, lambda name, shape: space.get(name, shape, torch.float64, dev))
         tables["summary_step"] |= {k: [v] for k, v in sums.items()}
         if x.topk is not None:  # the full-distribution sums (schema.TOPK_SUMS)
-            tables["summary_step"] |= {k: [v] for k, v in topk_sums(*x.topk, x.mask).items()}
+            sums = topk_sums(*x.topk, x.mask, pool=_pool()) if engine == "kernel" else topk_sums_torch(*x.topk, x.mask)
+            tables["summary_step"] |= {k: [v] for k, v in sums.items()}
     if tables["summary_seq"]:
         tables["summary_seq"] |= seq_logprob_sums(x, np.asarray(tables["summary_seq"]["sample"]))
     if routing is not None:

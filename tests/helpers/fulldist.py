@@ -42,7 +42,10 @@ def add_fulldist(step: dict, J: int = 6, vocab: int = 14, seed: int = 0) -> dict
 
 
 def _np(x) -> np.ndarray:
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        return (x.float() if x.dtype in (torch.bfloat16, torch.float16) else x).numpy()  # widened exactly
+    return np.asarray(x)
 
 
 def topk_reference(step: dict) -> dict[str, float]:
