@@ -259,3 +259,34 @@ def test_cpu_pass_and_torch_ops_agree_with_reference(ids_dtype, lp_dtype):
         for c, name in zip(TOPK, ("sum_topk_overlap", "n_top1_agree", "sum_topk_mass_sampler", "sum_topk_mass_trainer",
                                   "sum_topk_kl_shared", "sum_topk_tv_lower", "sum_topk_tv_upper")):
             close(sums[name] / n, ref[c], c)
+
+
+def test_torch_engine_equals_cpu_pass_for_routing_and_topk():
+    """summarise's torch ops (the accelerators' path, here on the CPU) and its CPU passes give the same summary_layer
+    and expert_load rows (weights included) and the same top-k sums, and both the weight reference."""
+    from analysis.record.summaries import summarise
+    from analysis.record.token_sample import Kept, SamplePlan
+    d = add_fulldist(make_step(B=30, T=20, L=4, K=3, E=7, seed=6), seed=6)
+    log = DriftLogger.__new__(DriftLogger)
+    log.work = None
+    x = DriftLogger._checked(log, 0, *(d[k] for k in ("sampler_logprobs", "trainer_logprobs", "mask", "token_ids",
+                                                      "sampler_experts", "trainer_experts", "sampler_version",
+                                                      "trainer_version", "sample_ids")))
+    from analysis.record.logger import _topk, _weights
+    x.sampler_weights, x.trainer_weights = _weights(x, d["sampler_weights"], d["trainer_weights"])
+    x.topk = _topk(x, *(d[k] for k in ("sampler_topk_ids", "sampler_topk_logprobs", "trainer_topk_ids",
+                                       "trainer_topk_logprobs")))
+    kept, plan = Kept(int(x.mask.sum()), 0, 0, 0, 0), SamplePlan(0.0, 0, 0, 0)
+    cpu, ops = (summarise(x, kept, plan, engine=e) for e in ("kernel", "torch"))
+    assert cpu["expert_load"] == ops["expert_load"]
+    for k, v in ops["summary_layer"].items():
+        got = cpu["summary_layer"][k]
+        assert len(got) == len(v) == 4, k
+        for a, b in zip(got, v):
+            assert a == b if isinstance(b, int) or b is None else math.isclose(a, b, rel_tol=1e-12), (k, a, b)
+    for name in ("n_topk", "sum_topk_overlap", "n_top1_agree", "sum_topk_kl_shared", "sum_topk_tv_upper"):
+        assert math.isclose(cpu["summary_step"][name][0], ops["summary_step"][name][0], rel_tol=1e-12), name
+    for layer, (mean, top) in weight_reference(d).items():
+        rows = cpu["summary_layer"]
+        close(rows["sum_weight_abs_diff"][layer] / rows["n_weight_rows"][layer], mean, layer)
+        close(rows["max_weight_abs_diff"][layer], top, layer)

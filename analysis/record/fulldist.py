@@ -28,7 +28,8 @@ def _row(v: list[float]) -> dict[str, float | int]:
 def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp: torch.Tensor,
               mask: torch.Tensor, pool=None) -> dict[str, float | int]:
     """TOPK_SUMS over the mask==True positions of [B, T, J] top-J ids and log-probs of both sides (checked by
-    the caller): the numba pass on the CPU (`pool`: an executor for the other threads), torch ops elsewhere."""
+    the caller, but for repeated ids on the CPU, which this pass finds: a ValueError naming the position): the
+    numba pass on the CPU (`pool`: an executor for the other threads), torch ops elsewhere."""
     if mask.device.type != "cpu":
         return topk_sums_torch(s_ids, s_lp, t_ids, t_lp, mask)
     J = s_ids.shape[-1]
@@ -37,6 +38,8 @@ def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp
     valid = mask.reshape(n)
     pieces = iter(range(0, n, CPU_CHUNK))
     taking = threading.Lock()
+
+    repeats = []  # first rows with repeated ids, one per chunk that has one
 
     def work() -> np.ndarray:
         out = np.zeros((1, fulldist.N_SUMS))
@@ -51,13 +54,20 @@ def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp
             a_id, a, b_id, b = (v[lo:hi] for v in flat)
             e_s, e_t = ps[:hi - lo].copy_(a).exp_(), pt[:hi - lo].copy_(b).exp_()
             group = valid[lo:hi].to(torch.int64).sub_(1).numpy()  # 0 where trained, −1 at padding
-            fulldist.group_sums(a_id.numpy(), _np_floats(a), b_id.numpy(), _np_floats(b), e_s.numpy(),
-                                e_t.numpy(), group, out)
+            bad = fulldist.group_sums(a_id.numpy(), _np_floats(a), b_id.numpy(), _np_floats(b), e_s.numpy(),
+                                      e_t.numpy(), group, out)
+            if bad >= 0:
+                repeats.append(lo + bad)
     threads = min(torch.get_num_threads(), max(1, n // (4 * CPU_CHUNK))) if pool is not None else 1
     done = [pool.submit(work) for _ in range(threads - 1)]
     total = work()
     for f in done:
         total += f.result()
+    if repeats:
+        b, p = divmod(min(repeats), mask.shape[1])
+        side = "sampler" if len(set(s_ids[b, p].tolist())) < J else "trainer"
+        ids = (s_ids if side == "sampler" else t_ids)[b, p].tolist()
+        raise ValueError(f"{side}_topk_ids[{b}, {p}] = {ids}: the ids of one position must be distinct")
     return _row(total[0].tolist())
 
 

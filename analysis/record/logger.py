@@ -314,6 +314,8 @@ class DriftLogger:
 def _check_experts(e: torch.Tensor, mask: torch.Tensor, name: str) -> None:
     """Refuse a negative id in a trained token's top-k: expert load counts index by id. (Repeated ids within a
     top-k are left to ingest, which refuses the routing rows it is given.)"""
+    if not e.numel() or bool(e.min() >= 0):  # one pass, padding included, settles the usual case
+        return
     bad = (e < 0).any(-1) & mask[..., None]  # [B, T, L]
     if bad.any():
         b, p, layer = (int(i) for i in bad.nonzero()[0])
@@ -321,8 +323,8 @@ def _check_experts(e: torch.Tensor, mask: torch.Tensor, name: str) -> None:
 
 
 def _weights(x: StepTensors, sampler_weights, trainer_weights) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The router combine weights as float64 [B, T, L, K], checked: each side's needs that side's experts, of the
-    same shape, and is finite at the trained positions."""
+    """The router combine weights [B, T, L, K] in their own float dtype, checked: each side's needs that side's
+    experts, of the same shape, and is finite at the trained positions."""
     out = []
     for name, value, experts, side in (("sampler_weights", sampler_weights, x.sampler_experts, "sampler_experts"),
                                        ("trainer_weights", trainer_weights, x.trainer_experts, "trainer_experts")):
@@ -335,8 +337,11 @@ def _weights(x: StepTensors, sampler_weights, trainer_weights) -> tuple[torch.Te
         if not w.is_floating_point():
             raise ValueError(f"{name}: expected floating-point weights, got dtype {w.dtype}")
         _expect_shape(w, tuple(experts.shape), name)
-        w = w.to(torch.float64)
-        bad = ~torch.isfinite(w).all(-1).all(-1) & x.mask  # [B, T]
+        lo, hi = torch.aminmax(w) if w.numel() else (torch.zeros(()), torch.zeros(()))  # one pass; NaN fails both
+        if bool(lo > -math.inf) and bool(hi < math.inf):
+            out.append(w)
+            continue
+        bad = ~torch.isfinite(w).all(-1).all(-1) & x.mask  # [B, T]: the padding may hold anything
         if bad.any():
             b, p = (int(i) for i in bad.nonzero()[0])
             raise ValueError(f"{name}[{b}, {p}]: a weight is not finite (mask the token out if it is padding)")
@@ -345,13 +350,11 @@ def _weights(x: StepTensors, sampler_weights, trainer_weights) -> tuple[torch.Te
 
 
 def _first_repeat(ids: torch.Tensor, mask: torch.Tensor) -> int | None:
-    """The flat index b·T + p of the first trained position whose ids repeat one, or None: a numba scan on the
-    CPU (sorting every position's list cost more than the step's summaries), a sort elsewhere."""
-    J = ids.shape[-1]
+    """The flat index b·T + p of the first trained position whose ids repeat one, or None, by a sort. Not on the
+    CPU (None): sorting every position's list cost more than the step's other summaries there, and the CPU's
+    top-k pass (record/fulldist.topk_sums) finds repeats as it matches the lists, before anything is written."""
     if ids.device.type == "cpu":
-        from analysis.summaries.fulldist import first_repeat
-        i = first_repeat(ids.reshape(-1, J).numpy(), mask.reshape(-1).numpy())
-        return None if i < 0 else int(i)
+        return None
     srt = ids.sort(-1).values
     dup = (srt[..., 1:] == srt[..., :-1]).any(-1) & mask
     return int(dup.reshape(-1).nonzero()[0]) if dup.any() else None

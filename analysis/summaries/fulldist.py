@@ -31,13 +31,17 @@ N_SUMS = 8
 @njit(cache=True, nogil=True, error_model="numpy")
 def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cover - compiled
     """Add schema.TOPK_SUMS of each row i of [n, J] ids, log-probs and their exponentials ps, pt (float64) to
-    out[group[i]] ([groups, N_SUMS] float64); rows with group[i] < 0 (padding) are skipped. Ids are distinct
-    within a row (checked by the caller)."""
+    out[group[i]] ([groups, N_SUMS] float64); rows with group[i] < 0 (padding) are skipped. Returns the first
+    row whose sampler or trainer ids repeat one (−1: none), whose sums are then not to be used: the ids of a
+    row must be distinct, and counting the equal pairs of each side in the loops that match the two sides costs
+    less than a pass of its own."""
     n, J = s_ids.shape
     for i in range(n):
         g = group[i]
         if g < 0:
             continue
+        same_s = 0  # pairs (a, b) of equal ids on each side: J when they are distinct
+        same_t = 0
         ms = 0.0
         mt = 0.0
         l1 = 0.0
@@ -52,19 +56,26 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
                 best_s = a
             if t_lp[i, a] > t_lp[i, best_t]:
                 best_t = a
-        # the trainer's rank of each sampler id, −1 where it has none: a branch-free scan, which vectorises
+        # the trainer's rank of each sampler id, −1 where it has none (ids are distinct: at most one match), as a
+        # sum over the ranks, which vectorises where a search with a break does not
         match = np.empty(J, np.int64)
         for a in range(J):
-            m = -1
             x = s_ids[i, a]
+            y = t_ids[i, a]
+            m = 0
             for b in range(J):
-                m = b if t_ids[i, b] == x else m
+                m += (b + 1) * (t_ids[i, b] == x)
+                same_s += s_ids[i, b] == x
+                same_t += t_ids[i, b] == y
+            m -= 1
             match[a] = m
             if m >= 0:
                 n_i += 1
                 ms += ps[i, a]
                 mt += pt[i, m]
                 l1 += abs(ps[i, a] - pt[i, m])
+        if same_s != J or same_t != J:
+            return i
         kl = 0.0
         if n_i >= 2:
             shift = math.log(ms) - math.log(mt)
@@ -80,23 +91,67 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
         out[g, 5] += kl
         out[g, 6] += 0.5 * l1 + 0.5 * abs(ms - mt)
         out[g, 7] += 0.5 * l1 + 0.5 * (1.0 - ms) + 0.5 * (1.0 - mt)
+    return -1
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def first_repeat(ids, valid):  # pragma: no cover - compiled
-    """The first row i with valid[i] whose [J] ids hold one id twice, else −1."""
-    n, J = ids.shape
-    for i in range(n):
+def routing_pass(se, te, sw, tw, valid, lo, hi, n_experts, has_t, has_w, load_s, load_t, counts, w_sum, w_max,
+                 flipped):  # pragma: no cover - compiled
+    """DriftLogger's routing summaries of positions [lo, hi) of [N, L, K] expert ids (and weights) on the CPU, the
+    torch ops of record/summaries.py `_routing` as one pass: tokens per (layer, expert) into load_s / load_t
+    ([L · n_experts]); per layer into counts [5, L]: rows whose expert multisets differ (a flip; the sorted lists
+    differ), whose first-ranked ids differ, Σ of equal (sampler, trainer) id pairs, tokens whose lowest flipped
+    layer it is, rows weighed (both sides' weights, no flip); the weight sums w_sum / w_max [L] of METRICS.md v3
+    weight_abs_diff (d = Σ_k |w_s(e_k) − w_t(e_k)|, the trainer's weight of e_k found by id); flipped[i] = the
+    token's flipped layers. Positions with valid[i] false are skipped; has_t / has_w false: te / tw unused."""
+    L, K = se.shape[1], se.shape[2]
+    for i in range(lo, hi):
         if not valid[i]:
             continue
-        dup = False
-        for a in range(1, J):
-            x = ids[i, a]
-            for b in range(a):
-                dup |= ids[i, b] == x
-        if dup:
-            return i
-    return -1
+        n_fl = 0
+        first = -1
+        for layer in range(L):
+            base = layer * n_experts
+            for a in range(K):
+                load_s[base + se[i, layer, a]] += 1
+            if not has_t:
+                continue
+            flip = False
+            common = 0
+            for a in range(K):
+                load_t[base + te[i, layer, a]] += 1
+                x = se[i, layer, a]
+                cs = 0
+                ct = 0
+                for b in range(K):
+                    cs += se[i, layer, b] == x
+                    ct += te[i, layer, b] == x
+                flip |= cs != ct
+                common += ct
+            counts[2, layer] += common
+            if se[i, layer, 0] != te[i, layer, 0]:
+                counts[1, layer] += 1
+            if flip:
+                counts[0, layer] += 1
+                n_fl += 1
+                if first < 0:
+                    first = layer
+            elif has_w:
+                d = 0.0
+                for a in range(K):
+                    x = se[i, layer, a]
+                    w = 0.0
+                    for b in range(K):
+                        w += np.float64(tw[i, layer, b]) if te[i, layer, b] == x else 0.0
+                    d += abs(np.float64(sw[i, layer, a]) - w)
+                counts[4, layer] += 1
+                w_sum[layer] += d
+                if d > w_max[layer]:
+                    w_max[layer] = d
+        if has_t:
+            flipped[i] = n_fl
+            if first >= 0:
+                counts[3, first] += 1
 
 
 def topk_sums(s_ids: np.ndarray, s_lp: np.ndarray, t_ids: np.ndarray, t_lp: np.ndarray, group: np.ndarray,
@@ -106,5 +161,6 @@ def topk_sums(s_ids: np.ndarray, s_lp: np.ndarray, t_ids: np.ndarray, t_lp: np.n
     out = np.zeros((n_groups, N_SUMS))
     ps = np.exp(s_lp.astype(np.float64))
     pt = np.exp(t_lp.astype(np.float64))
-    group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out)
+    if group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out) >= 0:
+        raise ValueError("top-k ids repeat within a row (the caller checks them first)")
     return out
