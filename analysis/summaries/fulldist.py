@@ -7,7 +7,7 @@ p = exp(log-prob), m_s = Σ_{i∈I} p_s(i), m_t likewise, p̂ = p / m over I:
   overlap   = |I| / J
   agree     = 𝟙[argmax of side s = argmax of side t]   (each side's argmax: the first id with its largest log-prob)
   mass_s    = Σ_{i∈S_s} p_s(i),  mass_t = Σ_{i∈S_t} p_t(i)
-  kl        = Σ_{i∈I} p̂_s(i) ((ls_i − lt_i) − (log m_s − log m_t))   (= KL(p̂_s ‖ p̂_t); 0 when |I| <= 1)
+  kl        = Σ_{i∈I} p̂_s(i) ((ls_i − lt_i) − log(m_s / m_t))   (= KL(p̂_s ‖ p̂_t); 0 when |I| <= 1)
   tv_lower  = ½ Σ_{i∈I} |p_s(i) − p_t(i)| + ½ |m_s − m_t|
   tv_upper  = ½ Σ_{i∈I} |p_s(i) − p_t(i)| + ½ (1 − m_s) + ½ (1 − m_t)
 The TV bounds hold for the full vocabulary: outside I the two sides' masses are 1 − m_s and 1 − m_t, whose TV
@@ -29,19 +29,48 @@ N_SUMS = 8
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _repeats(ids, i, bits):  # pragma: no cover - compiled
+    """Whether row i of [n, J] ids holds an id twice: each id's bit in a 4096-bit filter (`bits`, 64 zero words,
+    left zero), and only where two ids share a bit the exact count of equal pairs (J when they are distinct).
+    Counting the pairs on every row tripled the cost of matching the two lists."""
+    J = ids.shape[1]
+    clash = False
+    for a in range(J):
+        h = ((np.uint64(ids[i, a]) * np.uint64(2654435761)) >> np.uint64(20)) & np.uint64(4095)
+        bit = np.uint64(1) << (h & np.uint64(63))
+        clash |= (bits[h >> np.uint64(6)] & bit) != 0
+        bits[h >> np.uint64(6)] |= bit
+    for a in range(J):
+        bits[(((np.uint64(ids[i, a]) * np.uint64(2654435761)) >> np.uint64(20)) & np.uint64(4095)) >> np.uint64(6)] = 0
+    if not clash:
+        return False
+    same = 0
+    for a in range(J):
+        x = ids[i, a]
+        for b in range(J):
+            same += ids[i, b] == x
+    return same != J
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cover - compiled
     """Add schema.TOPK_SUMS of each row i of [n, J] ids, log-probs and their exponentials ps, pt (float64) to
     out[group[i]] ([groups, N_SUMS] float64); rows with group[i] < 0 (padding) are skipped. Returns the first
     row whose sampler or trainer ids repeat one (−1: none), whose sums are then not to be used: the ids of a
-    row must be distinct, and counting the equal pairs of each side in the loops that match the two sides costs
-    less than a pass of its own."""
+    row must be distinct, and finding repeats here saves a pass over the ids of its own."""
     n, J = s_ids.shape
+    bits = np.zeros(64, np.uint64)
+    match = np.empty(J, np.int64)
     for i in range(n):
         g = group[i]
         if g < 0:
             continue
-        same_s = 0  # pairs (a, b) of equal ids on each side: J when they are distinct
-        same_t = 0
+        if _repeats(s_ids, i, bits) or _repeats(t_ids, i, bits):
+            return i
+        # the trainer's rank of each sampler id, −1 where it has none (ids are distinct: at most one match), as a
+        # sum over the ranks, which vectorises where a search with a break does not; what follows is free of
+        # branches on the data (whether an id is shared is a coin toss in real lists: mispredicted jumps cost
+        # more than the arithmetic)
         ms = 0.0
         mt = 0.0
         l1 = 0.0
@@ -49,40 +78,37 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
         mass_s = 0.0
         mass_t = 0.0
         best_s, best_t = 0, 0
-        for a in range(J):
-            mass_s += ps[i, a]
-            mass_t += pt[i, a]
-            if s_lp[i, a] > s_lp[i, best_s]:
-                best_s = a
-            if t_lp[i, a] > t_lp[i, best_t]:
-                best_t = a
-        # the trainer's rank of each sampler id, −1 where it has none (ids are distinct: at most one match), as a
-        # sum over the ranks, which vectorises where a search with a break does not
-        match = np.empty(J, np.int64)
+        top_s, top_t = s_lp[i, 0], t_lp[i, 0]
         for a in range(J):
             x = s_ids[i, a]
-            y = t_ids[i, a]
             m = 0
             for b in range(J):
                 m += (b + 1) * (t_ids[i, b] == x)
-                same_s += s_ids[i, b] == x
-                same_t += t_ids[i, b] == y
-            m -= 1
+            shared = m > 0
+            m = m - 1 if shared else 0
             match[a] = m
-            if m >= 0:
-                n_i += 1
-                ms += ps[i, a]
-                mt += pt[i, m]
-                l1 += abs(ps[i, a] - pt[i, m])
-        if same_s != J or same_t != J:
-            return i
+            on = 1.0 if shared else 0.0
+            n_i += shared
+            p_s, p_t = ps[i, a], pt[i, m]
+            ms += on * p_s
+            mt += on * p_t
+            l1 += on * abs(p_s - p_t)
+            mass_s += p_s
+            mass_t += pt[i, a]
+            up_s = s_lp[i, a] > top_s
+            best_s = a if up_s else best_s
+            top_s = s_lp[i, a] if up_s else top_s
+            up_t = t_lp[i, a] > top_t
+            best_t = a if up_t else best_t
+            top_t = t_lp[i, a] if up_t else top_t
         kl = 0.0
         if n_i >= 2:
-            shift = math.log(ms) - math.log(mt)
+            shift = math.log(ms / mt)
+            inv = 1.0 / ms
             for a in range(J):
                 m = match[a]
-                if m >= 0:
-                    kl += (ps[i, a] / ms) * ((np.float64(s_lp[i, a]) - np.float64(t_lp[i, m])) - shift)
+                on = inv if s_ids[i, a] == t_ids[i, m] else 0.0
+                kl += on * ps[i, a] * ((np.float64(s_lp[i, a]) - np.float64(t_lp[i, m])) - shift)
         out[g, 0] += 1.0
         out[g, 1] += n_i / J
         out[g, 2] += 1.0 if s_ids[i, best_s] == t_ids[i, best_t] else 0.0
