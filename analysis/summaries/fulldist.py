@@ -29,19 +29,17 @@ N_SUMS = 8
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _repeats(ids, i, bits):  # pragma: no cover - compiled
-    """Whether row i of [n, J] ids holds an id twice: each id's bit in a 4096-bit filter (`bits`, 64 zero words,
-    left zero), and only where two ids share a bit the exact count of equal pairs (J when they are distinct).
-    Counting the pairs on every row tripled the cost of matching the two lists."""
+def _repeats(ids, i, seen, stamp):  # pragma: no cover - compiled
+    """Whether row i of [n, J] ids holds an id twice: each id marks its slot of a 4096-slot filter `seen` with
+    `stamp` (a number no earlier call used, so nothing needs clearing), and only where two ids share a slot the
+    exact count of equal pairs (J when they are distinct). Counting the pairs on every row tripled the cost of
+    matching the two lists."""
     J = ids.shape[1]
     clash = False
     for a in range(J):
         h = ((np.uint64(ids[i, a]) * np.uint64(2654435761)) >> np.uint64(20)) & np.uint64(4095)
-        bit = np.uint64(1) << (h & np.uint64(63))
-        clash |= (bits[h >> np.uint64(6)] & bit) != 0
-        bits[h >> np.uint64(6)] |= bit
-    for a in range(J):
-        bits[(((np.uint64(ids[i, a]) * np.uint64(2654435761)) >> np.uint64(20)) & np.uint64(4095)) >> np.uint64(6)] = 0
+        clash |= seen[h] == stamp
+        seen[h] = stamp
     if not clash:
         return False
     same = 0
@@ -59,13 +57,13 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
     row whose sampler or trainer ids repeat one (−1: none), whose sums are then not to be used: the ids of a
     row must be distinct, and finding repeats here saves a pass over the ids of its own."""
     n, J = s_ids.shape
-    bits = np.zeros(64, np.uint64)
+    seen = np.zeros(4096, np.int64)
     match = np.empty(J, np.int64)
     for i in range(n):
         g = group[i]
         if g < 0:
             continue
-        if _repeats(s_ids, i, bits) or _repeats(t_ids, i, bits):
+        if _repeats(s_ids, i, seen, 2 * i + 1) or _repeats(t_ids, i, seen, 2 * i + 2):
             return i
         # the trainer's rank of each sampler id, −1 where it has none (ids are distinct: at most one match), as a
         # sum over the ranks, which vectorises where a search with a break does not; what follows is free of
