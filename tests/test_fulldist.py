@@ -290,3 +290,32 @@ def test_torch_engine_equals_cpu_pass_for_routing_and_topk():
         rows = cpu["summary_layer"]
         close(rows["sum_weight_abs_diff"][layer] / rows["n_weight_rows"][layer], mean, layer)
         close(rows["max_weight_abs_diff"][layer], top, layer)
+
+
+def test_database_made_before_the_columns(tmp_path):
+    """A database without table topk, TOPK_SUMS and WEIGHT_SUMS (the earlier layout) opens read-only with the
+    new columns null, and when opened for writing gains them (null in its rows) and loads a logged step."""
+    from analysis.summaries import schema as S
+    DriftLogger(tmp_path / "old", "old", token_sample=0.0).log_step(1, **make_step(B=4, T=6))
+    store = Store(tmp_path / "db.duckdb")
+    ingest_paths(store, [tmp_path / "old"])
+    for c in S.TOPK_SUM_NAMES:
+        store.sql(f"ALTER TABLE summary_step DROP COLUMN {c}")
+    for c in S.WEIGHT_SUM_NAMES:
+        store.sql(f"ALTER TABLE summary_layer DROP COLUMN {c}")
+    store.sql("DROP TABLE topk")
+    before = metrics_table(store, ["old"], by="step").drop(*TOPK)
+    store.close()
+    ro = Store(tmp_path / "db.duckdb", read_only=True)
+    assert not ro.has_topk_sums and not ro.has_weight_sums
+    got = metrics_table(ro, ["old"], by="step")
+    assert got.drop(*TOPK).equals(before) and all(got[c].to_list() == [None] for c in TOPK)
+    assert metrics_table(ro, ["old"], by="layer")["weight_abs_diff_mean"].null_count() == 3
+    ro.close()
+    rw = Store(tmp_path / "db.duckdb")
+    assert rw.has_topk_sums and rw.has_weight_sums
+    data = {2: steps()[2]}
+    log = DriftLogger(tmp_path / "new", "r", token_sample=0.1)
+    log.log_step(2, **data[2])
+    assert {o.status for o in ingest_paths(rw, [tmp_path / "new"])} == {"loaded"}
+    check_columns(rw, data)
