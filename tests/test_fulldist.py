@@ -319,3 +319,33 @@ def test_database_made_before_the_columns(tmp_path):
     log.log_step(2, **data[2])
     assert {o.status for o in ingest_paths(rw, [tmp_path / "new"])} == {"loaded"}
     check_columns(rw, data)
+
+
+def test_jsonl_loss_mask_keeps_the_trained_positions_top_k(tmp_path):
+    path = tmp_path / "masked.jsonl"
+    obj = {"run": "r", "step": 1, "sample": 0, "sampler_logprobs": [-0.5, -1.0, -0.25],
+           "trainer_logprobs": [-0.4, -1.1, -0.25], "loss_mask": [1, 0, 1],
+           "sampler_topk_ids": [[1, 2], [3, 3], [5, 6]], "sampler_topk_logprobs": [[-0.5, -1.5], [1.0, 2.0], [-0.25, -2]],
+           "trainer_topk_ids": [[2, 1], [3, 3], [6, 7]], "trainer_topk_logprobs": [[-1.5, -0.5], [1.0, 2.0], [-0.5, -1]],
+           "sampler_experts": [[[0, 1]], [[2, 2]], [[1, 3]]], "sampler_weights": [[[0.75, 0.25]], [[9, 9]], [[0.5, 0.5]]],
+           "trainer_experts": [[[1, 0]], [[2, 2]], [[3, 1]]], "trainer_weights": [[[0.25, 0.75]], [[9, 9]], [[0.5, 0.5]]]}
+    path.write_text(json.dumps(obj) + "\n")  # the masked-out position breaks every rule: it is never read
+    store = Store(tmp_path / "db.duckdb")
+    outcomes = ingest_paths(store, [path])
+    assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
+    assert store.rows("SELECT pos, trainer_topk_ids FROM topk ORDER BY pos") == [(0, [2, 1]), (2, [6, 7])]
+    row = metrics_table(store, ["r"], by="step").to_dicts()[0]
+    p = math.exp
+    # position 0: identical distributions over the same ids; position 2: one shared id (6)
+    close(row["topk_overlap"], (1.0 + 0.5) / 2, "overlap")
+    close(row["top1_agree"], (1.0 + 0.0) / 2, "top1")
+    tv_up2 = 0.5 * abs(p(-2) - p(-0.5)) + 0.5 * (1 - p(-2)) + 0.5 * (1 - p(-0.5))
+    close(row["topk_tv_upper"], ((1 - p(-0.5) - p(-1.5)) + tv_up2) / 2, "tv upper")
+    layer = metrics_table(store, ["r"], by="layer").to_dicts()[0]
+    assert (layer["weight_abs_diff_mean"], layer["weight_abs_diff_max"]) == (0.0, 0.0)  # matched by id
+
+
+def test_lake_layout_refuses_top_k_and_weights(tmp_path):
+    d = add_fulldist(make_step(B=3, T=4), seed=0)
+    with pytest.raises(ValueError, match="layout='lake' does not carry top-k log-probs or routing weights"):
+        DriftLogger(tmp_path / "lake", "r", layout="lake").log_step(0, **d)

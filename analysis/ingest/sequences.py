@@ -247,15 +247,17 @@ def _add_topk(name, where, line_no, obj, n, keep, base, chunk: _Chunk) -> None:
         raise MissingColumn(name, where, f"{', '.join(map(repr, missing))} missing while {', '.join(map(repr, given))} "
                             "given", "the full-distribution columns compare both sides: give ids and log-probs of each")
     mats = {}
+    shape = None  # the first array's [n, J], which the others must match
     for key in TOPK_ARRAYS:
         try:
             arr = np.asarray(obj[key], dtype=np.int64 if key.endswith("_ids") else np.float64)
         except (ValueError, TypeError, OverflowError):
             raise WrongType(name, where, f"'{key}' is ragged or not {'integers' if key.endswith('_ids') else 'numbers'}",
                             "index it [token][j] with the same J on every token and both sides") from None
-        if arr.ndim != 2 or arr.shape[0] != n or (mats and arr.shape != next(iter(mats.values())).shape):
+        if arr.ndim != 2 or arr.shape[0] != n or (shape is not None and arr.shape != shape):
             raise LengthMismatch(name, where, f"'{key}' has shape {list(arr.shape)}, expected [{n}, J] with the J "
                                  "of the other top-k arrays", "one list of the J most likely tokens per response token")
+        shape = arr.shape
         mats[key] = arr[keep]
     m = len(keep)
     if not m:
