@@ -45,12 +45,17 @@ def warm() -> None:
     R.compare(experts, experts, rows, masks, masks, flags[0], flags[1], np.zeros(2, np.int16), flags[2])
     R.count_experts(np.zeros(2, np.int64), experts, np.zeros(64, np.int64))
     R.pack(experts, 4, np.empty(2, np.uint64))
+    # top-k rows as ingest hands them over: read-only int32 ids and fp32 log-probs (summaries/fulldist.py)
+    from analysis.summaries import fulldist as F
+    lp = K.read_only(np.full((2, 8), -2.0, np.float32))
+    F.topk_sums(experts, lp, experts, lp, np.zeros(2, np.int64), 1)
 
 
 def _kernels() -> list:
     from analysis.ingest import routing_kernel as R
     from analysis.summaries import kernel as K
-    return [K.accumulate, R.set_masks, R.compare, R.count_experts, R.pack]
+    from analysis.summaries import fulldist as F
+    return [K.accumulate, R.set_masks, R.compare, R.count_experts, R.pack, F.group_sums]
 
 
 def compiled() -> bool | None:
