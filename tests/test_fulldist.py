@@ -349,3 +349,37 @@ def test_lake_layout_refuses_top_k_and_weights(tmp_path):
     d = add_fulldist(make_step(B=3, T=4), seed=0)
     with pytest.raises(ValueError, match="layout='lake' does not carry top-k log-probs or routing weights"):
         DriftLogger(tmp_path / "lake", "r", layout="lake").log_step(0, **d)
+
+
+def slot(x: int) -> int:
+    return ((x * 2654435761) >> 20) & 4095  # summaries/fulldist._slot, for ids below 2**32
+
+
+def test_ids_sharing_a_slot_take_the_exact_path():
+    """Distinct ids whose hash slots collide, on either side, are matched by the exact comparisons (the CPU pass
+    uses the slots only where a side's ids take distinct slots); a real repeat among them is still found."""
+    first = {}
+    pair = None
+    for x in range(1, 200_000):
+        h = slot(x)
+        if h in first:
+            pair = (first[h], x)
+            break
+        first[h] = x
+    a, b = pair
+    lp = np.log([0.4, 0.3, 0.2, 0.05])
+    cases = [([a, b, 7, 9], [b, 11, a, 7]), ([7, 9, 11, 13], [a, b, 13, 7]), ([a, b, 3, 4], [5, 6, 7, 8])]
+    for s_ids, t_ids in cases:
+        got = terms(s_ids, lp, t_ids, lp[::-1])
+        step = {"mask": np.ones((1, 1)), "sampler_topk_ids": np.array([[s_ids]]),
+                "sampler_topk_logprobs": np.array([[lp]]), "trainer_topk_ids": np.array([[t_ids]]),
+                "trainer_topk_logprobs": np.array([[lp[::-1]]])}
+        ref = topk_reference(step)
+        for k, c in zip(("overlap", "agree", "mass_sampler", "mass_trainer", "kl_shared", "tv_lower", "tv_upper"),
+                        TOPK):
+            assert math.isclose(got[k], ref[c], rel_tol=1e-12, abs_tol=1e-15), (s_ids, t_ids, k, got[k], ref[c])
+    for s_ids, t_ids in (([a, b, a, 4], [1, 2, 3, 4]), ([1, 2, 3, 4], [b, a, 3, b])):
+        f = lambda v, dt: np.asarray(v, dt)[None]  # noqa: E731
+        with pytest.raises(ValueError, match="repeat"):
+            fulldist.topk_sums(f(s_ids, np.int64), f(lp, np.float64), f(t_ids, np.int64), f(lp, np.float64),
+                               np.zeros(1, np.int64), 1)

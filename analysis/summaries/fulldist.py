@@ -28,20 +28,29 @@ from numba import njit
 N_SUMS = 8
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _slot(x):  # pragma: no cover - compiled
+    """The slot of id x in a 4096-slot table (multiplicative hashing)."""
+    return ((np.uint64(x) * np.uint64(2654435761)) >> np.uint64(20)) & np.uint64(4095)
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
-def _repeats(ids, i, seen, stamp):  # pragma: no cover - compiled
-    """Whether row i of [n, J] ids holds an id twice: each id marks its slot of a 4096-slot filter `seen` with
-    `stamp` (a number no earlier call used, so nothing needs clearing), and only where two ids share a slot the
-    exact count of equal pairs (J when they are distinct). Counting the pairs on every row tripled the cost of
-    matching the two lists."""
-    J = ids.shape[1]
+def _stamp(ids, i, seen, rank, stamp):  # pragma: no cover - compiled
+    """Mark the slot of each id of row i with `stamp` (a number no earlier call used, so nothing needs clearing)
+    and its rank; returns whether two ids of the row share a slot (then, and only then, they may be equal)."""
     clash = False
-    for a in range(J):
-        h = ((np.uint64(ids[i, a]) * np.uint64(2654435761)) >> np.uint64(20)) & np.uint64(4095)
+    for a in range(ids.shape[1]):
+        h = _slot(ids[i, a])
         clash |= seen[h] == stamp
         seen[h] = stamp
-    if not clash:
-        return False
+        rank[h] = a
+    return clash
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _repeats(ids, i):  # pragma: no cover - compiled
+    """Whether row i of [n, J] ids holds an id twice: the count of equal pairs is J when they are distinct."""
+    J = ids.shape[1]
     same = 0
     for a in range(J):
         x = ids[i, a]
@@ -55,20 +64,29 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
     """Add schema.TOPK_SUMS of each row i of [n, J] ids, log-probs and their exponentials ps, pt (float64) to
     out[group[i]] ([groups, N_SUMS] float64); rows with group[i] < 0 (padding) are skipped. Returns the first
     row whose sampler or trainer ids repeat one (−1: none), whose sums are then not to be used: the ids of a
-    row must be distinct, and finding repeats here saves a pass over the ids of its own."""
+    row must be distinct, and finding repeats here saves a pass over the ids of its own.
+
+    Each side's ids go into a 4096-slot table (slot, stamp, rank): where a row's ids of one side take distinct
+    slots (~95 % of rows at J = 20), they are distinct, and each sampler id finds its trainer rank in its slot, J
+    steps a row; elsewhere the exact J² comparisons decide (counting equal pairs on every row, and matching
+    every pair, cost ~2.5× as much)."""
     n, J = s_ids.shape
     seen = np.zeros(4096, np.int64)
+    rank = np.zeros(4096, np.int64)
     match = np.empty(J, np.int64)
     for i in range(n):
         g = group[i]
         if g < 0:
             continue
-        if _repeats(s_ids, i, seen, 2 * i + 1) or _repeats(t_ids, i, seen, 2 * i + 2):
+        if _stamp(s_ids, i, seen, rank, 2 * i + 1) and _repeats(s_ids, i):
             return i
-        # the trainer's rank of each sampler id, −1 where it has none (ids are distinct: at most one match), as a
-        # sum over the ranks, which vectorises where a search with a break does not; what follows is free of
-        # branches on the data (whether an id is shared is a coin toss in real lists: mispredicted jumps cost
-        # more than the arithmetic)
+        t_stamp = 2 * i + 2
+        by_slot = not _stamp(t_ids, i, seen, rank, t_stamp)
+        if not by_slot and _repeats(t_ids, i):
+            return i
+        # the trainer's rank of each sampler id (0 where it has none, told apart by `shared`); what follows is
+        # free of branches on the data (whether an id is shared is a coin toss in real lists: mispredicted jumps
+        # cost more than the arithmetic)
         ms = 0.0
         mt = 0.0
         l1 = 0.0
@@ -79,11 +97,17 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
         top_s, top_t = s_lp[i, 0], t_lp[i, 0]
         for a in range(J):
             x = s_ids[i, a]
-            m = 0
-            for b in range(J):
-                m += (b + 1) * (t_ids[i, b] == x)
-            shared = m > 0
-            m = m - 1 if shared else 0
+            if by_slot:
+                h = _slot(x)
+                m = rank[h]
+                shared = (seen[h] == t_stamp) & (t_ids[i, m] == x)
+            else:  # a sum over the ranks, which vectorises where a search with a break does not
+                m = 0
+                for b in range(J):
+                    m += (b + 1) * (t_ids[i, b] == x)
+                shared = m > 0
+                m -= 1
+            m = m if shared else 0
             match[a] = m
             on = 1.0 if shared else 0.0
             n_i += shared
