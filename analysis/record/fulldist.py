@@ -9,6 +9,7 @@ leave it.
 """
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -28,8 +29,9 @@ def _row(v: list[float]) -> dict[str, float | int]:
 def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp: torch.Tensor,
               mask: torch.Tensor, pool=None) -> dict[str, float | int]:
     """TOPK_SUMS over the mask==True positions of [B, T, J] top-J ids and log-probs of both sides (checked by
-    the caller, but for repeated ids on the CPU, which this pass finds: a ValueError naming the position): the
-    numba pass on the CPU (`pool`: an executor for the other threads), torch ops elsewhere."""
+    the caller, except on the CPU, where this pass checks them as it reads them: a ValueError naming the
+    position and the rule): the numba pass on the CPU (`pool`: an executor for the other threads), torch ops
+    elsewhere."""
     if mask.device.type != "cpu":
         return topk_sums_torch(s_ids, s_lp, t_ids, t_lp, mask)
     J = s_ids.shape[-1]
@@ -65,10 +67,27 @@ def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp
         total += f.result()
     if repeats:
         b, p = divmod(min(repeats), mask.shape[1])
-        side = "sampler" if len(set(s_ids[b, p].tolist())) < J else "trainer"
-        ids = (s_ids if side == "sampler" else t_ids)[b, p].tolist()
-        raise ValueError(f"{side}_topk_ids[{b}, {p}] = {ids}: the ids of one position must be distinct")
+        raise ValueError(position_problem(b, p, s_ids, s_lp, t_ids, t_lp))
     return _row(total[0].tolist())
+
+
+def position_problem(b: int, p: int, s_ids, s_lp, t_ids, t_lp) -> str:
+    """The message for trained position (b, p), where the CPU pass found a rule of the top-k lists broken: the
+    first of negative ids, non-log-probs, repeated ids, side by side, as the checks before the pass word them."""
+    for side, ids, lp in (("sampler", s_ids, s_lp), ("trainer", t_ids, t_lp)):
+        row = ids[b, p].tolist()
+        for j, v in enumerate(row):
+            if v < 0:
+                return f"{side}_topk_ids[{b}, {p}, {j}] = {v}: token ids are >= 0"
+        for j, v in enumerate(lp[b, p].tolist()):
+            if not (-math.inf < v <= 0):
+                return (f"{side}_topk_logprobs[{b}, {p}, {j}] = {v!r}: a log-probability must be finite and <= 0 "
+                        "(mask the token out if it is padding)")
+    for side, ids in (("sampler", s_ids), ("trainer", t_ids)):
+        row = ids[b, p].tolist()
+        if len(set(row)) < len(row):
+            return f"{side}_topk_ids[{b}, {p}] = {row}: the ids of one position must be distinct"
+    return f"top-k lists at [{b}, {p}]: a rule is broken"
 
 
 def _np_floats(v: torch.Tensor) -> np.ndarray:

@@ -363,7 +363,8 @@ def _first_repeat(ids: torch.Tensor, mask: torch.Tensor) -> int | None:
 def _topk(x: StepTensors, s_ids, s_lp, t_ids, t_lp) -> tuple | None:
     """The four top-J tensors, checked: all four or none, each [B, T, J] with one J, ids integers >= 0 and
     distinct within a trained position, log-probs finite and <= 0 there. Kept in their dtypes (widened to
-    float64 chunk by chunk where the sums read them)."""
+    float64 chunk by chunk where the sums read them). On the CPU the values' rules are checked by the top-k
+    pass as it reads them (record/fulldist.topk_sums), still before anything is written."""
     given = {"sampler_topk_ids": s_ids, "sampler_topk_logprobs": s_lp, "trainer_topk_ids": t_ids,
              "trainer_topk_logprobs": t_lp}
     have = [k for k, v in given.items() if v is not None]
@@ -386,7 +387,7 @@ def _topk(x: StepTensors, s_ids, s_lp, t_ids, t_lp) -> tuple | None:
         if name.endswith("_ids"):
             if v.is_floating_point() or v.is_complex() or v.dtype == torch.bool:
                 raise ValueError(f"{name}: expected integer token ids, got dtype {v.dtype}")
-            if v.numel() and bool(v.min() < 0):  # one pass; the padding may hold anything, so look closer
+            if v.device.type != "cpu" and v.numel() and bool(v.min() < 0):  # one pass; padding may hold anything
                 bad = (v < 0) & m
                 if bad.any():
                     b, p, j = (int(i) for i in bad.nonzero()[0])
@@ -398,7 +399,7 @@ def _topk(x: StepTensors, s_ids, s_lp, t_ids, t_lp) -> tuple | None:
         else:
             if not v.is_floating_point():
                 raise ValueError(f"{name}: expected floating-point log-probs, got dtype {v.dtype}")
-            if not _all_logprobs(v, m):
+            if v.device.type != "cpu" and not _all_logprobs(v, m):
                 bad = m & ~(torch.isfinite(v) & (v <= 0))
                 b, p, j = (int(i) for i in bad.nonzero()[0])
                 raise ValueError(f"{name}[{b}, {p}, {j}] = {float(v[b, p, j])!r}: a log-probability must be finite "

@@ -63,8 +63,9 @@ def _repeats(ids, i):  # pragma: no cover - compiled
 def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cover - compiled
     """Add schema.TOPK_SUMS of each row i of [n, J] ids, log-probs and their exponentials ps, pt (float64) to
     out[group[i]] ([groups, N_SUMS] float64); rows with group[i] < 0 (padding) are skipped. Returns the first
-    row whose sampler or trainer ids repeat one (−1: none), whose sums are then not to be used: the ids of a
-    row must be distinct, and finding repeats here saves a pass over the ids of its own.
+    row that breaks a rule of the lists (−1: none), whose sums are then not to be used: ids distinct and >= 0,
+    log-probs finite and <= 0 (checked here, in the pass that reads them anyway, rather than by passes of their
+    own over the [n, J] arrays, which cost as much as these sums).
 
     Each side's ids go into a 4096-slot table (slot, stamp, rank): where a row's ids of one side take distinct
     slots (~95 % of rows at J = 20), they are distinct, and each sampler id finds its trainer rank in its slot, J
@@ -95,8 +96,11 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
         mass_t = 0.0
         best_s, best_t = 0, 0
         top_s, top_t = s_lp[i, 0], t_lp[i, 0]
+        bad = False
         for a in range(J):
             x = s_ids[i, a]
+            bad |= (x < 0) | (t_ids[i, a] < 0) | ~(s_lp[i, a] <= 0) | ~(t_lp[i, a] <= 0)
+            bad |= (s_lp[i, a] == -np.inf) | (t_lp[i, a] == -np.inf)
             if by_slot:
                 h = _slot(x)
                 m = rank[h]
@@ -123,6 +127,8 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
             up_t = t_lp[i, a] > top_t
             best_t = a if up_t else best_t
             top_t = t_lp[i, a] if up_t else top_t
+        if bad:
+            return i
         kl = 0.0
         if n_i >= 2:
             shift = math.log(ms / mt)
@@ -210,5 +216,6 @@ def topk_sums(s_ids: np.ndarray, s_lp: np.ndarray, t_ids: np.ndarray, t_lp: np.n
     ps = np.exp(s_lp.astype(np.float64))
     pt = np.exp(t_lp.astype(np.float64))
     if group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out) >= 0:
-        raise ValueError("top-k ids repeat within a row (the caller checks them first)")
+        raise ValueError("top-k ids repeat within a row, or a log-prob is not finite and <= 0 (the caller checks "
+                         "them first)")
     return out
