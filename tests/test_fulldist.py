@@ -149,7 +149,7 @@ def test_runs_without_topk_have_null_columns(tmp_path):
     assert metrics_table(store, ["r"], by="layer")["weight_abs_diff_mean"].null_count() == 3
 
 
-@pytest.mark.parametrize("change, message", [
+REFUSALS = [
     (lambda d: d.pop("trainer_topk_logprobs"), "trainer_topk_logprobs: missing"),
     (lambda d: d.update(trainer_topk_ids=d["trainer_topk_ids"][..., :3]), "trainer_topk_ids: expected shape"),
     (lambda d: d["sampler_topk_logprobs"].__setitem__((0, 0, 2), 0.5), "sampler_topk_logprobs[0, 0, 2] = 0.5"),
@@ -161,7 +161,10 @@ def test_runs_without_topk_have_null_columns(tmp_path):
     (lambda d: d.pop("trainer_experts"), "trainer_weights: given without trainer_experts"),
     (lambda d: d.update(sampler_weights=d["sampler_weights"][..., :1]), "sampler_weights: expected shape"),
     (lambda d: d["trainer_weights"].__setitem__((2, 0, 1, 0), float("inf")), "trainer_weights[2, 0]"),
-])
+]
+
+
+@pytest.mark.parametrize("change, message", REFUSALS)
 def test_logger_refuses(tmp_path, change, message):
     d = add_fulldist(make_step(B=4, T=6, seed=1), seed=1)
     d["mask"] = torch.ones_like(d["mask"])
@@ -170,6 +173,26 @@ def test_logger_refuses(tmp_path, change, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         DriftLogger(tmp_path / "logs", "r").log_step(0, **d)
     assert not list((tmp_path / "logs" / "r").glob("*.parquet"))
+
+
+@pytest.mark.parametrize("change, message", REFUSALS)
+def test_accelerator_checks_word_the_same_refusals(change, message):
+    """The checks that run before the sums on an accelerator (here forced on CPU tensors: in_pass=False) refuse
+    what the CPU pass refuses, in the same words."""
+    from analysis.record.logger import _topk, _weights
+    d = add_fulldist(make_step(B=4, T=6, seed=1), seed=1)
+    d["mask"] = torch.ones_like(d["mask"])
+    d["sampler_logprobs"] = torch.nan_to_num(d["sampler_logprobs"], nan=-1.0)
+    change(d)
+    log = DriftLogger.__new__(DriftLogger)
+    log.work = None
+    names = ("sampler_logprobs", "trainer_logprobs", "mask", "token_ids", "sampler_experts", "trainer_experts",
+             "sampler_version", "trainer_version", "sample_ids")
+    x = DriftLogger._checked(log, 0, *(d.get(k) for k in names))
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        _weights(x, d.get("sampler_weights"), d.get("trainer_weights"))
+        _topk(x, *(d.get(k) for k in ("sampler_topk_ids", "sampler_topk_logprobs", "trainer_topk_ids",
+                                      "trainer_topk_logprobs")), in_pass=False)
 
 
 def test_padding_is_not_checked(tmp_path):

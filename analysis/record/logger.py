@@ -350,21 +350,19 @@ def _weights(x: StepTensors, sampler_weights, trainer_weights) -> tuple[torch.Te
 
 
 def _first_repeat(ids: torch.Tensor, mask: torch.Tensor) -> int | None:
-    """The flat index b·T + p of the first trained position whose ids repeat one, or None, by a sort. Not on the
-    CPU (None): sorting every position's list cost more than the step's other summaries there, and the CPU's
-    top-k pass (record/fulldist.topk_sums) finds repeats as it matches the lists, before anything is written."""
-    if ids.device.type == "cpu":
-        return None
+    """The flat index b·T + p of the first trained position whose ids repeat one, or None, by a sort."""
     srt = ids.sort(-1).values
     dup = (srt[..., 1:] == srt[..., :-1]).any(-1) & mask
     return int(dup.reshape(-1).nonzero()[0]) if dup.any() else None
 
 
-def _topk(x: StepTensors, s_ids, s_lp, t_ids, t_lp) -> tuple | None:
+def _topk(x: StepTensors, s_ids, s_lp, t_ids, t_lp, in_pass: bool | None = None) -> tuple | None:
     """The four top-J tensors, checked: all four or none, each [B, T, J] with one J, ids integers >= 0 and
     distinct within a trained position, log-probs finite and <= 0 there. Kept in their dtypes (widened to
-    float64 chunk by chunk where the sums read them). On the CPU the values' rules are checked by the top-k
-    pass as it reads them (record/fulldist.topk_sums), still before anything is written."""
+    float64 chunk by chunk where the sums read them). On the CPU (`in_pass`, default: whether the tensors are
+    there) the values' rules are left to the top-k pass, which checks them as it reads them
+    (record/fulldist.topk_sums), still before anything is written: passes of their own over [B, T, J] (a sort per
+    position for the repeats) cost more than the sums."""
     given = {"sampler_topk_ids": s_ids, "sampler_topk_logprobs": s_lp, "trainer_topk_ids": t_ids,
              "trainer_topk_logprobs": t_lp}
     have = [k for k, v in given.items() if v is not None]
@@ -381,25 +379,26 @@ def _topk(x: StepTensors, s_ids, s_lp, t_ids, t_lp) -> tuple | None:
     shape = tuple(first.shape)
     out = []
     m = x.mask[..., None]
+    in_pass = x.device.type == "cpu" if in_pass is None else in_pass
     for name, value in given.items():
         v = first if name == "sampler_topk_ids" else _tensor(value, name, x.device)
         _expect_shape(v, shape, name)
         if name.endswith("_ids"):
             if v.is_floating_point() or v.is_complex() or v.dtype == torch.bool:
                 raise ValueError(f"{name}: expected integer token ids, got dtype {v.dtype}")
-            if v.device.type != "cpu" and v.numel() and bool(v.min() < 0):  # one pass; padding may hold anything
+            if not in_pass and v.numel() and bool(v.min() < 0):  # one pass; the padding may hold anything
                 bad = (v < 0) & m
                 if bad.any():
                     b, p, j = (int(i) for i in bad.nonzero()[0])
                     raise ValueError(f"{name}[{b}, {p}, {j}] = {int(v[b, p, j])}: token ids are >= 0")
-            row = _first_repeat(v, x.mask)
+            row = None if in_pass else _first_repeat(v, x.mask)
             if row is not None:
                 b, p = divmod(row, T)
                 raise ValueError(f"{name}[{b}, {p}] = {v[b, p].tolist()}: the ids of one position must be distinct")
         else:
             if not v.is_floating_point():
                 raise ValueError(f"{name}: expected floating-point log-probs, got dtype {v.dtype}")
-            if v.device.type != "cpu" and not _all_logprobs(v, m):
+            if not in_pass and not _all_logprobs(v, m):
                 bad = m & ~(torch.isfinite(v) & (v <= 0))
                 b, p, j = (int(i) for i in bad.nonzero()[0])
                 raise ValueError(f"{name}[{b}, {p}, {j}] = {float(v[b, p, j])!r}: a log-probability must be finite "
