@@ -1,8 +1,8 @@
 """The full-distribution sums of a step (summaries/schema.py TOPK_SUMS), on the tensors' device.
 
 The formulas are summaries/fulldist.py's (METRICS.md v3 "Full distribution"). On the CPU, that module's numba
-pass over chunks of positions, the chunk's exponentials by torch (vectorised) into buffers kept from step to step,
-the chunks shared among torch.get_num_threads() threads. Elsewhere (`topk_sums_torch`), torch ops over the
+pass over chunks of positions, the chunk's exponentials by torch (vectorised) into two [chunk, J] buffers of each
+thread, the chunks shared among torch.get_num_threads() threads. Elsewhere (`topk_sums_torch`), torch ops over the
 trained positions in chunks: a chunk's [c, J, J] id comparison bounds the temporaries (J = 20: 400 bytes a
 position), and each sum is a float64 reduction of the chunk, added on the device; only the step's eight numbers
 leave it.
@@ -41,7 +41,7 @@ def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp
     pieces = iter(range(0, n, CPU_CHUNK))
     taking = threading.Lock()
 
-    repeats = []  # first rows with repeated ids, one per chunk that has one
+    broken = []  # per chunk that has one, the first position breaking a rule of the lists
 
     def work() -> np.ndarray:
         out = np.zeros((1, fulldist.N_SUMS))
@@ -59,14 +59,14 @@ def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp
             bad = fulldist.group_sums(a_id.numpy(), _np_floats(a), b_id.numpy(), _np_floats(b), e_s.numpy(),
                                       e_t.numpy(), group, out)
             if bad >= 0:
-                repeats.append(lo + bad)
+                broken.append(lo + bad)
     threads = min(torch.get_num_threads(), max(1, n // (4 * CPU_CHUNK))) if pool is not None else 1
     done = [pool.submit(work) for _ in range(threads - 1)]
     total = work()
     for f in done:
         total += f.result()
-    if repeats:
-        b, p = divmod(min(repeats), mask.shape[1])
+    if broken:
+        b, p = divmod(min(broken), mask.shape[1])
         raise ValueError(position_problem(b, p, s_ids, s_lp, t_ids, t_lp))
     return _row(total[0].tolist())
 
