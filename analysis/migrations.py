@@ -6,6 +6,11 @@
 - add_columns, after the DDL: columns SCHEMA.md gained after databases were made (ADDED_COLUMNS), null in the
   earlier rows;
 - to_layout2: summaries of layout 1 (below).
+Added tables and columns need no step here: the DDL makes the table `topk` (top-k log-probs) where it is missing and
+adds summaries/schema.py ADDED (the logging checks', full-distribution and routing-weight sums) as null columns;
+a database opened read-only reads them as null (Store.has_check_sums, has_topk_sums, has_weight_sums). Routing
+weights are FLOAT[] in tables made now; `routing_rows` made before keeps DOUBLE[] (rewriting it would double the
+file, which DuckDB does not shrink), which the view reads alike.
 (Files loaded before summaries existed are summarised by ingest's own SQL: analysis/ingest/summarise.py,
 `backfill`, run by ingest.open_store.)
 

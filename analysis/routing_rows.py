@@ -23,12 +23,27 @@ def experts_column(experts: np.ndarray) -> pa.ListArray:
     return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(experts, dtype=np.int32).reshape(-1)))
 
 
-def routing_columns(keys: dict[str, Any], sampler: np.ndarray, trainer: np.ndarray | None = None) -> dict[str, Any]:
+def list_column(values: np.ndarray) -> pa.ListArray:
+    """[N, K] values -> list column of N rows of K values, in the array's own type (float32 weights and
+    log-probs stay fp32: SCHEMA.md stores them so).
+
+    >>> list_column(np.array([[0.5, 0.25]], dtype=np.float32)).type
+    ListType(list<item: float>)
+    """
+    n, k = values.shape
+    offsets = pa.array(np.arange(0, (n + 1) * k, k, dtype=np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(values).reshape(-1)))
+
+
+def routing_columns(keys: dict[str, Any], sampler: np.ndarray, trainer: np.ndarray | None = None,
+                    sampler_weights: np.ndarray | None = None,
+                    trainer_weights: np.ndarray | None = None) -> dict[str, Any]:
     """Columns of the routing rows of n tokens.
 
     keys: per-token columns (n values each): numpy arrays, or Arrow arrays for values a validator has yet to
     check; each is repeated once per layer. sampler, trainer: [n, L, K] expert ids (trainer optional: the
-    column is then left out). Adds `layer` (0..L-1 per token).
+    column is then left out); sampler_weights, trainer_weights: optional [n, L, K] combine weights (float32 for
+    the stored fp32). Adds `layer` (0..L-1 per token).
 
     >>> cols = routing_columns({"pos": np.array([5, 6])}, np.array([[[1, 2], [3, 4]], [[5, 6], [7, 0]]]))
     >>> cols["pos"].tolist(), cols["layer"].tolist(), cols["sampler_experts"].to_pylist()
@@ -45,4 +60,7 @@ def routing_columns(keys: dict[str, Any], sampler: np.ndarray, trainer: np.ndarr
     cols["sampler_experts"] = experts_column(sampler.reshape(n * layers, k))
     if trainer is not None:
         cols["trainer_experts"] = experts_column(trainer.reshape(n * layers, k))
+    for name, w in (("sampler_weights", sampler_weights), ("trainer_weights", trainer_weights)):
+        if w is not None:
+            cols[name] = list_column(w.reshape(n * layers, k))
     return cols

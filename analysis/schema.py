@@ -42,8 +42,22 @@ ROUTING = (
     Column("layer", "INTEGER", True, "0-based MoE layer"),
     Column("sampler_experts", "INTEGER[]", True, "sampler top-k expert ids"),
     Column("trainer_experts", "INTEGER[]", False, "trainer top-k expert ids (NULL: sampler side only)"),
-    Column("sampler_weights", "DOUBLE[]", False),
-    Column("trainer_weights", "DOUBLE[]", False),
+    Column("sampler_weights", "FLOAT[]", False, "sampler router combine weights, in sampler_experts' order (fp32)"),
+    Column("trainer_weights", "FLOAT[]", False, "trainer router combine weights, in trainer_experts' order (fp32)"),
+)
+
+# The J most likely tokens of each side at a position (METRICS.md v3 "Full distribution"): one row per token that
+# has them, beside its token row. Log-probs are stored as fp32, what engines return (DOUBLE doubled the bytes:
+# benchmarks/RESULTS-logger.md); ids as INTEGER. Both sides together: the columns compare them.
+TOPK = (
+    Column("run", "VARCHAR", True),
+    Column("step", "BIGINT", True),
+    Column("sample", "BIGINT", True),
+    Column("pos", "INTEGER", True),
+    Column("sampler_topk_ids", "INTEGER[]", True, "the sampler's J most likely token ids (distinct)"),
+    Column("sampler_topk_logprobs", "FLOAT[]", True, "their log-probs under the sampler, in the same order"),
+    Column("trainer_topk_ids", "INTEGER[]", True, "the trainer's J most likely token ids (distinct)"),
+    Column("trainer_topk_logprobs", "FLOAT[]", True, "their log-probs under the trainer"),
 )
 
 # Derived at ingest so that set comparisons never run at query time (sorting the expert lists with list_sort
@@ -97,8 +111,8 @@ def probe_ddl() -> str:
     return f"CREATE TABLE IF NOT EXISTS {PROBE_TABLE} (" + ", ".join(f"{c.name} {c.sql_type}" for c in PROBE) + ")"
 
 
-TABLES = {"tokens": TOKENS, "routing": ROUTING, "sequences": SEQUENCES}
-KEYS = {"tokens": TOKEN_KEY, "routing": ROUTING_KEY, "sequences": SEQUENCE_KEY}
+TABLES = {"tokens": TOKENS, "routing": ROUTING, "sequences": SEQUENCES, "topk": TOPK}
+KEYS = {"tokens": TOKEN_KEY, "routing": ROUTING_KEY, "sequences": SEQUENCE_KEY, "topk": TOKEN_KEY}
 
 
 def names(table: str) -> list[str]:

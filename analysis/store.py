@@ -319,6 +319,16 @@ class Store:
         has_check_sums."""
         return self._has_columns("summary_step", summary_schema.RESIDUAL_SUM_NAMES)
 
+    @property
+    def has_topk_sums(self) -> bool:
+        """Whether summary_step has the full-distribution sums (summaries/schema.py TOPK_SUMS), as has_check_sums."""
+        return self._has_columns("summary_step", summary_schema.TOPK_SUM_NAMES)
+
+    @property
+    def has_weight_sums(self) -> bool:
+        """Whether summary_layer has the routing-weight sums (summaries/schema.py WEIGHT_SUMS), as has_check_sums."""
+        return self._has_columns("summary_layer", summary_schema.WEIGHT_SUM_NAMES)
+
     def has_columns(self, table: str, names: Sequence[str]) -> bool:
         """Whether `table` (or view) has every column of `names`: a database made before SCHEMA.md gained them,
         opened read-only, has not."""
@@ -364,13 +374,14 @@ class Store:
                 "WHERE run = ? UNION SELECT DISTINCT file_id FROM sequences WHERE run = ? "
                 "UNION SELECT DISTINCT file_id FROM summary_step WHERE run = ? "
                 "UNION SELECT DISTINCT file_id FROM expert_load WHERE run = ? "
-                "UNION SELECT DISTINCT file_id FROM expert_placement WHERE run = ?",
-                [run, run, run, run, run, run]).fetchall()]
+                "UNION SELECT DISTINCT file_id FROM expert_placement WHERE run = ? "
+                "UNION SELECT DISTINCT file_id FROM topk WHERE run = ?",
+                [run, run, run, run, run, run, run]).fetchall()]
             coded = coded_tables(w.cur)
             for table in (*schema.stored_tables("tokens"), *schema.stored_tables("routing")):
                 where = f"run_id = (SELECT run_id FROM {schema.RUN_IDS} WHERE run = ?)" if table in coded else "run = ?"
                 w.execute(f"DELETE FROM {table} WHERE {where}", [run])
-            for table in ("sequences", "expert_load", "expert_placement", "runs", schema.RUN_IDS, schema.PROBE_TABLE,
+            for table in ("sequences", "topk", "expert_load", "expert_placement", "runs", schema.RUN_IDS, schema.PROBE_TABLE,
                           *(t for t in summary_schema.TABLES if "run" in summary_schema.columns(t))):
                 w.execute(f"DELETE FROM {table} WHERE run = ?", [run])
             # a file that held several runs keeps its record while any of its rows remain
@@ -379,8 +390,9 @@ class Store:
                                  "(SELECT count(*) FROM routing WHERE file_id = ?) + "
                                  "(SELECT count(*) FROM summary_step WHERE file_id = ?) + "
                                  "(SELECT count(*) FROM expert_load WHERE file_id = ?) + "
-                                 "(SELECT count(*) FROM expert_placement WHERE file_id = ?)",
-                                 [fid, fid, fid, fid, fid]).fetchall()[0][0]
+                                 "(SELECT count(*) FROM expert_placement WHERE file_id = ?) + "
+                                 "(SELECT count(*) FROM topk WHERE file_id = ?)",
+                                 [fid, fid, fid, fid, fid, fid]).fetchall()[0][0]
                 if not left:
                     w.execute("DELETE FROM files WHERE file_id = ?", [fid])
                     w.execute("DELETE FROM summary_skip WHERE file_id = ?", [fid])

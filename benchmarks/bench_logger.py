@@ -1,6 +1,11 @@
 """Benchmark DriftLogger.log_step on CPU: summaries alone and with token samples, against writing every token row.
 
     python benchmarks/bench_logger.py [--tokens 4000000] [--steps 5] [--repeat 3] [--threads 2] [--no-write]
+    python benchmarks/bench_logger.py --fulldist [--tokens 2000000] [--layers 2] [--k 8] ...
+
+--fulldist times instead the METRICS.md v3 inputs (`fulldist_main`): log_step with top-k log-probs (J = 20, and 8)
+and router weights beside the same steps without them, and measures the bytes per token each adds to a DuckDB
+database (a seeded run logged with token_sample = 1 and ingested).
 
 One synthetic step of B × T fp32 log-probs (B = tokens / 1000 sequences of 1000 positions, lengths uniform in
 [500, 1000], so ~25% padding) is logged repeatedly; the best of `repeat` rounds counts (each round logs `steps`
@@ -117,8 +122,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="rounds per configuration; the best counts")
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--no-write", action="store_true", help="print only; do not append to RESULTS-logger.md")
+    ap.add_argument("--fulldist", action="store_true", help="time top-k log-probs and router weights instead")
+    ap.add_argument("--layers", type=int, default=2, help="--fulldist: MoE layers of the routing")
+    ap.add_argument("--k", type=int, default=8, help="--fulldist: experts per token and layer")
+    ap.add_argument("--db-tokens", type=int, default=200_000, help="--fulldist: positions per step of the bytes run")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.fulldist:
+        return fulldist_main(args)
     data = make_step(args.tokens)
     n = int(data["mask"].sum()) * args.steps
     Baseline = baseline_logger()
@@ -155,6 +166,92 @@ def main() -> None:
     record(RESULTS, "\n".join(lines), RESULTS_INTRO, {"torch": torch.__version__}, write=not args.no_write,
            note=f"torch threads={args.threads}; data: {args.steps} steps × {n // args.steps:,} trained tokens "
                 f"(fp32 log-probs, no routing), best of {args.repeat} rounds, alternating")
+
+
+J_SIZES = (8, 20)
+
+
+def fulldist_inputs(data: dict, J: int, layers: int, k: int, experts: int = 64, seed: int = 1) -> dict[str, dict]:
+    """The extra log_step arguments of the --fulldist configurations for `data`'s [B, T] step: top-J lists (fp32
+    log-probs of a softmax, distinct ids; the trainer keeps the sampler's first J − 3 ids with perturbed log-probs)
+    and routing of both sides ([B, T, layers, k] ids, fp32 weights; the trainer's sets equal, ranks reversed)."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = data["mask"].shape
+    ids = torch.randint(0, 150_000 // J, (B, T, 1), generator=g, dtype=torch.int32) + \
+        torch.arange(J, dtype=torch.int32) * (150_000 // J)
+    lp = torch.log_softmax(torch.randn(B, T, J, generator=g) * 2, -1)
+    t_ids = ids.clone()
+    t_ids[..., J - 3:] += 1
+    t_lp = (lp + 0.01 * torch.randn(B, T, J, generator=g)).clamp(max=0.0)
+    topk = dict(sampler_topk_ids=ids, sampler_topk_logprobs=lp, trainer_topk_ids=t_ids, trainer_topk_logprobs=t_lp)
+    se = torch.argsort(torch.rand(B, T, layers, experts, generator=g), -1)[..., :k].to(torch.int32)
+    sw = torch.softmax(torch.randn(B, T, layers, k, generator=g), -1)
+    tw = (sw + 1e-3 * torch.rand(B, T, layers, k, generator=g)).flip(-1)
+    routing = dict(sampler_experts=se, trainer_experts=se.flip(-1))
+    return {"topk": topk, "routing": routing, "weights": routing | dict(sampler_weights=sw, trainer_weights=tw)}
+
+
+def db_bytes(step_data: dict, steps: int) -> tuple[int, int]:
+    """(bytes of the database's used blocks, trained tokens) of `steps` seeded steps logged with token_sample=1 and
+    ingested: used blocks (PRAGMA database_size) rather than the file's size, which keeps the blocks a load's
+    transaction freed."""
+    from analysis.ingest import ingest_paths
+    from analysis.store import Store
+    with tempfile.TemporaryDirectory() as tmp:
+        log = DriftLogger(Path(tmp) / "logs", "bench", token_sample=1.0)
+        for step in range(steps):
+            log.log_step(step, **step_data)
+        store = Store(Path(tmp) / "db.duckdb")
+        outcomes = ingest_paths(store, [Path(tmp) / "logs"])
+        assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
+        store.close()
+        import duckdb
+        con = duckdb.connect(str(Path(tmp) / "db.duckdb"))
+        con.execute("CHECKPOINT")
+        block, used = con.execute("SELECT block_size, used_blocks FROM pragma_database_size()").fetchone()
+        con.close()
+        return block * used, int(step_data["mask"].sum()) * steps
+
+
+def fulldist_main(args) -> None:
+    data = make_step(args.tokens)
+    n = int(data["mask"].sum()) * args.steps
+    extra = {J: fulldist_inputs(data, J, args.layers, args.k) for J in J_SIZES}
+    configs = {"token_sample=0, no top-k or routing": {},
+               "token_sample=0, top-k J=20": extra[20]["topk"],
+               f"token_sample=0, routing L={args.layers} K={args.k} (ids)": extra[20]["routing"],
+               f"token_sample=0, routing L={args.layers} K={args.k} + weights": extra[20]["weights"],
+               f"token_sample=0, top-k J=20 + routing L={args.layers} K={args.k} + weights":
+                   extra[20]["topk"] | extra[20]["weights"],
+               f"token_sample=0.001, top-k J=20 + routing L={args.layers} K={args.k} + weights":
+                   extra[20]["topk"] | extra[20]["weights"]}
+    rate = {name: 0.001 if "0.001" in name else 0.0 for name in configs}
+    DriftLogger(tempfile.mkdtemp(), "warm", token_sample=0.0).log_step(
+        0, **make_step(2000), **fulldist_inputs(make_step(2000), 20, args.layers, args.k)["topk"])  # loads kernels
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = alternate({name: lambda name=name: time_round(
+            lambda out: DriftLogger(out, "bench", token_sample=rate[name]), data | configs[name], args.steps,
+            Path(tmp) / "out") for name in configs}, args.repeat)
+    best = {name: min(r.outs) for name, r in runs.items()}
+    base = best[next(iter(configs))][0]
+    lines = [f"- {name}: {secs:.3f} s for {n:,} tokens -> {n / secs / 1e6:.2f}M tokens/s ({n / cpu / 1e6:.2f}M "
+             f"tokens per CPU-second), {secs / base:.2f}x the time without" for name, (secs, cpu) in best.items()]
+    small = make_step(args.db_tokens, seed=2)
+    small_extra = {J: fulldist_inputs(small, J, args.layers, args.k) for J in J_SIZES}
+    plain, tokens = db_bytes(small, 2)
+    lines.append(f"\nDuckDB bytes per trained token (token_sample=1, {tokens:,} tokens over 2 steps, ingested; "
+                 f"the growth of the database's used blocks over the same steps without the column):\n")
+    routed, _ = db_bytes(small | small_extra[20]["routing"], 2)
+    for label, extra_data, against, base_bytes in (
+            [(f"top-k J={J}", small_extra[J]["topk"], "tokens only", plain) for J in J_SIZES]
+            + [(f"weights of both sides, L={args.layers} K={args.k}", small_extra[20]["weights"],
+                "the same routing ids without weights", routed)]):
+        size, _ = db_bytes(small | extra_data, 2)
+        lines.append(f"- {label}: {(size - base_bytes) / tokens:.1f} bytes per token beyond {against} "
+                     f"({size / 1e6:.2f} MB against {base_bytes / 1e6:.2f} MB)")
+    record(RESULTS, "\n".join(lines), RESULTS_INTRO, {"torch": torch.__version__}, write=not args.no_write,
+           note=f"--fulldist: torch threads={args.threads}; data: {args.steps} steps × {n // args.steps:,} trained "
+                f"tokens (fp32 log-probs), best of {args.repeat} rounds, alternating")
 
 
 RESULTS_INTRO = """# DriftLogger benchmarks (benchmarks/bench_logger.py, benchmarks/sim_1b.py)

@@ -96,6 +96,15 @@ if layer_tab.open:
             else:
                 plot.show(routing_charts.layer_heatmap(df, value), key="routing_layer_heatmap")
                 st.caption(f"**{value}**: {glossary.describe(value)}.")
+        weighted = S.cached(dashboard.routing_weight_runs, [run])
+        if weighted:
+            with left, S.guard("compute the routing-weight mismatch"):
+                st.markdown(f"**Routing-weight mismatch, step × layer** ({run})")
+                df = S.cached(routing.routing_metrics, [run], by="layer", steps=sel.steps)
+                df = df.filter(df["weight_abs_diff_mean"].is_not_null())
+                plot.show(routing_charts.layer_heatmap(df, "weight_abs_diff_mean"), key="routing_weight_heatmap")
+                st.caption(f"**weight_abs_diff_mean**: {glossary.describe('weight_abs_diff_mean')}. Replaying the "
+                           "expert ids alone leaves this; replaying the weights too removes it.")
         with right, S.guard("compute the layer profile"):
             st.markdown("**Flip rate per layer** (all steps, every run with both sides)")
             df = S.cached(routing.layer_profile, both, steps=sel.steps)

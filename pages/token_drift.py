@@ -2,7 +2,7 @@
 where the mismatch lives (probability, position, length, entropy, staleness) and the extreme-token curve."""
 import streamlit as st
 
-from analysis.metrics import buckets, distributions, sampled
+from analysis.metrics import buckets, dashboard, distributions, sampled
 from ui import auth, charts, glossary, plot
 from ui import state as S
 
@@ -20,8 +20,10 @@ colors = S.run_colors()
 # the extreme-token curve come from one shared pass over the tokens.
 S.remember("tokens_logy", "tokens_run", "tokens_density_log", "tokens_top_show", "tokens_dim",
            "tokens_bucket_metric", "tokens_tags")
-dist_tab, run_tab, where_tab, extreme_tab = S.tabs(
-    ["Distribution", "One run in detail", "Where the mismatch lives", "Extreme tokens"], key="tokens_tab")
+full = S.cached(dashboard.full_distribution, sel.runs, steps=sel.steps)  # per step; empty without top-k
+names = ["Distribution", "One run in detail", "Where the mismatch lives", "Extreme tokens"]
+dist_tab, run_tab, where_tab, extreme_tab, *full_tab = S.tabs(
+    names + (["Full distribution"] if not full.is_empty() else []), key="tokens_tab")
 
 if dist_tab.open:
     with dist_tab:
@@ -135,3 +137,15 @@ if extreme_tab.open:
         plot.show(charts.extreme_curve(hists["extreme"], colors), key="tokens_extreme")
         st.caption("F(τ): the share of tokens whose ratio is off by more than a factor τ in either direction "
                    "(max(r, 1/r) > τ). A heavy tail here is what breaks importance-sampling corrections.")
+
+if full_tab and full_tab[0].open:
+    with full_tab[0]:
+        st.markdown("**Beyond the sampled tokens: the two sides' top-J lists, per step**")
+        plot.show(charts.step_curves(full, ["topk_overlap", "top1_agree"], colors), key="tokens_full_agree")
+        plot.show(charts.step_curves(full, ["kl_k3", "topk_kl_shared", "topk_tv_lower", "topk_tv_upper"], colors,
+                                     log_y=True), key="tokens_full_divergence")
+        without = [r for r in sel.runs if r not in set(full["run"].to_list())]
+        st.caption("kl_k3 estimates KL from the sampled tokens alone; the others compare the J most likely tokens "
+                   "of each side at every position. "
+                   + " ".join(f"**{m}**: {glossary.describe(m)}." for m in dashboard.FULL_DISTRIBUTION[1:])
+                   + (f" Without top-k log-probs (not shown): {', '.join(without)}." if without else ""))

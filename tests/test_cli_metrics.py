@@ -72,7 +72,9 @@ def test_csv_has_metrics_md_columns(cli_db):
                                  "seq_geo_ratio_min", "seq_geo_ratio_max", "ratio_mean_se", "missing_mass",
                                  "logprob_slope", "logprob_slope_se", "lag_abs_delta_prev", "lag_abs_delta_next",
                                  "first_token_kl_share", "lattice_share_q", "boundary_low_share",
-                                 "elsewhere_low_share", "token_any_flip_rate", "flipped_layers_per_token"]
+                                 "elsewhere_low_share", "topk_overlap", "top1_agree", "topk_mass_sampler", "topk_mass_trainer",
+                                 "topk_kl_shared", "topk_tv_lower", "topk_tv_upper",
+                                 "token_any_flip_rate", "flipped_layers_per_token"]
     rows = list(reader)
     assert [float(r["kl_k3"]) for r in rows] == pytest.approx(want["step"]["kl_k3"].to_list(), rel=1e-12)
 

@@ -21,13 +21,14 @@ from helpers.reference import (
 )
 
 LAYER_COLUMNS = ["run", "step", "layer", "n_tokens", "flip_rate", "top1_flip_rate", "overlap",
-                 "load_max_vio_sampler", "load_max_vio_trainer"]
+                 "load_max_vio_sampler", "load_max_vio_trainer", "weight_abs_diff_mean", "weight_abs_diff_max"]
 
 
 def test_by_layer_matches_reference(metrics_data):
     store, data = metrics_data
     df = routing.routing_metrics(store, ["a", "b"], by="layer")
     assert df.columns == LAYER_COLUMNS
+    assert df["weight_abs_diff_mean"].null_count() == len(df)  # no weights logged (tests/test_fulldist.py has them)
     assert_frame_matches(df, ref_routing_by_layer(data.routing), ["run", "step", "layer"])
 
 

@@ -173,7 +173,8 @@ def test_rows_with_weights_keep_the_wide_table_and_both_tables_read_as_one(tmp_p
     packed), one without them to the packed table; the view reads both as written, and deleting a run empties both."""
     tokens, rows = make_logs(seed=10, run="w", steps=2, samples=2, length=3, layers=2, k=3)
     for i, r in enumerate(rows):
-        r["sampler_weights"] = [round(1.0 / (c + 2 + i % 5), 6) for c in range(3)]
+        # fp32 values (weights are stored as FLOAT, what engines ship: schema.ROUTING), so they read back as written
+        r["sampler_weights"] = [float(np.float32(1.0 / (c + 2 + i % 5))) for c in range(3)]
         r["trainer_weights"] = None if i % 4 == 0 else [0.5, 0.25, 0.25]
     tokens2, rows2 = make_logs(seed=11, run="p", steps=1, samples=2, length=3, layers=2, k=3)
     pq.write_table(pa.table(tokens), tmp_path / "tokens.parquet")

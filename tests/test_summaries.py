@@ -14,6 +14,7 @@ from analysis.ingest import ingest_paths, open_store
 from analysis.metrics import buckets, distributions, read, report
 from analysis.metrics import token as metrics
 from analysis.store import Store
+from analysis.summaries import finalise as F
 from analysis.summaries import schema as S
 
 from helpers.data import load_files, metrics_make_routing, metrics_make_tokens, write_parquet
@@ -126,7 +127,8 @@ def test_token_columns_match_numpy_and_token_sql(data, by, cap, clip):
     keys = ["run", "step"] if by == "step" else ["run"]
     df = report.metrics_table(store, ["a", "b", "c"], by=by, cap=cap, clip=clip)
     assert df.columns == keys + list(metrics.TOKEN_METRICS) + list(metrics.CHECK_METRICS) + list(
-        metrics.RESIDUAL_METRICS) + ["token_any_flip_rate", "flipped_layers_per_token"]
+        metrics.RESIDUAL_METRICS) + list(F.TOPK_COLUMNS) + ["token_any_flip_rate", "flipped_layers_per_token"]
+    assert all(df[c].null_count() == len(df) for c in F.TOPK_COLUMNS)  # no top-k logged here
     assert_table(df, ref_table(tokens, keys, cap, clip), keys, _abs_scale(tokens, keys))
     # the token-level SQL (the drill-down path) gives the same numbers
     sql = metrics.token_metrics(store, ["a", "b", "c"], by=by, cap=cap, clip=clip)
@@ -296,7 +298,8 @@ def test_other_cap_falls_back_to_token_rows(data):
     want = metrics.token_metrics(store, ["a"], by="step", cap=1.7, clip=0.15)
     # the same SQL over the token rows, twice: DuckDB's parallel GROUP BY may add a step's per-sequence terms
     # in another order from one query to the next (an ulp of ppl_ratio or chi2_seq), so close, not equal
-    assert_frames_close(got.drop("token_any_flip_rate", "flipped_layers_per_token"), want)
+    # plus the top-k columns, which come from the summaries whatever C and ε (null here: no top-k logged)
+    assert_frames_close(got.drop("token_any_flip_rate", "flipped_layers_per_token", *F.TOPK_COLUMNS), want)
 
 
 def test_routing_layers_of_a_token_in_two_files_are_refused(tmp_path, data):

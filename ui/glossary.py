@@ -50,6 +50,14 @@ METRIC_HELP: dict[str, str] = {
     "token_any_flip_rate": "share of tokens whose top-k experts differ between sampler and trainer in at least "
                            "one MoE layer (R3 reports 94% for a 48-layer MoE)",
     "flipped_layers_per_token": "mean number of MoE layers per token whose expert set differs",
+    "topk_overlap": "mean |S_s ∩ S_t| / J: the share of the J most likely tokens both sides list (1 = the same top-J)",
+    "top1_agree": "share of positions where the sampler's and the trainer's most likely tokens are the same",
+    "topk_kl_shared": "KL(sampler ‖ trainer) over the tokens both top-J lists share, each side renormalised over "
+                      "them (0 when they share at most one)",
+    "topk_tv_lower": "a lower bound on the full-vocabulary total variation distance, from the two top-J lists",
+    "topk_tv_upper": "an upper bound on the full-vocabulary total variation distance, from the two top-J lists",
+    "weight_abs_diff_mean": "mean over tokens whose expert sets agree of Σ_k |w_s − w_t|: how far the router's "
+                            "combine weights differ even where the experts are the same",
     "flip_rate": "share of tokens at a layer whose top-k expert set differs between sampler and trainer",
     "top1_flip_rate": "share of tokens whose highest-ranked expert differs",
     "overlap": "mean |E_s ∩ E_t| / k: how many of the k experts agree (1 = identical sets)",
@@ -72,7 +80,7 @@ FLOOR_METRICS = {"kl_k1", "kl_k2", "kl_k3", "kl_k3_reverse", "log_ratio_abs_mean
 # shares whose denominator is the group's token count: a card can give the count beside the share
 TOKEN_SHARES = {"ratio_frac_high", "ratio_frac_low", "clip_frac"}
 PERCENT_METRICS = {"ratio_frac_high", "ratio_frac_low", "clip_frac", "token_any_flip_rate", "flip_rate",
-                   "top1_flip_rate"}
+                   "top1_flip_rate", "top1_agree"}
 
 DIMENSIONS: dict[str, tuple[str, str]] = {
     "prob": ("sampler probability exp(s)", "Low-probability tokens usually carry the largest |Δ|."),

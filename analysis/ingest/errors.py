@@ -70,5 +70,9 @@ class OrphanRouting(IngestError):
     rule = "routing for a token that does not exist"
 
 
+class OrphanTopk(IngestError):
+    rule = "top-k log-probs for a token that does not exist"
+
+
 class BadExperts(IngestError):
     rule = "invalid expert ids"

@@ -15,6 +15,9 @@ import pyarrow as pa
 from analysis.ingest import precision, summary_stream
 from analysis.ingest.keys import StepCounts, TableKeys, TokenFlips, expert_load, routing_tokens
 from analysis.ingest.validate import Batch, normalise
+from analysis.key_runs import run_codes
+from analysis.summaries import fulldist
+from analysis.summaries import schema as S
 
 # The temporary table of the tokens that key-ordered routing rows refer to, one row each with its flip counts
 # (keys.TokenFlips), filled while the file streams.
@@ -37,7 +40,8 @@ class FileRows:
 
     def __init__(self, name: str, fid: int, run: str | None, summarised: bool, large: bool):
         self.name, self.fid, self.run, self.summarised = name, fid, run, summarised
-        self.keys = {t: TableKeys(t) for t in ("tokens", "routing", "sequences")}
+        self.keys = {t: TableKeys(t) for t in ("tokens", "routing", "sequences", "topk")}
+        self.topk = TopkSums()  # the full-distribution sums of the file's top-k rows (schema.TOPK_SUMS)
         self.counts = StepCounts()  # expert-load rows summed across batches where the file is in key order
         self.flips = TokenFlips()  # the tokens key-ordered routing rows refer to, one row each
         self.summaries = None if summarised else summary_stream.StepSummaries()
@@ -69,6 +73,10 @@ class FileRows:
             # in the worker that checks a large file's batches: a thread of their own did not pay once the file was
             # read in another (the 40M-token tokens file alone took 0.18 s longer with it, six pairs)
             yield from self._summary_rows(self.summaries.feed(data, runs))
+        if batch.table == "topk":
+            if not self.summarised:
+                self.topk.add(data, experts, runs)
+            experts = None
         if experts is not None:
             # per-batch results go to the database, which spills: nothing here grows with the file
             if not self.summarised:
@@ -106,3 +114,34 @@ class FileRows:
         for table, data in self.held or ():
             tx.append(table, with_file_id(data, self.fid))
         return True
+
+
+class TopkSums:
+    """schema.TOPK_SUMS per (run, step) of a file's top-k rows, summed batch by batch (any order): the summary_step
+    rows (n_tokens 0) that carry the file's full-distribution columns."""
+
+    def __init__(self):
+        self._sums: dict[tuple[str, int], np.ndarray] = {}
+
+    def add(self, data: pa.Table, mats: dict[str, np.ndarray], runs=None) -> None:
+        names, index = runs if runs is not None else run_codes(data.column("run"))
+        step = data.column("step").to_numpy()
+        keys, group = np.unique(np.stack([np.asarray(index), step]), axis=1, return_inverse=True)
+        sums = fulldist.topk_sums(mats["sampler_topk_ids"], mats["sampler_topk_logprobs"], mats["trainer_topk_ids"],
+                                  mats["trainer_topk_logprobs"], group.reshape(-1).astype(np.int64), keys.shape[1])
+        run_names = names.to_pylist()
+        for g in range(keys.shape[1]):
+            key = (run_names[int(keys[0, g])], int(keys[1, g]))
+            self._sums[key] = self._sums.get(key, 0.0) + sums[g]
+
+    def rows(self, fid: int) -> pa.Table | None:
+        """The summary_step rows, with file_id `fid`; None without top-k rows."""
+        if not self._sums:
+            return None
+        keys = sorted(self._sums)
+        v = np.array([self._sums[k] for k in keys])
+        cols = {"run": pa.array([k[0] for k in keys], pa.string()), "step": pa.array([k[1] for k in keys], pa.int64()),
+                "n_tokens": pa.array(np.zeros(len(keys), np.int64))}
+        for j, name in enumerate(S.TOPK_SUM_NAMES):
+            cols[name] = pa.array(np.rint(v[:, j]).astype(np.int64) if name.startswith("n_") else v[:, j])
+        return with_file_id(pa.table(cols), fid)

@@ -14,7 +14,7 @@ from analysis.ingest import routing_kernel
 from analysis.key_runs import Runs, _changes, in_key_runs, run_codes, single_value  # noqa: F401 (re-exported)
 
 KEY_INT = {"tokens": ("step", "sample", "pos"), "routing": ("step", "sample", "pos", "layer"),
-           "sequences": ("step", "sample")}
+           "sequences": ("step", "sample"), "topk": ("step", "sample", "pos")}
 
 
 def _strictly_increasing(cols: list[np.ndarray]) -> bool:

@@ -24,6 +24,7 @@ from analysis.ingest.errors import (
     IngestError,
     NotALogFile,
     OrphanRouting,
+    OrphanTopk,
     TooLarge,
 )
 from analysis.ingest.file_rows import SIDE_TABLES, STAGED_TOKENS, FileRows, with_file_id
@@ -257,7 +258,7 @@ def _stream(tx: Transaction, unit: Unit, limits: Limits, state: FileRows, large:
     if large:
         batches = read_ahead(batches, name="ingest-read")
     items = whole_row_groups(state.items(batches, tx.w))
-    rows = {"tokens": 0, "routing": 0, "sequences": 0}
+    rows = {"tokens": 0, "routing": 0, "sequences": 0, "topk": 0}
     insert_items(tx.w, read_ahead(items) if large else items, SIDE_TABLES, rows, state.fid,
                  _rows_reporter(unit, on_rows))
     return rows
@@ -284,7 +285,7 @@ def _check_file(w, name: str, fid: int, rows: dict[str, int],
     # only other files' rows of this file's runs in its step range can share a key (or a layer's k) with it
     others = {t: bool(rows[t]) and _others_in_range(w, t, keys[t], fid) for t in rows}
     for table, cols in (("tokens", "run, step, sample, pos"), ("routing", "run, step, sample, pos, layer"),
-                        ("sequences", "run, step, sample")):
+                        ("sequences", "run, step, sample"), ("topk", "run, step, sample, pos")):
         # a file in key order holds no key twice (TableKeys): only a clash with other files' rows is possible
         if rows[table] and (others[table] or not keys[table].ordered):
             dup = w.first_duplicate(table, fid, within=not keys[table].ordered)
@@ -292,6 +293,14 @@ def _check_file(w, name: str, fid: int, rows: dict[str, int],
                 key = ", ".join(f"{c}={v!r}" for c, v in zip(cols.split(", "), dup[0]))
                 raise DuplicateKey(name, f"{table} key ({key})", f"duplicate key: this key {dup[1]}",
                                    "each key may be loaded once; remove the repeated rows or use another run name")
+    if rows["topk"]:
+        orphan = w.execute("""SELECT run, step, sample, pos FROM topk x WHERE file_id = ? AND NOT EXISTS (
+                                  SELECT 1 FROM tokens t WHERE t.run = x.run AND t.step = x.step
+                                  AND t.sample = x.sample AND t.pos = x.pos) LIMIT 1""", [fid]).fetchall()
+        if orphan:
+            key = ", ".join(f"{c}={v!r}" for c, v in zip(("run", "step", "sample", "pos"), orphan[0]))
+            raise OrphanTopk(name, f"top-k row ({key})", "no token with this (run, step, sample, pos) exists",
+                                "load the tokens file first or in the same call, and check the run name")
     if not rows["routing"]:
         return None, others
     # a key-ordered file's routed tokens were staged one row each as it streamed (FileRows): checking those,
@@ -343,6 +352,8 @@ def _summarise(tx: Transaction, name: str, fid: int, rows: dict[str, int], state
             summaries.add_tokens(w, fid)
         if not tokens_alone:
             summaries.add_seams(w, fid)
+    if rows["topk"] and (topk := state.topk.rows(fid)) is not None:  # full-distribution sums (schema.TOPK_SUMS)
+        tx.append("summary_step", topk)
     if rows["routing"]:
         if not state.counts.merged:
             w.regroup_expert_load(fid)  # a file out of order appended partial counts: one row per key now
@@ -416,7 +427,7 @@ def load_units(store: Store, units: Sequence[Unit], run: str | None, limits: Lim
     The outermost layer of a load: a unit's unexpected exception (a bug, not a refusal) becomes an "error"
     outcome with its traceback logged; the transaction has rolled back and the next units still load."""
     limits = limits or Limits.from_env()
-    units = sorted(units, key=lambda u: u.detected.kind == "routing")
+    units = sorted(units, key=lambda u: u.detected.kind in ("routing", "topk"))
 
     def load_one(tx: Transaction, unit: Unit, first: bool) -> Outcome:
         return _load_into(tx, unit, run, limits, config, on_rows if first else None)

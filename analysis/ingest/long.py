@@ -23,11 +23,13 @@ SEQUENCE_VALUES = frozenset(c.name for c in schema.SEQUENCES) - set(schema.SEQUE
 
 
 def table_kind(columns: list[str] | set[str]) -> str | None:
-    """'routing' if the columns hold routing rows, 'tokens' if token log-probs, 'sequences' if per-sequence values
-    (reward, advantage, prompt, response, response_length, tag) keyed by sample, else None."""
+    """'routing' if the columns hold routing rows, 'tokens' if token log-probs, 'topk' if top-k lists, 'sequences' if
+    per-sequence values (reward, advantage, prompt, response, response_length, tag) keyed by sample, else None."""
     cols = set(columns)
     if {"layer", "sampler_experts"} <= cols:
         return "routing"
+    if "sampler_topk_ids" in cols and not {"sampler_logprob", "trainer_logprob"} & cols:
+        return "topk"
     if {"sampler_logprob", "trainer_logprob"} & cols:
         return "tokens"
     if "sample" in cols and cols & SEQUENCE_VALUES and "pos" not in cols:
@@ -86,7 +88,8 @@ _CSV_CONVERSION = re.compile(r"CSV column #(\d+): CSV conversion error to (\w+):
 
 
 def read_csv(fp: BinaryIO, name: str, limits: Limits) -> Iterator[Batch]:
-    list_cols = ("sampler_experts", "trainer_experts", "sampler_weights", "trainer_weights")
+    list_cols = ("sampler_experts", "trainer_experts", "sampler_weights", "trainer_weights", "sampler_topk_ids",
+                 "sampler_topk_logprobs", "trainer_topk_ids", "trainer_topk_logprobs")
     try:
         reader = pacsv.open_csv(fp, read_options=pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES),
                                 convert_options=pacsv.ConvertOptions(

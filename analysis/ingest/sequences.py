@@ -11,7 +11,7 @@ from analysis.ingest.errors import BadExperts, CorruptFile, LengthMismatch, Miss
 from analysis.ingest.limits import Limits
 from analysis.ingest.textio import iter_lines, json_line
 from analysis.ingest.validate import Batch
-from analysis.routing_rows import routing_columns
+from analysis.routing_rows import list_column, routing_columns
 
 SEQ_REQUIRED = ("step", "sample", "sampler_logprobs", "trainer_logprobs")
 # per-token arrays: key in the file -> tokens column
@@ -33,6 +33,8 @@ class _Chunk:
         self.tok_where: list[tuple[int, int]] = []  # (line, token index) per token row
         self.rt: list[dict[str, pa.Array]] = []
         self.rt_where: list[tuple[int, int]] = []
+        self.tk: list[dict[str, pa.Array]] = []  # top-k rows (schema.TOPK)
+        self.tk_where: list[tuple[int, int]] = []
         self.seq: list[dict] = []
         self.seq_where: list[int] = []
         self.meta: dict[int, str] = {}  # line -> "step s, sample x"
@@ -84,6 +86,8 @@ def _flush(name: str, chunk: _Chunk) -> Iterator[Batch]:
         yield Batch("tokens", _join(chunk.tok), _where(chunk.tok_where, meta))
     if chunk.rt_where:
         yield Batch("routing", _join(chunk.rt), _where(chunk.rt_where, meta))
+    if chunk.tk_where:
+        yield Batch("topk", _join(chunk.tk), _where(chunk.tk_where, meta))
     if chunk.seq:
         lines = chunk.seq_where
         where = lambda i: f"line {lines[i]} ({meta.get(lines[i], '')})"  # noqa: E731
@@ -169,6 +173,7 @@ def _add_sequence(name: str, line_no: int, obj, chunk: _Chunk) -> None:
     chunk.tok_where.extend((line_no, int(j)) for j in keep)
     chunk.n_tokens += m
     _add_routing(name, where, line_no, obj, n, keep, base, chunk)
+    _add_topk(name, where, line_no, obj, n, keep, base, chunk)
     seq = {k: obj[k] for k in SEQ_FIELDS if k in obj and k not in per_token}
     if isinstance(seq.get("prompt"), list):  # prompt token ids: kept as their JSON text, as DriftLogger keeps them
         ids = seq["prompt"]
@@ -190,15 +195,32 @@ def _array(name: str, where: str, col: str, values: list, fix: str) -> pa.Array:
 
 
 def _add_routing(name, where, line_no, obj, n, keep, base, chunk: _Chunk) -> None:
+    for key, side in (("sampler_weights", "sampler_experts"), ("trainer_weights", "trainer_experts")):
+        if obj.get(key) is not None and obj.get(side) is None:
+            raise MissingColumn(name, where, f"'{key}' given without '{side}'",
+                                "a weight belongs to the expert at its rank: give both")
     if obj.get("sampler_experts") is None:
         if obj.get("trainer_experts") is not None:
             raise MissingColumn(name, where, "'trainer_experts' given without 'sampler_experts'",
                                 "routing needs the sampler's experts")
         return
     sides = {}
-    for key in ("sampler_experts", "trainer_experts"):
+    for key in ("sampler_experts", "trainer_experts", "sampler_weights", "trainer_weights"):
         v = obj.get(key)
         if v is None:
+            continue
+        if key.endswith("_weights"):
+            try:
+                arr = np.asarray(v, dtype=np.float64)
+            except (ValueError, TypeError):
+                raise WrongType(name, where, f"'{key}' is ragged or not numbers",
+                                "index it [token][layer][rank] like the experts, one weight per id") from None
+            want = sides[key.replace("_weights", "_experts")].shape
+            if arr.shape != (n,) + want[1:]:
+                raise LengthMismatch(name, where, f"'{key}' has shape {list(arr.shape)}, expected "
+                                     f"{[n] + list(want[1:])} (the shape of its experts)",
+                                     "one weight per expert id, in the same order")
+            sides[key] = arr[keep]
             continue
         try:
             arr = np.asarray(v, dtype=np.int64)
@@ -219,5 +241,40 @@ def _add_routing(name, where, line_no, obj, n, keep, base, chunk: _Chunk) -> Non
         return
     # the line's run, step and sample are still unchecked JSON values: Arrow arrays, cast by the validator
     keys = {c: pa.array([base[c]] * m) for c in ("run", "step", "sample")} | {"pos": keep}
-    chunk.rt.append(routing_columns(keys, S, T))
+    chunk.rt.append(routing_columns(keys, S, T, sides.get("sampler_weights"), sides.get("trainer_weights")))
     chunk.rt_where.extend((line_no, int(j)) for j in np.repeat(keep, L))
+
+
+TOPK_ARRAYS = ("sampler_topk_ids", "sampler_topk_logprobs", "trainer_topk_ids", "trainer_topk_logprobs")
+
+
+def _add_topk(name, where, line_no, obj, n, keep, base, chunk: _Chunk) -> None:
+    """The line's top-J lists ([token][j] each, all four or none) as rows of the table `topk`, for the kept
+    (loss_mask) tokens; their values are checked by the validator."""
+    given = [k for k in TOPK_ARRAYS if obj.get(k) is not None]
+    if not given:
+        return
+    if len(given) < 4:
+        missing = [k for k in TOPK_ARRAYS if k not in given]
+        raise MissingColumn(name, where, f"{', '.join(map(repr, missing))} missing while {', '.join(map(repr, given))} "
+                            "given", "the full-distribution columns compare both sides: give ids and log-probs of each")
+    mats = {}
+    shape = None  # the first array's [n, J], which the others must match
+    for key in TOPK_ARRAYS:
+        try:
+            arr = np.asarray(obj[key], dtype=np.int64 if key.endswith("_ids") else np.float64)
+        except (ValueError, TypeError, OverflowError):
+            raise WrongType(name, where, f"'{key}' is ragged or not {'integers' if key.endswith('_ids') else 'numbers'}",
+                            "index it [token][j] with the same J on every token and both sides") from None
+        if arr.ndim != 2 or arr.shape[0] != n or (shape is not None and arr.shape != shape):
+            raise LengthMismatch(name, where, f"'{key}' has shape {list(arr.shape)}, expected [{n}, J] with the J "
+                                 "of the other top-k arrays", "one list of the J most likely tokens per response token")
+        shape = arr.shape
+        mats[key] = arr[keep]
+    m = len(keep)
+    if not m:
+        return
+    part = {c: pa.array([base[c]] * m) for c in ("run", "step", "sample")} | {"pos": pa.array(keep.astype(np.int64))}
+    part |= {k: list_column(v) for k, v in mats.items()}
+    chunk.tk.append(part)
+    chunk.tk_where.extend((line_no, int(j)) for j in keep)

@@ -10,7 +10,7 @@ The per-token terms are SQL of analysis/summaries/sql.py, which the token-level 
 """
 from __future__ import annotations
 
-from analysis.schema import RUN_IDS
+from analysis.schema import ROUTING_STORE, RUN_IDS
 from analysis.summaries import schema as S
 from analysis.summaries.residual import residual_sums_sql
 from analysis.summaries.sql import (bucket_params, bucket_sql, check_sums_sql, edge_params, seq_sums_sql,
@@ -194,16 +194,38 @@ def add_routing(writer, file_id: int, routed_tokens: str | None = None) -> None:
         writer.execute("""INSERT INTO summary_seq (run, step, sample, n_tokens, n_flip_tokens, file_id)
             SELECT run, step, sample, 0, count_if(n_fl > 0), $fid FROM _summary_flip
             GROUP BY run, step, sample""", {"fid": file_id})
+        weights = _weight_sums_sql(writer, file_id)
         writer.execute(f"""INSERT INTO summary_layer (run, step, layer, k, n_rows, n_both, n_flip, n_top1, sum_common,
-                              n_first_flip, file_id)
+                              n_first_flip, {', '.join(S.WEIGHT_SUM_NAMES)}, file_id)
             WITH c AS ({layer_counts}),
                  ff AS (SELECT run, step, first_flip AS layer, count(*) AS n_first_flip FROM _summary_flip
-                        WHERE first_flip IS NOT NULL GROUP BY ALL)
+                        WHERE first_flip IS NOT NULL GROUP BY ALL),
+                 wt AS ({weights})
             SELECT c.run, c.step, c.layer, c.k, c.n_rows, c.n_both, c.n_flip, c.n_top1, coalesce(c.sum_common, 0),
-                   coalesce(ff.n_first_flip, 0), $fid
-            FROM c LEFT JOIN ff USING (run, step, layer)""", {"fid": file_id})
+                   coalesce(ff.n_first_flip, 0), {', '.join('wt.' + n for n in S.WEIGHT_SUM_NAMES)}, $fid
+            FROM c LEFT JOIN ff USING (run, step, layer) LEFT JOIN wt USING (run, step, layer)""", {"fid": file_id})
     finally:
         writer.execute("DROP TABLE _summary_flip")
+
+
+def _weight_sums_sql(writer, file_id: int) -> str:
+    """SELECT run, step, layer and schema.WEIGHT_SUMS of file `file_id`'s routing rows with both sides' weights
+    and equal expert sets (flip false): d = Σ_k |w_s(e_k) − w_t(e_k)|, the trainer's weight of e_k found at e_k's
+    rank in its own list (summaries/fulldist.weight_abs_diff). No rows where the file has no trainer weights
+    (probed first on the one stored table that holds weights: schema.ROUTING_STORE)."""
+    none = "SELECT NULL::VARCHAR AS run, NULL::BIGINT AS step, NULL::INTEGER AS layer, " + ", ".join(
+        f"NULL::{c.sql_type} AS {c.name}" for c in S.WEIGHT_SUMS) + " WHERE false"
+    if not writer.execute(f"SELECT 1 FROM {ROUTING_STORE} WHERE file_id = ? AND trainer_weights IS NOT NULL "
+                          "AND sampler_weights IS NOT NULL LIMIT 1", [file_id]).fetchall():
+        return none
+    d = ("list_sum(list_transform(range(1, k + 1), lambda i: abs(sampler_weights[i]::DOUBLE - "
+         "trainer_weights[list_position(trainer_experts, sampler_experts[i])]::DOUBLE)))")
+    return f"""SELECT run, step, layer, count(*)::BIGINT AS n_weight_rows, fsum(d) AS sum_weight_abs_diff,
+                      max(d) AS max_weight_abs_diff
+               FROM (SELECT run, step, layer, {d} AS d FROM routing
+                     WHERE file_id = $fid AND flip = false AND sampler_weights IS NOT NULL
+                       AND trainer_weights IS NOT NULL) w_
+               GROUP BY run, step, layer"""
 
 
 def unsummarised_files(cur) -> list[int]:

@@ -19,7 +19,7 @@ from analysis.ingest.errors import BadExperts, BadValue, LengthMismatch, Missing
 
 ARROW_TYPES = {
     "VARCHAR": pa.string(), "BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(),
-    "INTEGER[]": pa.list_(pa.int32()), "DOUBLE[]": pa.list_(pa.float64()),
+    "INTEGER[]": pa.list_(pa.int32()), "DOUBLE[]": pa.list_(pa.float64()), "FLOAT[]": pa.list_(pa.float32()),
 }
 FIX_COLUMNS = "see SCHEMA.md for the column names"
 
@@ -30,7 +30,7 @@ class Batch:
 
     `where(i)` describes row i of this batch for messages (e.g. "row 17" or "line 3 (step 2, sample 5)").
     """
-    table: str  # "tokens" | "routing" | "sequences"
+    table: str  # "tokens" | "routing" | "sequences" | "topk"
     data: pa.Table
     where: Callable[[int], str] = field(default=lambda i: f"row {i + 1}")
 
@@ -110,9 +110,10 @@ def _run_column(file: str, batch: Batch, run: str | None) -> tuple[pa.Array, Run
     return arr, (run_codes(pa.chunked_array([arr])) if not arr.null_count else None)
 
 
-def normalise(file: str, batch: Batch, run: str | None, file_id: int) -> tuple[pa.Table, "RoutingMatrices | None", Runs]:
+def normalise(file: str, batch: Batch, run: str | None, file_id: int) -> tuple[pa.Table, "RoutingMatrices | dict | None", Runs]:
     """Canonical, checked Arrow table for `batch.table` with file_id and, for routing, derived set columns;
-    the expert-id matrices (for load counts); the run_codes of its run column."""
+    the expert-id matrices (for load counts) of routing, the four [n, J] matrices of top-k rows (for their
+    summaries); the run_codes of its run column."""
     cols = schema.TABLES[batch.table]
     if not valid_names(batch.data):
         raise WrongType(file, "column names", "a column name (key) is not valid UTF-8",
@@ -150,7 +151,9 @@ def normalise(file: str, batch: Batch, run: str | None, file_id: int) -> tuple[p
         _check_context(file, batch, out)
     elif batch.table == "routing":
         matrices = _check_routing(file, batch, out)
-    if batch.table in ("tokens", "routing", "sequences"):
+    elif batch.table == "topk":
+        matrices = _check_topk(file, batch, out)
+    if batch.table in ("tokens", "routing", "sequences", "topk"):
         _check_keys(file, batch, out)
     out["file_id"] = pa.array(np.full(n, file_id, dtype=np.int32))
     return pa.table(out), matrices, runs
@@ -269,6 +272,12 @@ def _check_routing(file: str, batch: Batch, out: dict) -> "RoutingMatrices":
     for name, side in (("sampler_weights", "sampler_experts"), ("trainer_weights", "trainer_experts")):
         if name in out:
             w = out[name]
+            flat = w.flatten().to_numpy(zero_copy_only=False)
+            if not np.isfinite(flat).all():  # nulls inside a list read as NaN here
+                pos = np.repeat(np.arange(n), pc.list_value_length(w).fill_null(0).to_numpy())
+                i = int(pos[_first(~np.isfinite(flat))])
+                raise BadValue(file, f"{batch.where(i)}, column '{name}'", "a weight is missing or not finite",
+                               "give one finite weight per expert id")
             wl = pc.list_value_length(w).fill_null(0).to_numpy()
             if side in out:
                 el = pc.list_value_length(out[side]).fill_null(0).to_numpy()
@@ -343,3 +352,54 @@ def _check_ids(file: str, batch: Batch, name: str, M: np.ndarray,
                          f"expert ids repeat within one top-k: {M[j].tolist()}",
                          "a top-k holds distinct experts; check the layer/rank axes of the dump")
     return mask, int(top)
+
+
+def _list_matrix(file: str, batch: Batch, name: str, arr: pa.ListArray, j: int | None) -> np.ndarray:
+    """[n, J] values of a list column whose rows all hold J values (J from the first row unless given)."""
+    lengths = pc.list_value_length(arr).fill_null(0).to_numpy()
+    want = int(lengths[0]) if j is None and len(lengths) else j
+    bad = lengths != want
+    if bad.any() or want == 0:
+        i = _first(bad) if bad.any() else 0
+        raise LengthMismatch(file, f"{batch.where(i)}, column '{name}'",
+                             f"{int(lengths[i])} values where {'earlier rows have' if j is None else 'the sampler has'}"
+                             f" {want}" if want else "an empty top-k list",
+                             "give the same J (>= 1) most likely tokens on both sides of every row")
+    vals = arr.flatten()
+    if vals.null_count:
+        pos = np.repeat(np.arange(len(arr)), lengths)
+        i = int(pos[_first(np.asarray(vals.is_null()))])
+        raise BadValue(file, f"{batch.where(i)}, column '{name}'", "a value inside the list is null",
+                       "give every id and log-prob of the top-k")
+    return vals.to_numpy(zero_copy_only=False).reshape(len(arr), want)
+
+
+def _check_topk(file: str, batch: Batch, out: dict) -> dict[str, np.ndarray]:
+    """Top-J rows (schema.TOPK): one J per row on both sides (and per batch), ids >= 0 and distinct within a row,
+    log-probs finite and <= 0. Returns the four [n, J] matrices (log-probs as stored, fp32), for the summaries."""
+    j = None
+    mats = {}
+    for side in ("sampler", "trainer"):
+        for part in ("ids", "logprobs"):
+            name = f"{side}_topk_{part}"
+            mats[name] = m = _list_matrix(file, batch, name, out[name], j)
+            j = m.shape[1]
+        ids, lp = mats[f"{side}_topk_ids"], mats[f"{side}_topk_logprobs"]
+        neg = (ids < 0).any(1)
+        if neg.any():
+            i = _first(neg)
+            raise BadValue(file, f"{batch.where(i)}, column '{side}_topk_ids'", f"negative token id in {ids[i].tolist()}",
+                           "token ids are >= 0")
+        srt = np.sort(ids, axis=1)
+        dup = (srt[:, 1:] == srt[:, :-1]).any(1)
+        if dup.any():
+            i = _first(dup)
+            raise BadValue(file, f"{batch.where(i)}, column '{side}_topk_ids'",
+                           f"token ids repeat within one top-k: {ids[i].tolist()}", "a top-k holds distinct ids")
+        bad = (~np.isfinite(lp) | (lp > 0)).any(1)
+        if bad.any():
+            i = _first(bad)
+            raise BadValue(file, f"{batch.where(i)}, column '{side}_topk_logprobs'",
+                           f"log-probabilities must be finite and <= 0, got {lp[i].tolist()}",
+                           "natural-log probabilities of the listed tokens")
+    return mats

@@ -48,14 +48,18 @@ def warm() -> None:
     from analysis.summaries import residual  # the residual signatures' counts, by ingest and DriftLogger
     residual.ResidualSums().add(t - s, seq, pos, None)
     residual.grid_counts(s.reshape(2, -1), t.reshape(2, -1), np.ones((2, n // 2), np.bool_), seq.reshape(2, -1))
+    # top-k rows as ingest hands them over: read-only int32 ids and fp32 log-probs (summaries/fulldist.py)
+    from analysis.summaries import fulldist as F
+    lp = K.read_only(np.full((2, 8), -2.0, np.float32))
+    F.topk_sums(experts, lp, experts, lp, np.zeros(2, np.int64), 1)
 
 
 def _kernels() -> list:
     from analysis.ingest import routing_kernel as R
     from analysis.summaries import kernel as K
-    from analysis.summaries import residual
+    from analysis.summaries import fulldist as F, residual
     return [K.accumulate, R.set_masks, R.compare, R.count_experts, R.pack, residual._counts,
-            residual._lattice_counts]
+            residual._lattice_counts, F.group_sums]
 
 
 def compiled() -> bool | None:

@@ -23,6 +23,26 @@ def routing_kinds(store: Store, runs: Sequence[str]) -> dict[str, str]:
     return {run: ("both" if sides[run] else "sampler") if run in sides else "none" for run in runs if run in known}
 
 
+FULL_DISTRIBUTION = ("kl_k3", "topk_overlap", "top1_agree", "topk_kl_shared", "topk_tv_lower", "topk_tv_upper")
+
+
+def full_distribution(store: Store, runs: Sequence[str], steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """Per (run, step) of the runs that logged top-k log-probs of both sides: the sampled-token kl_k3 beside the
+    full-distribution columns (METRICS.md v3), from the summaries; no rows for runs (and steps) without top-k.
+    Returns [run, step, kl_k3, topk_overlap, top1_agree, topk_kl_shared, topk_tv_lower, topk_tv_upper]."""
+    df = token_table(store, list(runs), by="step", steps=steps)
+    return df.filter(pl.col("topk_overlap").is_not_null()).select("run", "step", *FULL_DISTRIBUTION)
+
+
+def routing_weight_runs(store: Store, runs: Sequence[str]) -> list[str]:
+    """The runs (of `runs`) whose summaries hold routing-weight sums: both sides' combine weights were logged."""
+    if not store.has_weight_sums:
+        return []
+    have = {r for (r,) in store.rows("SELECT DISTINCT run FROM summary_layer WHERE n_weight_rows > 0 "
+                                     "AND list_contains(?, run)", [list(runs)])}
+    return [r for r in runs if r in have]
+
+
 def run_summary(store: Store, runs: Sequence[str], cap: float = 2.0, clip: float = 0.2,
                 steps: tuple[int, int] | None = None) -> pl.DataFrame:
     """One row per run: the METRICS.md token columns plus token_any_flip_rate and flipped_layers_per_token

@@ -28,16 +28,22 @@ def token_table(store: Store, runs: Sequence[str], by: str = "step", cap: float 
     if not F.summarised(cap, clip):
         from analysis.metrics import token as metrics
         df = metrics.token_metrics(store, runs, by=by, cap=cap, clip=clip, steps=steps)
+        where, params = run_filter(runs, steps)
+        if store.has_topk_sums:  # the top-k columns do not depend on C or ε: from the summaries
+            topk = store.sql(F.topk_table_sql(keys, where), params)
+            df = df.join(topk, on=keys, how="left", maintain_order="left") if not df.is_empty() else \
+                df.with_columns(pl.lit(None, pl.Float64).alias(c) for c in F.TOPK_COLUMNS)
+        else:
+            df = df.with_columns(pl.lit(None, pl.Float64).alias(c) for c in F.TOPK_COLUMNS)
         if not flips:
             return df
-        where, params = run_filter(runs, steps)
         fl = store.sql(F.token_flip_sql(keys, where), params).drop("n_tokens")
         return df.join(fl, on=keys, how="left") if not df.is_empty() else df.with_columns(
             pl.lit(None, pl.Float64).alias(c) for c in F.FLIP_COLUMNS)
     where, params = run_filter(runs, steps)
     params |= F.threshold_params(cap, clip, S.D_EDGES)
     return store.sql(F.token_table_sql(keys, where, flips=flips, checks=store.has_check_sums,
-                                       residual=store.has_residual_sums), params)
+                                       residual=store.has_residual_sums, topk=store.has_topk_sums), params)
 
 
 def coverage(store: Store, runs: Sequence[str] | None = None) -> pl.DataFrame:

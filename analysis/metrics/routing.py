@@ -43,7 +43,7 @@ def routing_metrics(store: Store, runs: list[str], by: str = "layer",
     runs = check_runs(runs)
     where, params = run_filter(runs, steps)
     if by == "layer":
-        return store.sql(F.routing_by_layer_sql(where), params)
+        return store.sql(F.routing_by_layer_sql(where, weights=store.has_weight_sums), params)
     keys = ["run", "step"] if by == "step" else ["run"]
     return store.sql(F.routing_pooled_sql(keys, where, token_flips), params)
 

@@ -29,7 +29,7 @@ from analysis.record.checks import Warner, stale, step_sums
 from analysis.record.context import Context, checked_context
 from analysis.record.summaries import SUMMARISED_KEY, SUMMARISED_VALUE, StepTensors, Workspace, summarise
 from analysis.record.token_sample import TOP_TOKENS, WORST_SEQUENCES, SamplePlan, select, step_generator
-from analysis.routing_rows import routing_columns
+from analysis.routing_rows import list_column, routing_columns
 from analysis.run_names import safe_run_name
 
 
@@ -145,7 +145,9 @@ class DriftLogger:
     def log_step(self, step: int, sampler_logprobs, trainer_logprobs, mask, token_ids=None,
                  sampler_experts=None, trainer_experts=None, sampler_version=None, trainer_version=None,
                  sample_ids=None, *, rewards=None, advantages=None, prompts=None, responses=None, tags=None,
-                 segment_ids=None, sampling_support=None) -> dict[str, Path]:
+                 segment_ids=None, sampling_support=None, sampler_weights=None, trainer_weights=None,
+                 sampler_topk_ids=None, sampler_topk_logprobs=None, trainer_topk_ids=None,
+                 trainer_topk_logprobs=None) -> dict[str, Path]:
         """Summarise the mask==1 tokens of one step and write the sampled ones; returns the paths written.
 
         Args:
@@ -164,6 +166,11 @@ class DriftLogger:
             responses, tags: optional lists of B strings (tags: a task label such as "code", "math", "chat").
             segment_ids: optional [B, T] turn index of each token (multi-turn rollouts), >= 0.
             sampling_support: optional [B, T] number of tokens the sampler's top-p / top-k kept, >= 1.
+            sampler_weights, trainer_weights: optional [B, T, L, K] router combine weights, in the order of
+                sampler_experts / trainer_experts (each needs its side's experts); stored as fp32.
+            sampler_topk_ids, sampler_topk_logprobs, trainer_topk_ids, trainer_topk_logprobs: optional [B, T, J]
+                the J most likely token ids of each position and their log-probs, on each side (all four or
+                none; ids distinct within a position); log-probs stored as fp32.
         Tensors stay on their device: the summaries are reduced there and only the kept tokens' rows move.
         """
         x = self._checked(step, sampler_logprobs, trainer_logprobs, mask, token_ids, sampler_experts,
@@ -172,6 +179,11 @@ class DriftLogger:
                               responses=responses, tags=tags, segment_ids=segment_ids,
                               sampling_support=sampling_support)
         x.segments = ctx.segments
+        x.sampler_weights, x.trainer_weights = _weights(x, sampler_weights, trainer_weights)
+        x.topk = _topk(x, sampler_topk_ids, sampler_topk_logprobs, trainer_topk_ids, trainer_topk_logprobs)
+        if self.lake is not None and (x.topk is not None or x.sampler_weights is not None):
+            raise ValueError("layout='lake' does not carry top-k log-probs or routing weights: log them with "
+                             "layout='folder'")
         if self.lake is not None:  # full rows, no summaries: those come from summarize
             rows = x.mask.reshape(-1).nonzero().squeeze(1)
             routing = self._routing_rows(step, x, rows) if x.sampler_experts is not None else None
@@ -195,6 +207,8 @@ class DriftLogger:
             tables["tokens"] = (self._token_rows(step, x, rows, ctx), {SUMMARISED_KEY: SUMMARISED_VALUE})
             if x.sampler_experts is not None:
                 tables["routing"] = (self._routing_rows(step, x, rows), {SUMMARISED_KEY: SUMMARISED_VALUE})
+            if x.topk is not None:
+                tables["topk"] = (self._topk_rows(step, x, rows), {SUMMARISED_KEY: SUMMARISED_VALUE})
         # Everything is checked before the first write: bad input leaves no shard behind.
         written = {}
         for kind, (table, metadata) in tables.items():
@@ -294,21 +308,130 @@ class DriftLogger:
         def experts(e):  # [kept tokens, L, K] on the host
             return _host(e.reshape(B * T, L, K)[rows].to(torch.int32))
 
+        def weights(w):  # [kept tokens, L, K] fp32 on the host (SCHEMA.md: weights are stored as fp32)
+            return _host(w.reshape(B * T, L, K)[rows].to(torch.float32)) if w is not None else None
+
         te = x.trainer_experts
         keys = {"step": np.full(len(rows), step, dtype=np.int64), "sample": _host(x.samples[rows // T]),
                 "pos": _host((rows % T).to(torch.int32))}
-        cols = routing_columns(keys, experts(x.sampler_experts), experts(te) if te is not None else None)
+        cols = routing_columns(keys, experts(x.sampler_experts), experts(te) if te is not None else None,
+                               weights(x.sampler_weights), weights(x.trainer_weights))
         n = len(cols["layer"])
         cols["run"] = pa.repeat(pa.scalar(self.run, pa.string()), n)
         cols.setdefault("trainer_experts", pa.nulls(n, pa.list_(pa.int32())))
-        return pa.table({c: cols[c] for c in ("run", "step", "sample", "pos", "layer", "sampler_experts",
-                                              "trainer_experts")})
+        names = ["run", "step", "sample", "pos", "layer", "sampler_experts", "trainer_experts"]
+        return pa.table({c: cols[c] for c in names + [w for w in ("sampler_weights", "trainer_weights") if w in cols]})
+
+    def _topk_rows(self, step: int, x: StepTensors, rows: torch.Tensor) -> pa.Table:
+        """The kept tokens' top-J lists (SCHEMA.md table `topk`): ids int32, log-probs fp32."""
+        T = x.mask.shape[1]
+        n = len(rows)
+        J = x.topk[0].shape[-1]
+
+        def lists(v: torch.Tensor, dtype: torch.dtype) -> pa.ListArray:
+            return list_column(_host(v.reshape(-1, J)[rows].to(dtype)))
+        s_ids, s_lp, t_ids, t_lp = x.topk
+        return pa.table({"run": pa.repeat(pa.scalar(self.run, pa.string()), n),
+                         "step": pa.array(np.full(n, step, dtype=np.int64)),
+                         "sample": pa.array(_host(x.samples[rows // T])),
+                         "pos": pa.array(_host((rows % T).to(torch.int32))),
+                         "sampler_topk_ids": lists(s_ids, torch.int32),
+                         "sampler_topk_logprobs": lists(s_lp, torch.float32),
+                         "trainer_topk_ids": lists(t_ids, torch.int32),
+                         "trainer_topk_logprobs": lists(t_lp, torch.float32)})
 
 
 def _check_experts(e: torch.Tensor, mask: torch.Tensor, name: str) -> None:
     """Refuse a negative id in a trained token's top-k: expert load counts index by id. (Repeated ids within a
     top-k are left to ingest, which refuses the routing rows it is given.)"""
+    if not e.numel() or bool(e.min() >= 0):  # one pass, padding included, settles the usual case
+        return
     bad = (e < 0).any(-1) & mask[..., None]  # [B, T, L]
     if bad.any():
         b, p, layer = (int(i) for i in bad.nonzero()[0])
         raise ValueError(f"{name}[{b}, {p}, {layer}] = {e[b, p, layer].tolist()}: expert ids are 0-based (>= 0)")
+
+
+def _weights(x: StepTensors, sampler_weights, trainer_weights) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The router combine weights [B, T, L, K] in their own float dtype, checked: each side's needs that side's
+    experts, of the same shape, and is finite at the trained positions."""
+    out = []
+    for name, value, experts, side in (("sampler_weights", sampler_weights, x.sampler_experts, "sampler_experts"),
+                                       ("trainer_weights", trainer_weights, x.trainer_experts, "trainer_experts")):
+        if value is None:
+            out.append(None)
+            continue
+        if experts is None:
+            raise ValueError(f"{name}: given without {side} (a weight belongs to the expert at its rank)")
+        w = _tensor(value, name, x.device)
+        if not w.is_floating_point():
+            raise ValueError(f"{name}: expected floating-point weights, got dtype {w.dtype}")
+        _expect_shape(w, tuple(experts.shape), name)
+        lo, hi = torch.aminmax(w) if w.numel() else (torch.zeros(()), torch.zeros(()))  # one pass; NaN fails both
+        if bool(lo > -math.inf) and bool(hi < math.inf):
+            out.append(w)
+            continue
+        bad = ~torch.isfinite(w).all(-1).all(-1) & x.mask  # [B, T]: the padding may hold anything
+        if bad.any():
+            b, p = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"{name}[{b}, {p}]: a weight is not finite (mask the token out if it is padding)")
+        out.append(w)
+    return out[0], out[1]
+
+
+def _first_repeat(ids: torch.Tensor, mask: torch.Tensor) -> int | None:
+    """The flat index b·T + p of the first trained position whose ids repeat one, or None, by a sort."""
+    srt = ids.sort(-1).values
+    dup = (srt[..., 1:] == srt[..., :-1]).any(-1) & mask
+    return int(dup.reshape(-1).nonzero()[0]) if dup.any() else None
+
+
+def _topk(x: StepTensors, s_ids, s_lp, t_ids, t_lp, in_pass: bool | None = None) -> tuple | None:
+    """The four top-J tensors, checked: all four or none, each [B, T, J] with one J, ids integers >= 0 and
+    distinct within a trained position, log-probs finite and <= 0 there. Kept in their dtypes (widened to
+    float64 chunk by chunk where the sums read them). On the CPU (`in_pass`, default: whether the tensors are
+    there) the values' rules are left to the top-k pass, which checks them as it reads them
+    (record/fulldist.topk_sums), still before anything is written: passes of their own over [B, T, J] (a sort per
+    position for the repeats) cost more than the sums."""
+    given = {"sampler_topk_ids": s_ids, "sampler_topk_logprobs": s_lp, "trainer_topk_ids": t_ids,
+             "trainer_topk_logprobs": t_lp}
+    have = [k for k, v in given.items() if v is not None]
+    if not have:
+        return None
+    if len(have) < 4:
+        missing = [k for k in given if k not in have]
+        raise ValueError(f"{', '.join(missing)}: missing, while {', '.join(have)} given (the full-distribution "
+                         "columns compare both sides: give ids and log-probs of each)")
+    B, T = x.mask.shape
+    first = _tensor(s_ids, "sampler_topk_ids", x.device)
+    if first.ndim != 3 or tuple(first.shape[:2]) != (B, T) or first.shape[2] < 1:
+        raise ValueError(f"sampler_topk_ids: expected shape [{B}, {T}, J] with J >= 1, got {list(first.shape)}")
+    shape = tuple(first.shape)
+    out = []
+    m = x.mask[..., None]
+    in_pass = x.device.type == "cpu" if in_pass is None else in_pass
+    for name, value in given.items():
+        v = first if name == "sampler_topk_ids" else _tensor(value, name, x.device)
+        _expect_shape(v, shape, name)
+        if name.endswith("_ids"):
+            if v.is_floating_point() or v.is_complex() or v.dtype == torch.bool:
+                raise ValueError(f"{name}: expected integer token ids, got dtype {v.dtype}")
+            if not in_pass and v.numel() and bool(v.min() < 0):  # one pass; the padding may hold anything
+                bad = (v < 0) & m
+                if bad.any():
+                    b, p, j = (int(i) for i in bad.nonzero()[0])
+                    raise ValueError(f"{name}[{b}, {p}, {j}] = {int(v[b, p, j])}: token ids are >= 0")
+            row = None if in_pass else _first_repeat(v, x.mask)
+            if row is not None:
+                b, p = divmod(row, T)
+                raise ValueError(f"{name}[{b}, {p}] = {v[b, p].tolist()}: the ids of one position must be distinct")
+        else:
+            if not v.is_floating_point():
+                raise ValueError(f"{name}: expected floating-point log-probs, got dtype {v.dtype}")
+            if not in_pass and not _all_logprobs(v, m):
+                bad = m & ~(torch.isfinite(v) & (v <= 0))
+                b, p, j = (int(i) for i in bad.nonzero()[0])
+                raise ValueError(f"{name}[{b}, {p}, {j}] = {float(v[b, p, j])!r}: a log-probability must be finite "
+                                 "and <= 0 (mask the token out if it is padding)")
+        out.append(v)
+    return tuple(out)

@@ -32,8 +32,9 @@ import torch
 
 from analysis.record.checks import check_sums
 from analysis.record.residual import residual_sums
+from analysis.record.fulldist import topk_sums, topk_sums_torch, weight_diff
 from analysis.record.token_sample import Kept, SamplePlan
-from analysis.summaries import kernel
+from analysis.summaries import fulldist, kernel
 from analysis.summaries import schema as S
 from analysis.summaries.kernel import DERIVED, EXTREMES, NARROW, WIDE
 
@@ -63,6 +64,10 @@ class StepTensors:
     trainer_version: torch.Tensor | None
     sampler_experts: torch.Tensor | None  # [B, T, L, K]
     trainer_experts: torch.Tensor | None
+    sampler_weights: torch.Tensor | None = None  # [B, T, L, K] router combine weights (floats), experts' order
+    trainer_weights: torch.Tensor | None = None
+    topk: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # [B, T, J] ids, log-probs
+    #                                                       of the sampler, then the trainer (log-probs float64)
     segments: torch.Tensor | None = None  # [B, T] int64 turn index (0 at padding), for the residual counts
 
     @property
@@ -256,6 +261,13 @@ def _routing(x: StepTensors, flat: torch.Tensor) -> _Routing:
         n_top1, common = torch.zeros_like(n_flip), torch.zeros_like(n_flip)
         first = torch.zeros_like(n_flip)
         flipped_layers = torch.empty(n, dtype=torch.int64, device=dev)
+    weighted = both and x.sampler_weights is not None and x.trainer_weights is not None
+    if weighted:  # METRICS.md v3 weight_abs_diff over the rows whose two expert sets are equal
+        sw_all = x.sampler_weights.reshape(B * T, L, K)
+        tw_all = x.trainer_weights.reshape(B * T, L, K)
+        n_w = torch.zeros(L, dtype=torch.int64, device=dev)
+        sum_w = torch.zeros(L, dtype=torch.float64, device=dev)
+        max_w = torch.full((L,), -math.inf, dtype=torch.float64, device=dev)
     for lo in range(0, n, ROUTING_CHUNK):
         rows = flat[lo:lo + ROUTING_CHUNK]
         se = se_all[rows].to(torch.int64)  # [c, L, K]
@@ -271,18 +283,15 @@ def _routing(x: StepTensors, flat: torch.Tensor) -> _Routing:
         any_flip = flip.any(1)
         first += torch.bincount(flip[any_flip].to(torch.int8).argmax(1), minlength=L)  # lowest flipped layer
         flipped_layers[lo:lo + len(rows)] = flip.sum(1)
-    zeros, nulls = [0] * L, [None] * L  # as ingest's SQL has them: count_if over no trainer side is NULL
-    layer_rows = {"layer": list(range(L)), "k": [K] * L, "n_rows": [n] * L, "n_both": [n if both else 0] * L,
-                  "n_flip": n_flip.tolist() if both else nulls, "n_top1": n_top1.tolist() if both else nulls,
-                  "sum_common": common.tolist() if both else zeros, "n_first_flip": first.tolist() if both else zeros}
-    if n == 0:
-        layer_rows = {k: [] for k in layer_rows}
-    counts = {side: c.reshape(L, n_experts) for side, c in load.items()}
-    seen = sum(counts.values()) > 0
-    layer, expert = seen.nonzero().unbind(1)
-    expert_load = {"layer": layer.tolist(), "expert": expert.tolist()}
-    expert_load |= {side: c[layer, expert].tolist() for side, c in counts.items()}
-    expert_load.setdefault("n_trainer", [0] * len(layer))  # ingest counts 0 for a side not recorded
+        if weighted:
+            d = weight_diff(se, te, sw_all[rows].to(torch.float64), tw_all[rows].to(torch.float64))  # [c, L]
+            same = ~flip
+            n_w += same.sum(0)
+            sum_w += torch.where(same, d, 0.0).sum(0)
+            torch.maximum(max_w, torch.where(same, d, -math.inf).amax(0), out=max_w)
+    layer_rows = _layer_rows(L, K, n, both, [v.tolist() for v in (n_flip, n_top1, common, first)] if both else None,
+                             (n_w.tolist(), sum_w.tolist(), max_w.tolist()) if weighted else None)
+    expert_load = _expert_load(load, L, n_experts)
     return _Routing(flipped_layers if both else None, layer_rows, expert_load)
 
 
@@ -369,7 +378,10 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | No
         raise ValueError(f"engine: expected 'auto', 'kernel' or 'torch', got {engine!r}")
     tables: dict[str, dict] = {SAMPLE_TABLE: sample_record(kept, plan)}
     routing = flipped = None
-    if x.sampler_experts is not None:
+    if x.sampler_experts is not None and engine == "kernel":  # one numba pass, flipped layers per position
+        routing = _routing_cpu(x)
+        flipped = routing.n_flipped_layers
+    elif x.sampler_experts is not None:
         flat = x.mask.reshape(-1).nonzero().squeeze(1)  # the trained tokens, row-major
         routing = _routing(x, flat)
         if routing.n_flipped_layers is not None:  # flipped layers per position (0 at padding)
@@ -386,12 +398,92 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | No
         sums = check_sums(x.s, x.t, x.mask, lambda name, shape: space.get(name, shape, torch.float64, dev))
         tables["summary_step"] |= {k: [v] for k, v in sums.items()}
         tables["summary_step"] |= {k: [v] for k, v in residual_sums(x.s, x.t, x.mask, x.segments).items()}
+        if x.topk is not None:  # the full-distribution sums (schema.TOPK_SUMS)
+            sums = topk_sums(*x.topk, x.mask, pool=_pool()) if engine == "kernel" else topk_sums_torch(*x.topk, x.mask)
+            tables["summary_step"] |= {k: [v] for k, v in sums.items()}
     if tables["summary_seq"]:
         tables["summary_seq"] |= seq_logprob_sums(x, np.asarray(tables["summary_seq"]["sample"]))
     if routing is not None:
         tables["summary_layer"] = routing.layer_rows
         tables[EXPERT_LOAD] = routing.expert_load
     return tables
+
+
+def _layer_rows(L: int, K: int, n: int, both: bool, counts: list[list[int]] | None,
+                weights: tuple[list[int], list[float], list[float]] | None) -> dict[str, list]:
+    """summary_layer columns of a step's L layers from its routing counts (n_flip, n_top1, sum_common,
+    n_first_flip per layer; None without the trainer's side) and weight sums (n, Σ d, max d; None without)."""
+    zeros, nulls = [0] * L, [None] * L  # as ingest's SQL has them: count_if over no trainer side is NULL
+    rows = {"layer": list(range(L)), "k": [K] * L, "n_rows": [n] * L, "n_both": [n if both else 0] * L,
+            "n_flip": counts[0] if both else nulls, "n_top1": counts[1] if both else nulls,
+            "sum_common": counts[2] if both else zeros, "n_first_flip": counts[3] if both else zeros}
+    if weights is not None:
+        rows |= {"n_weight_rows": weights[0], "sum_weight_abs_diff": weights[1],
+                 "max_weight_abs_diff": [v if v > -math.inf else None for v in weights[2]]}
+    return rows if n else {k: [] for k in rows}
+
+
+def _expert_load(load: dict[str, torch.Tensor], L: int, n_experts: int) -> dict[str, list[int]]:
+    """expert_load columns (layer, expert, n_sampler, n_trainer) of the experts some side routed to."""
+    counts = {side: c.reshape(L, n_experts) for side, c in load.items()}
+    seen = sum(counts.values()) > 0
+    layer, expert = seen.nonzero().unbind(1)
+    out = {"layer": layer.tolist(), "expert": expert.tolist()}
+    out |= {side: c[layer, expert].tolist() for side, c in counts.items()}
+    out.setdefault("n_trainer", [0] * len(layer))  # ingest counts 0 for a side not recorded
+    return out
+
+
+def _numpy_of(v: torch.Tensor) -> np.ndarray:
+    return (v if v.dtype != torch.bfloat16 and v.dtype != torch.float16 else v.to(torch.float32)).numpy()
+
+
+def _routing_cpu(x: StepTensors) -> _Routing:
+    """`_routing` on the CPU in one numba pass (summaries/fulldist.routing_pass), the positions shared among
+    torch.get_num_threads() threads in pieces, each into counts of its own, added after; n_flipped_layers is then
+    the [B, T] grid of flipped layers per position (0 at padding)."""
+    B, T, L, K = x.sampler_experts.shape
+    N = B * T
+    se = x.sampler_experts.reshape(N, L, K)
+    te = x.trainer_experts.reshape(N, L, K) if x.trainer_experts is not None else None
+    both = te is not None
+    weighted = both and x.sampler_weights is not None and x.trainer_weights is not None
+    n_experts = int(se.max()) + 1 if se.numel() else 1
+    if both and te.numel():
+        n_experts = max(n_experts, int(te.max()) + 1)
+    args = [_numpy_of(se), _numpy_of(te if both else se),
+            _numpy_of(x.sampler_weights.reshape(N, L, K)) if weighted else np.zeros((0, 0, 0)),
+            _numpy_of(x.trainer_weights.reshape(N, L, K)) if weighted else np.zeros((0, 0, 0)),
+            x.mask.reshape(N).numpy()]
+    flipped = np.zeros(N, np.int64)
+    piece = max(1, KERNEL_PIECE // max(1, L))
+    pieces = iter(range(0, N, piece))
+    taking = threading.Lock()
+
+    def work() -> tuple:
+        out = (np.zeros(L * n_experts, np.int64), np.zeros(L * n_experts, np.int64), np.zeros((5, L), np.int64),
+               np.zeros(L), np.full(L, -math.inf))
+        while True:
+            with taking:
+                lo = next(pieces, None)
+            if lo is None:
+                return out
+            fulldist.routing_pass(*args, lo, min(N, lo + piece), n_experts, both, weighted, *out, flipped)
+    threads = min(torch.get_num_threads(), max(1, N * L // KERNEL_SPLIT))
+    done = [_pool().submit(work) for _ in range(threads - 1)]
+    load_s, load_t, counts, w_sum, w_max = work()
+    for f in done:
+        o = f.result()
+        load_s += o[0]
+        load_t += o[1]
+        counts += o[2]
+        w_sum += o[3]
+        np.maximum(w_max, o[4], out=w_max)
+    n = int(x.mask.sum())
+    load = {"n_sampler": torch.from_numpy(load_s)} | ({"n_trainer": torch.from_numpy(load_t)} if both else {})
+    rows = _layer_rows(L, K, n, both, counts[:4].tolist(),
+                       (counts[4].tolist(), w_sum.tolist(), w_max.tolist()) if weighted else None)
+    return _Routing(torch.from_numpy(flipped).view(B, T) if both else None, rows, _expert_load(load, L, n_experts))
 
 
 KERNEL_SPLIT = 1 << 17  # positions per thread below which the kernel runs on one thread

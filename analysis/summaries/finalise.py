@@ -31,6 +31,12 @@ CHECK_COLUMNS = ("ratio_mean_se", "missing_mass", "logprob_slope", "logprob_slop
 # position bucket 0 of summary_bucket. lattice_share_q is for q = schema.LATTICE_Q (other q: token rows,
 # analysis/metrics/token.py lattice_share); elsewhere_low_share is boundary_low_share's "same share elsewhere"
 RESIDUAL_COLUMNS = ("first_token_kl_share", "lattice_share_q", "boundary_low_share", "elsewhere_low_share")
+# METRICS.md v3 "Full distribution" (by=step and by=run: from summary_step's TOPK_SUMS), means over the positions
+# with top-k lists of both sides; null where a group has none
+TOPK_COLUMNS = ("topk_overlap", "top1_agree", "topk_mass_sampler", "topk_mass_trainer", "topk_kl_shared",
+                "topk_tv_lower", "topk_tv_upper")
+# METRICS.md v3 "Routing margins and weights" (by=layer: from summary_layer's WEIGHT_SUMS)
+WEIGHT_COLUMNS = ("weight_abs_diff_mean", "weight_abs_diff_max")
 
 
 def summarised(cap: float, clip: float) -> bool:
@@ -109,6 +115,24 @@ def first_position_sql(keys: Sequence[str], where: str) -> str:
     """Σ k3 of the tokens at response position 0 per group of `keys`: position bucket 0 of summary_bucket."""
     return (f"SELECT {', '.join(keys)}, fsum(sum_k3) AS sum_k3 FROM summary_bucket WHERE {where} "
             f"AND dim = 'position' AND bucket = 0 GROUP BY {', '.join(keys)}")
+
+
+def topk_sql(topk: bool = True) -> str:
+    """Select-list of TOPK_COLUMNS over a merged summary_step relation (aliased m): each sum of TOPK_SUMS over
+    n_topk, null where n_topk is 0 or null; topk=False: the database has no such columns (opened read-only)."""
+    if not topk:
+        return ",\n".join(f"NULL::DOUBLE AS {c}" for c in TOPK_COLUMNS)
+    sums = dict(zip(TOPK_COLUMNS, S.TOPK_SUM_NAMES[1:]))
+    return ",\n".join(f"m.{v}::DOUBLE / nullif(m.n_topk, 0) AS {c}" for c, v in sums.items())
+
+
+def topk_table_sql(keys: Sequence[str], where: str) -> str:
+    """[keys, TOPK_COLUMNS] per group of `keys` over the summary_step rows matching `where` (for token tables
+    computed from token rows, whose top-k columns still come from the summaries: they do not depend on C or ε)."""
+    k = ", ".join(keys)
+    return f"""SELECT {k}, {topk_sql()} FROM ({merged('summary_step', keys, where,
+                                                     without=[c for c in S.columns('summary_step')
+                                                              if c not in S.TOPK_SUM_NAMES])}) m"""
 
 
 def token_sql(keys: Sequence[str]) -> str:
@@ -211,15 +235,16 @@ def sequence_sql(keys: Sequence[str], where: str, length_bucket: str | None = No
 
 
 def token_table_sql(keys: Sequence[str], where: str, flips: bool = True, checks: bool = True,
-                    residual: bool = True) -> str:
-    """The METRICS.md token table (TOKEN_COLUMNS, CHECK_COLUMNS, RESIDUAL_COLUMNS, plus FLIP_COLUMNS with
-    flips=True) per group of `keys` (("run",) or ("run", "step")) over the summary rows matching `where`.
-    Parameters: `threshold_params`. checks=False / residual=False: summary_step has no CHECK_SUMS /
-    RESIDUAL_SUMS columns (a database made before them, opened read-only)."""
+                    residual: bool = True, topk: bool = True) -> str:
+    """The METRICS.md token table (TOKEN_COLUMNS, CHECK_COLUMNS, RESIDUAL_COLUMNS, TOPK_COLUMNS, plus FLIP_COLUMNS
+    with flips=True) per group of `keys` (("run",) or ("run", "step")) over the summary rows matching `where`.
+    Parameters: `threshold_params`. checks=False / residual=False / topk=False: summary_step has no CHECK_SUMS /
+    RESIDUAL_SUMS / TOPK_SUMS columns (a database made before them, opened read-only)."""
     keys = list(keys)
     on = lambda a, b: " AND ".join(f"{a}.{k} = {b}.{k}" for k in keys)
-    cols = token_sql(keys) + ",\n" + check_sql(checks) + ",\n" + residual_sql(residual)
-    without = (() if checks else S.CHECK_SUM_NAMES) + (() if residual else S.RESIDUAL_SUM_NAMES)
+    cols = token_sql(keys) + ",\n" + check_sql(checks) + ",\n" + residual_sql(residual) + ",\n" + topk_sql(topk)
+    without = ((() if checks else S.CHECK_SUM_NAMES) + (() if residual else S.RESIDUAL_SUM_NAMES)
+               + (() if topk else S.TOPK_SUM_NAMES))
     seq = ", ".join(f"q.{c}" for c in SEQUENCE_COLUMNS)
     flip = ("""CASE WHEN m.n_routed > 0 THEN m.n_any_flip::DOUBLE / m.n_routed END AS token_any_flip_rate,
                CASE WHEN m.n_routed > 0 THEN m.sum_flipped_layers::DOUBLE / m.n_routed END AS flipped_layers_per_token"""
@@ -231,7 +256,7 @@ def token_table_sql(keys: Sequence[str], where: str, flips: bool = True, checks:
          f AS ({first_position_sql(keys, where)}),
          t AS (SELECT {cols}, {seq}{', ' + flip if flip else ''}
                FROM m JOIN h ON {on('m', 'h')} JOIN q ON {on('m', 'q')} LEFT JOIN f ON {on('m', 'f')})
-    SELECT {', '.join(keys)}, {', '.join(TOKEN_COLUMNS + CHECK_COLUMNS + RESIDUAL_COLUMNS)}{', ' + ', '.join(FLIP_COLUMNS) if flips else ''}
+    SELECT {', '.join(keys)}, {', '.join(TOKEN_COLUMNS + CHECK_COLUMNS + RESIDUAL_COLUMNS + TOPK_COLUMNS)}{', ' + ', '.join(FLIP_COLUMNS) if flips else ''}
     FROM t ORDER BY {', '.join(keys)}"""
 
 
@@ -250,28 +275,35 @@ LAYER_LOAD_SQL = """
     GROUP BY run, step, layer"""
 
 
-def layer_counts_sql(where: str) -> str:
-    """Per (run, step, layer): merged routing counts, the overlap numerator Σ|E_s ∩ E_t|/k, and load_max_vio."""
+def layer_counts_sql(where: str, weights: bool = True) -> str:
+    """Per (run, step, layer): merged routing counts, the overlap numerator Σ|E_s ∩ E_t|/k, the weight sums (null
+    without weights; weights=False: the database has no such columns, opened read-only), and load_max_vio."""
+    w = (", ".join(f"{S.merge_sql('summary_layer', c)} AS {c}" for c in S.WEIGHT_SUM_NAMES) if weights else
+         ", ".join(f"NULL::{c.sql_type} AS {c.name}" for c in S.WEIGHT_SUMS))
     return f"""
     WITH c AS (SELECT run, step, layer, min(k) AS k, sum(n_rows)::BIGINT AS n_rows, sum(n_both)::BIGINT AS n_both,
                       sum(n_flip)::BIGINT AS n_flip, sum(n_top1)::BIGINT AS n_top1,
-                      sum(sum_common)::BIGINT AS sum_common, sum(n_first_flip)::BIGINT AS n_first_flip
+                      sum(sum_common)::BIGINT AS sum_common, sum(n_first_flip)::BIGINT AS n_first_flip, {w}
                FROM summary_layer WHERE {where} GROUP BY run, step, layer),
          l AS ({LAYER_LOAD_SQL.format(where=where)})
     SELECT c.*, c.sum_common::DOUBLE / c.k AS sum_overlap, l.load_max_vio_sampler, l.load_max_vio_trainer
     FROM c LEFT JOIN l USING (run, step, layer)"""
 
 
-def routing_by_layer_sql(where: str) -> str:
-    """by=layer: [run, step, layer, n_tokens, flip_rate, top1_flip_rate, overlap, load_max_vio_*]; flip
-    columns over rows with both sides (null for sampler-only layers, n_tokens 0)."""
+def routing_by_layer_sql(where: str, weights: bool = True) -> str:
+    """by=layer: [run, step, layer, n_tokens, flip_rate, top1_flip_rate, overlap, load_max_vio_*,
+    weight_abs_diff_mean, weight_abs_diff_max]; flip columns over rows with both sides (null for sampler-only
+    layers, n_tokens 0); the weight columns over rows with both sides' weights and equal expert sets (null
+    without any)."""
     return f"""
     SELECT run, step, layer, n_both AS n_tokens,
            n_flip::DOUBLE / nullif(n_both, 0) AS flip_rate,
            n_top1::DOUBLE / nullif(n_both, 0) AS top1_flip_rate,
            sum_overlap / nullif(n_both, 0) AS overlap,
-           load_max_vio_sampler, load_max_vio_trainer
-    FROM ({layer_counts_sql(where)}) ORDER BY run, step, layer"""
+           load_max_vio_sampler, load_max_vio_trainer,
+           sum_weight_abs_diff / nullif(n_weight_rows, 0) AS weight_abs_diff_mean,
+           CASE WHEN n_weight_rows > 0 THEN max_weight_abs_diff END AS weight_abs_diff_max
+    FROM ({layer_counts_sql(where, weights)}) ORDER BY run, step, layer"""
 
 
 def routing_pooled_sql(keys: Sequence[str], where: str, token_flips: bool) -> str:
@@ -285,7 +317,7 @@ def routing_pooled_sql(keys: Sequence[str], where: str, token_flips: bool) -> st
            fsum(sum_overlap) / nullif(sum(n_both), 0) AS overlap,
            avg(load_max_vio_sampler) AS load_max_vio_sampler,
            avg(load_max_vio_trainer) AS load_max_vio_trainer
-        FROM ({layer_counts_sql(where)}) GROUP BY {k}"""
+        FROM ({layer_counts_sql(where, weights=False)}) GROUP BY {k}"""
     if not token_flips:
         return f"""SELECT {k}, flip_rate, top1_flip_rate, overlap, load_max_vio_sampler, load_max_vio_trainer, n_rows
                    FROM ({pooled}) ORDER BY {k}"""
@@ -337,7 +369,7 @@ def layer_profile_sql(where: str) -> str:
     return f"""
     SELECT run, layer, sum(n_both)::BIGINT AS n_tokens, sum(n_flip)::DOUBLE / sum(n_both) AS flip_rate,
            sum(n_top1)::DOUBLE / sum(n_both) AS top1_flip_rate, fsum(sum_overlap) / sum(n_both) AS overlap
-    FROM ({layer_counts_sql(where)}) GROUP BY run, layer HAVING sum(n_both) > 0 ORDER BY run, layer"""
+    FROM ({layer_counts_sql(where, weights=False)}) GROUP BY run, layer HAVING sum(n_both) > 0 ORDER BY run, layer"""
 
 
 # -- buckets --------------------------------------------------------------------------------------------

@@ -184,6 +184,32 @@ SEQ_SUMS = (
 )
 SEQ_SUM_NAMES = tuple(c.name for c in SEQ_SUMS)
 
+# The full-distribution sums (METRICS.md v3 "Full distribution"), summary_step only: per trained position with the
+# top-J token ids and log-probs of both sides, S_s and S_t those ids, I = S_s ∩ S_t, m_s = Σ_{i∈I} exp(ls_i) and m_t
+# likewise, p̂ the probabilities renormalised over I. Rows without top-k (and rows written before these columns)
+# hold nulls or n_topk = 0; the topk_* columns are means over the n_topk positions, null where there are none.
+TOPK_SUMS = (
+    Col("n_topk", "BIGINT", "trained positions with the top-J lists of both sides"),
+    Col("sum_topk_overlap", "DOUBLE", "Σ |I| / J"),
+    Col("n_top1_agree", "BIGINT", "positions whose two argmax ids (each side's largest log-prob) are the same id"),
+    Col("sum_topk_mass_sampler", "DOUBLE", "Σ Σ_{i∈S_s} exp(ls_i)"),
+    Col("sum_topk_mass_trainer", "DOUBLE", "Σ Σ_{i∈S_t} exp(lt_i)"),
+    Col("sum_topk_kl_shared", "DOUBLE", "Σ KL(p̂_s ‖ p̂_t) over I (0 where |I| <= 1)"),
+    Col("sum_topk_tv_lower", "DOUBLE", "Σ ½ Σ_{i∈I} |p_s(i) − p_t(i)| + ½ |m_s − m_t|"),
+    Col("sum_topk_tv_upper", "DOUBLE", "Σ ½ Σ_{i∈I} |p_s(i) − p_t(i)| + ½ (1 − m_s) + ½ (1 − m_t)"),
+)
+TOPK_SUM_NAMES = tuple(c.name for c in TOPK_SUMS)
+
+# The routing-weight sums (METRICS.md v3 "Routing margins and weights"), summary_layer only: over the (token, layer)
+# rows with both sides' expert ids and combine weights and E_s = E_t as sets, d = Σ_k |w_s(e_k) − w_t(e_k)| with the
+# weights matched by expert id (the two lists may rank the experts differently).
+WEIGHT_SUMS = (
+    Col("n_weight_rows", "BIGINT", "rows with both sides' weights and the same expert set"),
+    Col("sum_weight_abs_diff", "DOUBLE", "Σ d"),
+    Col("max_weight_abs_diff", "DOUBLE", "max d"),
+)
+WEIGHT_SUM_NAMES = tuple(c.name for c in WEIGHT_SUMS)
+
 KEY = (Col("run", "VARCHAR", "run name"), Col("step", "BIGINT", "trainer step"))
 FILE = Col("file_id", "INTEGER", "the file (or summary file) that brought the row; delete_run and provenance")
 
@@ -203,7 +229,7 @@ BAND_SUM_NAMES = tuple(c.name for c in BAND_SUMS[1:])  # the sums of a band row:
 
 TABLES: dict[str, tuple[Col, ...]] = {
     # one row per (run, step, file): every by=step token column, and the per-step routing columns
-    "summary_step": KEY + TOKEN_SUMS + TOKEN_FLIP_SUMS + CHECK_SUMS + RESIDUAL_SUMS + (FILE,),
+    "summary_step": KEY + TOKEN_SUMS + TOKEN_FLIP_SUMS + CHECK_SUMS + RESIDUAL_SUMS + TOPK_SUMS + (FILE,),
     # one row per (run, step, layer, file): routing counts (load_max_vio comes from expert_load)
     "summary_layer": KEY + (
         Col("layer", "INTEGER", "0-based MoE layer"),
@@ -214,7 +240,7 @@ TABLES: dict[str, tuple[Col, ...]] = {
         Col("n_top1", "BIGINT", "rows whose first-ranked experts differ"),
         Col("sum_common", "BIGINT", "Σ |E_s ∩ E_t| over rows with both sides (overlap = sum_common / (k·n_both))"),
         Col("n_first_flip", "BIGINT", "tokens whose lowest flipped layer is this one"),
-        FILE),
+    ) + WEIGHT_SUMS + (FILE,),
     # one row per (run, step, sample, file): a sequence's tokens in one file; a sequence's rows merge by
     # GROUP BY (run, step, sample) for the sequence metrics and the length buckets
     "summary_seq": KEY + (
@@ -296,7 +322,8 @@ def columns(table: str) -> list[str]:
 # Columns added to a table after databases with it were made: a database opened for writing gains them (null in
 # its earlier rows); one opened read-only reads them as null (finalise.token_table_sql, checks=False;
 # Store.has_seq_sums).
-ADDED: dict[str, tuple[Col, ...]] = {"summary_step": CHECK_SUMS + RESIDUAL_SUMS, "summary_seq": SEQ_SUMS}
+ADDED: dict[str, tuple[Col, ...]] = {"summary_step": CHECK_SUMS + RESIDUAL_SUMS + TOPK_SUMS, "summary_seq": SEQ_SUMS,
+                                    "summary_layer": WEIGHT_SUMS}
 
 
 def ddl() -> list[str]:

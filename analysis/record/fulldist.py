@@ -1,0 +1,138 @@
+"""The full-distribution sums of a step (summaries/schema.py TOPK_SUMS), on the tensors' device.
+
+The formulas are summaries/fulldist.py's (METRICS.md v3 "Full distribution"). On the CPU, that module's numba
+pass over chunks of positions, the chunk's exponentials by torch (vectorised) into two [chunk, J] buffers of each
+thread, the chunks shared among torch.get_num_threads() threads. Elsewhere (`topk_sums_torch`), torch ops over the
+trained positions in chunks: a chunk's [c, J, J] id comparison bounds the temporaries (J = 20: 400 bytes a
+position), and each sum is a float64 reduction of the chunk, added on the device; only the step's eight numbers
+leave it.
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import torch
+
+from analysis.summaries import fulldist
+from analysis.summaries.schema import TOPK_SUM_NAMES
+
+CHUNK = 1 << 15  # positions per chunk (torch ops)
+CPU_CHUNK = 1 << 13  # positions per chunk of the CPU pass: its two [c, J] float64 blocks stay in the L2 cache
+
+
+def _row(v: list[float]) -> dict[str, float | int]:
+    return {name: int(round(x)) if name.startswith("n_") else x for name, x in zip(TOPK_SUM_NAMES, v)}
+
+
+def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp: torch.Tensor,
+              mask: torch.Tensor, pool=None) -> dict[str, float | int]:
+    """TOPK_SUMS over the mask==True positions of [B, T, J] top-J ids and log-probs of both sides (checked by
+    the caller, except on the CPU, where this pass checks them as it reads them: a ValueError naming the
+    position and the rule): the numba pass on the CPU (`pool`: an executor for the other threads), torch ops
+    elsewhere."""
+    if mask.device.type != "cpu":
+        return topk_sums_torch(s_ids, s_lp, t_ids, t_lp, mask)
+    J = s_ids.shape[-1]
+    n = mask.numel()
+    flat = [v.reshape(n, J) for v in (s_ids, s_lp, t_ids, t_lp)]
+    valid = mask.reshape(n)
+    pieces = iter(range(0, n, CPU_CHUNK))
+    taking = threading.Lock()
+
+    broken = []  # per chunk that has one, the first position breaking a rule of the lists
+
+    def work() -> np.ndarray:
+        out = np.zeros((1, fulldist.N_SUMS))
+        ps = torch.empty(CPU_CHUNK, J, dtype=torch.float64)
+        pt = torch.empty_like(ps)
+        while True:
+            with taking:
+                lo = next(pieces, None)
+            if lo is None:
+                return out
+            hi = min(n, lo + CPU_CHUNK)
+            a_id, a, b_id, b = (v[lo:hi] for v in flat)
+            e_s, e_t = ps[:hi - lo].copy_(a).exp_(), pt[:hi - lo].copy_(b).exp_()
+            group = valid[lo:hi].to(torch.int64).sub_(1).numpy()  # 0 where trained, −1 at padding
+            bad = fulldist.group_sums(a_id.numpy(), _np_floats(a), b_id.numpy(), _np_floats(b), e_s.numpy(),
+                                      e_t.numpy(), group, out)
+            if bad >= 0:
+                broken.append(lo + bad)
+    threads = min(torch.get_num_threads(), max(1, n // (4 * CPU_CHUNK))) if pool is not None else 1
+    done = [pool.submit(work) for _ in range(threads - 1)]
+    total = work()
+    for f in done:
+        total += f.result()
+    if broken:
+        b, p = divmod(min(broken), mask.shape[1])
+        raise ValueError(position_problem(b, p, s_ids, s_lp, t_ids, t_lp))
+    return _row(total[0].tolist())
+
+
+def position_problem(b: int, p: int, s_ids, s_lp, t_ids, t_lp) -> str:
+    """The message for trained position (b, p), where the CPU pass found a rule of the top-k lists broken: the
+    first of negative ids, non-log-probs, repeated ids, side by side, as the checks before the pass word them."""
+    for side, ids, lp in (("sampler", s_ids, s_lp), ("trainer", t_ids, t_lp)):
+        row = ids[b, p].tolist()
+        for j, v in enumerate(row):
+            if v < 0:
+                return f"{side}_topk_ids[{b}, {p}, {j}] = {v}: token ids are >= 0"
+        for j, v in enumerate(lp[b, p].tolist()):
+            if not (-math.inf < v <= 0):
+                return (f"{side}_topk_logprobs[{b}, {p}, {j}] = {v!r}: a log-probability must be finite and <= 0 "
+                        "(mask the token out if it is padding)")
+    for side, ids in (("sampler", s_ids), ("trainer", t_ids)):
+        row = ids[b, p].tolist()
+        if len(set(row)) < len(row):
+            return f"{side}_topk_ids[{b}, {p}] = {row}: the ids of one position must be distinct"
+    return f"top-k lists at [{b}, {p}]: a rule is broken"
+
+
+def _np_floats(v: torch.Tensor) -> np.ndarray:
+    """A float tensor as numpy (bf16 and fp16 widened to fp32, exactly: numpy has no bf16)."""
+    return (v if v.dtype in (torch.float32, torch.float64) else v.to(torch.float32)).numpy()
+
+
+def topk_sums_torch(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp: torch.Tensor,
+              mask: torch.Tensor) -> dict[str, float | int]:
+    """TOPK_SUMS over the mask==True positions of [B, T, J] top-J ids and log-probs of both sides (J the same on
+    both; ids distinct within a position; log-probs finite, checked by the caller)."""
+    J = s_ids.shape[-1]
+    rows = mask.reshape(-1).nonzero().squeeze(1)
+    a_ids, b_ids = s_ids.reshape(-1, J), t_ids.reshape(-1, J)
+    a_lp, b_lp = s_lp.reshape(-1, J), t_lp.reshape(-1, J)
+    f64 = torch.float64
+    acc = torch.zeros(len(TOPK_SUM_NAMES) - 1, dtype=f64, device=mask.device)
+    for lo in range(0, len(rows), CHUNK):
+        r = rows[lo:lo + CHUNK]
+        a_id, b_id = a_ids[r], b_ids[r]
+        a, b = a_lp[r].to(f64), b_lp[r].to(f64)
+        eq = a_id[:, :, None] == b_id[:, None, :]  # [c, J, J]
+        shared = eq.any(2)
+        b_m = torch.where(eq, b[:, None, :], 0.0).sum(2)  # the trainer's log-prob of each shared sampler id
+        ps, pt = torch.exp(a), torch.exp(b)
+        pt_m = torch.where(shared, torch.exp(b_m), 0.0)
+        ps_m = torch.where(shared, ps, 0.0)
+        ms, mt = ps_m.sum(1), pt_m.sum(1)
+        n_i = shared.sum(1)
+        l1 = (ps_m - pt_m).abs_().sum(1)
+        many = n_i >= 2
+        safe_ms, safe_mt = torch.where(many, ms, 1.0), torch.where(many, mt, 1.0)
+        shift = (torch.log(safe_ms) - torch.log(safe_mt))[:, None]
+        kl = torch.where(shared, (ps_m / safe_ms[:, None]) * ((a - b_m) - shift), 0.0).sum(1)
+        kl = torch.where(many, kl, 0.0)
+        agree = a_id.gather(1, a.argmax(1, keepdim=True)) == b_id.gather(1, b.argmax(1, keepdim=True))
+        acc += torch.stack([n_i.sum().to(f64) / J, agree.sum().to(f64), ps.sum(), pt.sum(), kl.sum(),
+                            0.5 * l1.sum() + 0.5 * (ms - mt).abs().sum(),
+                            0.5 * l1.sum() + 0.5 * (1.0 - ms).sum() + 0.5 * (1.0 - mt).sum()])
+    return _row([float(len(rows))] + acc.tolist())
+
+
+def weight_diff(se: torch.Tensor, te: torch.Tensor, sw: torch.Tensor, tw: torch.Tensor) -> torch.Tensor:
+    """Σ_k |w_s(e_k) − w_t(e_k)| per [..., K] row of expert ids and float64 weights, the trainer's weights matched
+    to the sampler's by expert id (meaningful where the two id sets are equal: the caller keeps those rows)."""
+    eq = se[..., :, None] == te[..., None, :]
+    matched = torch.where(eq, tw[..., None, :], 0.0).sum(-1)
+    return (sw - matched).abs_().sum(-1)

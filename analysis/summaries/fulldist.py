@@ -1,0 +1,221 @@
+"""Full-distribution sums (METRICS.md v3 "Full distribution") of top-J lists on the CPU: one numba pass per rows.
+
+The formulas of the columns `topk_*` and `top1_agree`, for the arrays that ingest reads and for DriftLogger's
+tensors on the CPU (its torch twin for accelerators is analysis/record/fulldist.py; tests check both against a
+brute-force reference). Per position with the top-J ids and log-probs of both sides: I = S_s ∩ S_t,
+p = exp(log-prob), m_s = Σ_{i∈I} p_s(i), m_t likewise, p̂ = p / m over I:
+  overlap   = |I| / J
+  agree     = 𝟙[argmax of side s = argmax of side t]   (each side's argmax: the first id with its largest log-prob)
+  mass_s    = Σ_{i∈S_s} p_s(i),  mass_t = Σ_{i∈S_t} p_t(i)
+  kl        = Σ_{i∈I} p̂_s(i) ((ls_i − lt_i) − log(m_s / m_t))   (= KL(p̂_s ‖ p̂_t); 0 when |I| <= 1)
+  tv_lower  = ½ Σ_{i∈I} |p_s(i) − p_t(i)| + ½ |m_s − m_t|
+  tv_upper  = ½ Σ_{i∈I} |p_s(i) − p_t(i)| + ½ (1 − m_s) + ½ (1 − m_t)
+The TV bounds hold for the full vocabulary: outside I the two sides' masses are 1 − m_s and 1 − m_t, whose TV
+share is at least ½ |m_s − m_t| and at most ½ (1 − m_s) + ½ (1 − m_t).
+
+Why numba: the exponentials are the caller's (numpy's and torch's are vectorised; scalar exp in a loop cost more
+than everything else here), but matching the ids of two lists is J² comparisons a position, which as array ops
+makes [n, J, J] temporaries (400 bytes a position at J = 20) and ran ~20× slower than the logger's other work.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+# the step sums in the order of schema.TOPK_SUMS: n_topk, then the per-position terms
+N_SUMS = 8
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _slot(x):  # pragma: no cover - compiled
+    """The slot of id x in a 4096-slot table (multiplicative hashing)."""
+    return ((np.uint64(x) * np.uint64(2654435761)) >> np.uint64(20)) & np.uint64(4095)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _stamp(ids, i, seen, rank, stamp):  # pragma: no cover - compiled
+    """Mark the slot of each id of row i with `stamp` (a number no earlier call used, so nothing needs clearing)
+    and its rank; returns whether two ids of the row share a slot (then, and only then, they may be equal)."""
+    clash = False
+    for a in range(ids.shape[1]):
+        h = _slot(ids[i, a])
+        clash |= seen[h] == stamp
+        seen[h] = stamp
+        rank[h] = a
+    return clash
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _repeats(ids, i):  # pragma: no cover - compiled
+    """Whether row i of [n, J] ids holds an id twice: the count of equal pairs is J when they are distinct."""
+    J = ids.shape[1]
+    same = 0
+    for a in range(J):
+        x = ids[i, a]
+        for b in range(J):
+            same += ids[i, b] == x
+    return same != J
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cover - compiled
+    """Add schema.TOPK_SUMS of each row i of [n, J] ids, log-probs and their exponentials ps, pt (float64) to
+    out[group[i]] ([groups, N_SUMS] float64); rows with group[i] < 0 (padding) are skipped. Returns the first
+    row that breaks a rule of the lists (−1: none), whose sums are then not to be used: ids distinct and >= 0,
+    log-probs finite and <= 0 (checked here, in the pass that reads them anyway, rather than by passes of their
+    own over the [n, J] arrays, which cost as much as these sums).
+
+    Each side's ids go into a 4096-slot table (slot, stamp, rank): where a row's ids of one side take distinct
+    slots (~95 % of rows at J = 20), they are distinct, and each sampler id finds its trainer rank in its slot, J
+    steps a row; elsewhere the exact J² comparisons decide (counting equal pairs on every row, and matching
+    every pair, cost ~2.5× as much)."""
+    n, J = s_ids.shape
+    seen = np.zeros(4096, np.int64)
+    rank = np.zeros(4096, np.int64)
+    match = np.empty(J, np.int64)
+    for i in range(n):
+        g = group[i]
+        if g < 0:
+            continue
+        if _stamp(s_ids, i, seen, rank, 2 * i + 1) and _repeats(s_ids, i):
+            return i
+        t_stamp = 2 * i + 2
+        by_slot = not _stamp(t_ids, i, seen, rank, t_stamp)
+        if not by_slot and _repeats(t_ids, i):
+            return i
+        # the trainer's rank of each sampler id (0 where it has none, told apart by `shared`); what follows is
+        # free of branches on the data (whether an id is shared is a coin toss in real lists: mispredicted jumps
+        # cost more than the arithmetic)
+        ms = 0.0
+        mt = 0.0
+        l1 = 0.0
+        n_i = 0
+        mass_s = 0.0
+        mass_t = 0.0
+        best_s, best_t = 0, 0
+        top_s, top_t = s_lp[i, 0], t_lp[i, 0]
+        bad = False
+        for a in range(J):
+            x = s_ids[i, a]
+            bad |= (x < 0) | (t_ids[i, a] < 0) | ~(s_lp[i, a] <= 0) | ~(t_lp[i, a] <= 0)
+            bad |= (s_lp[i, a] == -np.inf) | (t_lp[i, a] == -np.inf)
+            if by_slot:
+                h = _slot(x)
+                m = rank[h]
+                shared = (seen[h] == t_stamp) & (t_ids[i, m] == x)
+            else:  # a sum over the ranks, which vectorises where a search with a break does not
+                m = 0
+                for b in range(J):
+                    m += (b + 1) * (t_ids[i, b] == x)
+                shared = m > 0
+                m -= 1
+            m = m if shared else 0
+            match[a] = m
+            on = 1.0 if shared else 0.0
+            n_i += shared
+            p_s, p_t = ps[i, a], pt[i, m]
+            ms += on * p_s
+            mt += on * p_t
+            l1 += on * abs(p_s - p_t)
+            mass_s += p_s
+            mass_t += pt[i, a]
+            up_s = s_lp[i, a] > top_s
+            best_s = a if up_s else best_s
+            top_s = s_lp[i, a] if up_s else top_s
+            up_t = t_lp[i, a] > top_t
+            best_t = a if up_t else best_t
+            top_t = t_lp[i, a] if up_t else top_t
+        if bad:
+            return i
+        kl = 0.0
+        if n_i >= 2:
+            shift = math.log(ms / mt)
+            inv = 1.0 / ms
+            for a in range(J):
+                m = match[a]
+                on = inv if s_ids[i, a] == t_ids[i, m] else 0.0
+                kl += on * ps[i, a] * ((np.float64(s_lp[i, a]) - np.float64(t_lp[i, m])) - shift)
+        out[g, 0] += 1.0
+        out[g, 1] += n_i / J
+        out[g, 2] += 1.0 if s_ids[i, best_s] == t_ids[i, best_t] else 0.0
+        out[g, 3] += mass_s
+        out[g, 4] += mass_t
+        out[g, 5] += kl
+        out[g, 6] += 0.5 * l1 + 0.5 * abs(ms - mt)
+        out[g, 7] += 0.5 * l1 + 0.5 * (1.0 - ms) + 0.5 * (1.0 - mt)
+    return -1
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def routing_pass(se, te, sw, tw, valid, lo, hi, n_experts, has_t, has_w, load_s, load_t, counts, w_sum, w_max,
+                 flipped):  # pragma: no cover - compiled
+    """DriftLogger's routing summaries of positions [lo, hi) of [N, L, K] expert ids (and weights) on the CPU, the
+    torch ops of record/summaries.py `_routing` as one pass: tokens per (layer, expert) into load_s / load_t
+    ([L · n_experts]); per layer into counts [5, L]: rows whose expert multisets differ (a flip; the sorted lists
+    differ), whose first-ranked ids differ, Σ of equal (sampler, trainer) id pairs, tokens whose lowest flipped
+    layer it is, rows weighed (both sides' weights, no flip); the weight sums w_sum / w_max [L] of METRICS.md v3
+    weight_abs_diff (d = Σ_k |w_s(e_k) − w_t(e_k)|, the trainer's weight of e_k found by id); flipped[i] = the
+    token's flipped layers. Positions with valid[i] false are skipped; has_t / has_w false: te / tw unused."""
+    L, K = se.shape[1], se.shape[2]
+    for i in range(lo, hi):
+        if not valid[i]:
+            continue
+        n_fl = 0
+        first = -1
+        for layer in range(L):
+            base = layer * n_experts
+            for a in range(K):
+                load_s[base + se[i, layer, a]] += 1
+            if not has_t:
+                continue
+            flip = False
+            common = 0
+            for a in range(K):
+                load_t[base + te[i, layer, a]] += 1
+                x = se[i, layer, a]
+                cs = 0
+                ct = 0
+                for b in range(K):
+                    cs += se[i, layer, b] == x
+                    ct += te[i, layer, b] == x
+                flip |= cs != ct
+                common += ct
+            counts[2, layer] += common
+            if se[i, layer, 0] != te[i, layer, 0]:
+                counts[1, layer] += 1
+            if flip:
+                counts[0, layer] += 1
+                n_fl += 1
+                if first < 0:
+                    first = layer
+            elif has_w:
+                d = 0.0
+                for a in range(K):
+                    x = se[i, layer, a]
+                    w = 0.0
+                    for b in range(K):
+                        w += np.float64(tw[i, layer, b]) if te[i, layer, b] == x else 0.0
+                    d += abs(np.float64(sw[i, layer, a]) - w)
+                counts[4, layer] += 1
+                w_sum[layer] += d
+                if d > w_max[layer]:
+                    w_max[layer] = d
+        if has_t:
+            flipped[i] = n_fl
+            if first >= 0:
+                counts[3, first] += 1
+
+
+def topk_sums(s_ids: np.ndarray, s_lp: np.ndarray, t_ids: np.ndarray, t_lp: np.ndarray, group: np.ndarray,
+              n_groups: int) -> np.ndarray:
+    """[n_groups, N_SUMS] sums of schema.TOPK_SUMS of the rows of [n, J] arrays (ingest's checked rows; log-probs
+    fp32 or float64), grouped by `group` (−1: skip)."""
+    out = np.zeros((n_groups, N_SUMS))
+    ps = np.exp(s_lp.astype(np.float64))
+    pt = np.exp(t_lp.astype(np.float64))
+    if group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out) >= 0:
+        raise ValueError("top-k ids repeat within a row, or a log-prob is not finite and <= 0 (the caller checks "
+                         "them first)")
+    return out
