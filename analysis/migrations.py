@@ -3,6 +3,8 @@
 - split_tokens, before the DDL: a `tokens` table of every column (before the token rows were split) becomes
   `token_rows_full`, and the DDL then adds the narrow table and the view;
 - compact_routing, after the DDL: a plain `routing` table (before `routing_rows`) moves to the compact form;
+- add_columns, after the DDL: columns SCHEMA.md gained after databases were made (ADDED_COLUMNS), null in the
+  earlier rows;
 - to_layout2: summaries of layout 1 (below).
 (Files loaded before summaries existed are summarised by ingest's own SQL: analysis/ingest/summarise.py,
 `backfill`, run by ingest.open_store.)
@@ -74,6 +76,24 @@ def to_layout2(con) -> bool:
         con.execute("ROLLBACK")
         raise
     return True
+
+
+# Columns of the stored tables added after databases with them were made: (stored table, column, type). The token
+# columns go to `token_rows_full` only: the narrow tables never hold an optional column (schema.TOKEN_NARROW).
+ADDED_COLUMNS = (
+    ("sequences", "response", "VARCHAR"),
+    ("sequences", "tag", "VARCHAR"),
+    (schema.TOKEN_STORE_FULL, "advantage", "DOUBLE"),
+    (schema.TOKEN_STORE_FULL, "segment", "INTEGER"),
+    (schema.TOKEN_STORE_FULL, "sampling_support", "INTEGER"),
+)
+
+
+def add_columns(con: duckdb.DuckDBPyConnection) -> None:
+    """Give a database made before them the columns of ADDED_COLUMNS (NULL in its earlier rows); the views are
+    made after this, so `tokens` shows them."""
+    for table, column, sql_type in ADDED_COLUMNS:
+        con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {sql_type}")
 
 
 def register_runs(con: duckdb.DuckDBPyConnection, table: str) -> None:

@@ -29,6 +29,9 @@ TOKENS = (
     Column("trainer_version", "BIGINT", False, "policy version of the trainer"),
     Column("sampler_entropy", "DOUBLE", False, "sampler next-token entropy"),
     Column("trainer_entropy", "DOUBLE", False, "trainer next-token entropy"),
+    Column("advantage", "DOUBLE", False, "the token's advantage (per-token advantages, e.g. GAE)"),
+    Column("segment", "INTEGER", False, "turn index of the token in a multi-turn rollout (0-based)"),
+    Column("sampling_support", "INTEGER", False, "tokens the sampler's top-p / top-k kept at this position"),
 )
 
 ROUTING = (
@@ -61,6 +64,7 @@ SEQUENCES = (
     Column("prompt", "VARCHAR", False),
     Column("response_length", "INTEGER", False),
     Column("response", "VARCHAR", False, "response text as the sampler produced it"),
+    Column("tag", "VARCHAR", False, "the sequence's task label (a domain such as code, math, chat)"),
 )
 
 TABLES = {"tokens": TOKENS, "routing": ROUTING, "sequences": SEQUENCES}

@@ -51,8 +51,7 @@ def _ddl() -> list[str]:
     for table in schema.TABLES:
         for name in schema.stored_tables(table):
             stmts.append(f"CREATE TABLE IF NOT EXISTS {name} ({_columns_ddl(table, name)})")
-    # databases made before sequences had the response text, or routing rows their packed sampler ids
-    stmts.append("ALTER TABLE sequences ADD COLUMN IF NOT EXISTS response VARCHAR")
+    # databases made before routing rows had their packed sampler ids (other added columns: migrations.add_columns)
     stmts += [f"ALTER TABLE {schema.ROUTING_STORE} ADD COLUMN IF NOT EXISTS {c.name} {c.sql_type}"
               for c in schema.ROUTING_PACKED]
     return stmts + summary_schema.ddl()
@@ -120,6 +119,7 @@ class Store:
                 migrations.split_tokens(self._con)
                 for stmt in _ddl():
                     self._con.execute(stmt)
+                migrations.add_columns(self._con)
                 migrations.compact_routing(self._con)
                 _views(self._con)
                 migrations.to_layout2(self._con)  # summaries of layout 1 (band key in the wide rows)
@@ -303,6 +303,17 @@ class Store:
     def has_seq_sums(self) -> bool:
         """Whether summary_seq has the per-sequence log-prob sums (summaries/schema.py SEQ_SUMS), as has_check_sums."""
         return self._has_columns("summary_seq", summary_schema.SEQ_SUM_NAMES)
+
+    @property
+    def has_residual_sums(self) -> bool:
+        """Whether summary_step has the residual signatures' counts (summaries/schema.py RESIDUAL_SUMS), as
+        has_check_sums."""
+        return self._has_columns("summary_step", summary_schema.RESIDUAL_SUM_NAMES)
+
+    def has_columns(self, table: str, names: Sequence[str]) -> bool:
+        """Whether `table` (or view) has every column of `names`: a database made before SCHEMA.md gained them,
+        opened read-only, has not."""
+        return self._has_columns(table, names)
 
     def _has_columns(self, table: str, names: Sequence[str]) -> bool:
         """Whether `table` has every column of `names` (asked once per table: the layout does not change while open)."""

@@ -125,8 +125,8 @@ def test_token_columns_match_numpy_and_token_sql(data, by, cap, clip):
     store, tokens, both, _ = data
     keys = ["run", "step"] if by == "step" else ["run"]
     df = report.metrics_table(store, ["a", "b", "c"], by=by, cap=cap, clip=clip)
-    assert df.columns == keys + list(metrics.TOKEN_METRICS) + list(metrics.CHECK_METRICS) + [
-        "token_any_flip_rate", "flipped_layers_per_token"]
+    assert df.columns == keys + list(metrics.TOKEN_METRICS) + list(metrics.CHECK_METRICS) + list(
+        metrics.RESIDUAL_METRICS) + ["token_any_flip_rate", "flipped_layers_per_token"]
     assert_table(df, ref_table(tokens, keys, cap, clip), keys, _abs_scale(tokens, keys))
     # the token-level SQL (the drill-down path) gives the same numbers
     sql = metrics.token_metrics(store, ["a", "b", "c"], by=by, cap=cap, clip=clip)

@@ -18,13 +18,20 @@ from analysis.ingest.textio import iter_lines, json_line
 from analysis.ingest.validate import Batch, row_where, valid_names
 
 
+# a long table of these (with `sample`, without log-probs) holds SCHEMA.md `sequences` rows, one per sequence
+SEQUENCE_VALUES = frozenset(c.name for c in schema.SEQUENCES) - set(schema.SEQUENCE_KEY)
+
+
 def table_kind(columns: list[str] | set[str]) -> str | None:
-    """'routing' if the columns hold routing rows, 'tokens' if token log-probs, else None."""
+    """'routing' if the columns hold routing rows, 'tokens' if token log-probs, 'sequences' if per-sequence values
+    (reward, advantage, prompt, response, response_length, tag) keyed by sample, else None."""
     cols = set(columns)
     if {"layer", "sampler_experts"} <= cols:
         return "routing"
     if {"sampler_logprob", "trainer_logprob"} & cols:
         return "tokens"
+    if "sample" in cols and cols & SEQUENCE_VALUES and "pos" not in cols:
+        return "sequences"
     return None
 
 
@@ -33,8 +40,9 @@ def _kind_or_refuse(name: str, columns, first=None) -> str:
     suggest a field mapping (JSON Lines and Parquet load with one; CSV does not)."""
     kind = table_kind(columns)
     if kind is None:
-        raise UnknownFormat(name, None, f"a long table needs 'sampler_logprob' and 'trainer_logprob' (tokens) "
-                            f"or 'layer' and 'sampler_experts' (routing); found columns {sorted(columns)}",
+        raise UnknownFormat(name, None, f"a long table needs 'sampler_logprob' and 'trainer_logprob' (tokens), "
+                            f"'layer' and 'sampler_experts' (routing) or 'sample' with per-sequence values such as "
+                            f"'reward' (sequences); found columns {sorted(columns)}",
                             map_hint(first()) if first else "see SCHEMA.md, 'Accepted files'")
     return kind
 

@@ -16,9 +16,12 @@ SEQ_REQUIRED = ("step", "sample", "sampler_logprobs", "trainer_logprobs")
 # per-token arrays: key in the file -> tokens column
 TOKEN_ARRAYS = {"sampler_logprobs": "sampler_logprob", "trainer_logprobs": "trainer_logprob",
                 "token_ids": "token_id", "tokens": "token",
-                "sampler_entropies": "sampler_entropy", "trainer_entropies": "trainer_entropy"}
+                "sampler_entropies": "sampler_entropy", "trainer_entropies": "trainer_entropy",
+                "segment_ids": "segment", "sampling_support": "sampling_support"}
+# `advantage` is a sequence field when it is a number and a per-token array when it is a list (one per token)
+TOKEN_OR_SEQ = {"advantage": "advantage"}
 SCALARS = {"sampler_version": "sampler_version", "trainer_version": "trainer_version"}
-SEQ_FIELDS = ("reward", "advantage", "prompt", "response", "response_length")
+SEQ_FIELDS = ("reward", "advantage", "prompt", "response", "response_length", "tag")
 
 
 class _Chunk:
@@ -130,7 +133,8 @@ def _add_sequence(name: str, line_no: int, obj, chunk: _Chunk) -> None:
     where = f"line {line_no} ({label})"
     n = len(obj["sampler_logprobs"])
     arrays = {}
-    for key, col in TOKEN_ARRAYS.items():
+    per_token = {k: c for k, c in TOKEN_OR_SEQ.items() if isinstance(obj.get(k), list)}
+    for key, col in (TOKEN_ARRAYS | per_token).items():
         if key in obj and obj[key] is not None:
             v = obj[key]
             if not isinstance(v, list):
@@ -149,7 +153,8 @@ def _add_sequence(name: str, line_no: int, obj, chunk: _Chunk) -> None:
     m = len(keep)
     part: dict[str, pa.Array] = {}
     for col, v in arrays.items():
-        arr = _array(name, where, col, v, "numbers for log-probs and ids, strings for tokens")
+        arr = _array(name, where, col, v, "numbers for log-probs, ids, advantages, segments and supports, "
+                     "strings for tokens")
         part[col] = arr.take(pa.array(keep)) if mask is not None else arr
     base = {"run": obj.get("run"), "step": step, "sample": sample}
     for col, value in base.items():
@@ -163,7 +168,7 @@ def _add_sequence(name: str, line_no: int, obj, chunk: _Chunk) -> None:
     chunk.tok_where.extend((line_no, int(j)) for j in keep)
     chunk.n_tokens += m
     _add_routing(name, where, line_no, obj, n, keep, base, chunk)
-    seq = {k: obj[k] for k in SEQ_FIELDS if k in obj}
+    seq = {k: obj[k] for k in SEQ_FIELDS if k in obj and k not in per_token}
     if seq:
         chunk.seq.append({**base, **seq})
         chunk.seq_where.append(line_no)

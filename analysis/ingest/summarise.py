@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from analysis.schema import RUN_IDS
 from analysis.summaries import schema as S
+from analysis.summaries.residual import residual_sums_sql
 from analysis.summaries.sql import (bucket_params, bucket_sql, check_sums_sql, edge_params, seq_sums_sql,
                                    token_sums_sql, token_terms_sql, with_bin_sql)
 
@@ -68,7 +69,7 @@ def add_tokens(writer, file_id: int) -> None:
     Measured on 4M tokens (benchmarks/bench_summary_hook.py): the two sets in one GROUP BY GROUPING SETS take
     ~25% less CPU than two aggregations; adding the histogram as a third set costs more than its own pass."""
     src = ("SELECT run, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t, sampler_entropy, "
-           "trainer_version, sampler_version FROM tokens WHERE file_id = $fid")
+           "trainer_version, sampler_version, segment FROM tokens WHERE file_id = $fid")
     terms = token_terms_sql(src)
     fine = with_bin_sql(terms, "d", "de", len(S.D_EDGES), "bin")
     cells = with_bin_sql(f"SELECT *, {', '.join(f'{bucket_sql(d)} AS {c}' for d, c in _DIM_COLS.items())} "
@@ -91,11 +92,14 @@ def add_tokens(writer, file_id: int) -> None:
             "GROUP BY run, step, sample")
         run(f"INSERT INTO summary_seq_band (run, step, sample, band, {', '.join(_BAND)}, file_id) "
             f"SELECT run, step, sample, band, {', '.join(_BAND)}, $fid {seqs}")
-        checks = ", ".join(S.CHECK_SUM_NAMES)  # the logging checks' sums, joined to the step's row
+        # the logging checks' sums and the residual signatures' counts, joined to the step's row
+        checks = ", ".join(S.CHECK_SUM_NAMES + S.RESIDUAL_SUM_NAMES)
         run(f"INSERT INTO summary_step (run, step, {s_cols}, {checks}, file_id) "
-            f"SELECT p.*, {', '.join('c.' + c for c in S.CHECK_SUM_NAMES)}, $fid "
+            f"SELECT p.*, {', '.join('c.' + c for c in S.CHECK_SUM_NAMES)}, "
+            f"{', '.join('e.' + c for c in S.RESIDUAL_SUM_NAMES)}, $fid "
             f"FROM (SELECT run, step, {S.merge_list('summary_step', sums)} {seqs} GROUP BY run, step) p "
-            f"LEFT JOIN ({check_sums_sql(src)}) c USING (run, step)")
+            f"LEFT JOIN ({check_sums_sql(src)}) c USING (run, step) "
+            f"LEFT JOIN ({residual_sums_sql(src)}) e USING (run, step)")
         for dim, col in _DIM_COLS.items():  # NULL bucket: the token lacks the property (entropy, versions)
             run(f"INSERT INTO summary_bucket (run, step, dim, bucket, {s_cols}, file_id) "
                 f"SELECT run, step, '{dim}', {col}, {S.merge_list('summary_bucket', sums)}, $fid {cell} "

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from analysis import schema
 from analysis.ingest.errors import BadValue, CorruptFile, MissingColumn, UnknownFormat, WrongType
 from analysis.ingest.limits import Limits
 from analysis.migrations import BANDED
@@ -31,10 +32,20 @@ ARROW = {"VARCHAR": pa.string(), "BIGINT": pa.int64(), "INTEGER": pa.int32(), "S
 EXPERT_LOAD = S.KEY + (S.Col("layer", "INTEGER", "0-based MoE layer"), S.Col("expert", "INTEGER", "expert id"),
                        S.Col("n_sampler", "BIGINT", "tokens the sampler routed to the expert at this layer"),
                        S.Col("n_trainer", "BIGINT", "the same for the trainer (0 without its side)"))
+# DriftLogger's per-sequence context (reward, advantage, texts, tag; analysis/record/context.py): SCHEMA.md's
+# `sequences` rows, one per sequence of the step whatever its token sample, loaded into the table `sequences`
+SEQUENCES = tuple(S.Col(c.name, c.sql_type, c.doc) for c in schema.SEQUENCES)
 # the tables a summary file may hold, and their columns as written (no file_id)
 TABLES: dict[str, tuple[S.Col, ...]] = {
     name: tuple(c for c in cols if c.name != "file_id") for name, cols in S.TABLES.items() if name != "summary_skip"
-} | {"expert_load": EXPERT_LOAD}
+} | {"expert_load": EXPERT_LOAD, "sequences": SEQUENCES}
+
+
+def is_key(table: str, column: str) -> bool:
+    """Whether `column` is part of `table`'s key (never null; a summary table's by its merge rule)."""
+    if table == "sequences":
+        return column in schema.SEQUENCE_KEY
+    return S.merge_kind(column) == "key"
 FIX = "write summary files with DriftLogger (analysis/record/logger.py); docs/SCHEMA.md, 'Summary files', lists the rules"
 
 
@@ -134,7 +145,7 @@ def _typed(name: str, table: str, part: pa.Table, row, present: set[str], run: s
     for c in TABLES[table]:
         where = f"table {table}, column '{c.name}'"
         if c.name not in present:
-            if S.merge_kind(c.name) == "key":
+            if is_key(table, c.name):
                 raise MissingColumn(name, None, f"{where} is missing", FIX)
             continue
         try:
@@ -165,13 +176,14 @@ def _check(name: str, table: str, c: S.Col, col: pa.ChunkedArray, row) -> None:
                        rule.format(v=_scalar(values[i])), FIX)
 
     values = col.is_null().to_numpy(zero_copy_only=False)
-    if S.merge_kind(c.name) == "key" and values.any():
+    if is_key(table, c.name) and values.any():
         refuse(values, "key value is missing (null)")
     values = col.to_numpy(zero_copy_only=False) if col.null_count == 0 else \
         pc.fill_null(col, 0 if c.sql_type != "VARCHAR" else "").to_numpy(zero_copy_only=False)
     if c.sql_type == "DOUBLE" and not np.isfinite(values).all():
         refuse(~np.isfinite(values), "value must be finite, got {v!r}")
-    if (c.name.startswith("n_") or c.name in ("step", "sum_common", "sum_flipped_layers")) and (values < 0).any():
+    if (c.name.startswith("n_") or c.name in ("step", "sum_common", "sum_flipped_layers", "sample",
+                                              "response_length")) and (values < 0).any():
         refuse(values < 0, "a count must be >= 0, got {v}")
     limit = {"band": S.N_BANDS, "bin": S.N_BINS}.get(c.name)
     if limit is not None and ((values < 0) | (values >= limit)).any():

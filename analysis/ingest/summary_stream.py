@@ -27,6 +27,7 @@ from analysis.ingest.keys import Runs, run_codes
 from analysis.summaries import kernel as K
 from analysis.summaries import schema as S
 from analysis.summaries.checks import PENDING_MAX, CheckSums
+from analysis.summaries.residual import ResidualSums
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class _Step:
         self.n_tokens = 0
         self.acc = K.Accumulators.zeros(0, 0)
         self.checks = CheckSums()  # the logging checks' sums (schema.CHECK_SUMS), into the step's row
+        self.residual = ResidualSums()  # the residual signatures' counts (schema.RESIDUAL_SUMS), likewise
         self.lp = np.zeros((5, 0))  # per dense sequence index: count and schema.SEQ_SUMS (kernel.seq_sums)
 
     def seq_index(self, sample: np.ndarray) -> np.ndarray:
@@ -112,6 +114,7 @@ class _Step:
         tables = K.tables(self.acc, samples, self.lag_lo, self.n_lag)
         if tables["summary_step"]:
             tables["summary_step"] |= {k: [v] for k, v in self.checks.row().items()}
+            tables["summary_step"] |= {k: [v] for k, v in self.residual.row().items()}
         seq = tables["summary_seq"]
         if seq:
             idx = self.index[np.searchsorted(self.samples, seq["sample"])]
@@ -228,6 +231,8 @@ class StepSummaries:
         sample = np.asarray(data.column("sample").to_numpy(), np.int64)
         ent = _optional(data, "sampler_entropy")
         entropy = None if ent is None else np.asarray(pc.fill_null(ent, np.nan).to_numpy(), np.float64)
+        seg = _optional(data, "segment")
+        segment = None if seg is None else np.asarray(pc.fill_null(seg, -1).to_numpy(), np.int64)
         lags = _lags(data)
         out = []
         for a, b in zip(bounds[:-1], bounds[1:]):
@@ -260,6 +265,7 @@ class StepSummaries:
                               "neighbour (tokens far from key order)")
                 return out
             cur.add_logprobs(s[a:b], t[a:b], seq)
+            cur.residual.add(t[a:b] - s[a:b], seq, pos[a:b], None if segment is None else segment[a:b])
             cur.n_tokens += int(b - a)
         return out
 

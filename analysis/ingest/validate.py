@@ -145,6 +145,9 @@ def normalise(file: str, batch: Batch, run: str | None, file_id: int) -> tuple[p
     matrices = None
     if batch.table == "tokens":
         _check_tokens(file, batch, out)
+        _check_context(file, batch, out)
+    elif batch.table == "sequences":
+        _check_context(file, batch, out)
     elif batch.table == "routing":
         matrices = _check_routing(file, batch, out)
     if batch.table in ("tokens", "routing", "sequences"):
@@ -174,6 +177,33 @@ def _check_tokens(file: str, batch: Batch, out: dict) -> None:
             raise BadValue(file, f"{batch.where(i)}, column '{name}'", f"log-probability {rule}, got {float(v[i])!r}",
                            "log-probs are natural-log probabilities of the sampled token; "
                            "drop untrained/padded tokens rather than writing placeholders")
+
+
+# Optional context columns and their rule: the first value that breaks it is refused with its place.
+CONTEXT_RULES = {
+    "reward": ("finite", "a reward must be a finite number"),
+    "advantage": ("finite", "an advantage must be a finite number"),
+    "segment": ("nonnegative", "a segment (turn index) must be >= 0"),
+    "sampling_support": ("positive", "the sampler's support holds at least the sampled token (>= 1)"),
+    "response_length": ("nonnegative", "a response length must be >= 0"),
+}
+
+
+def _check_context(file: str, batch: Batch, out: dict) -> None:
+    """The rules of CONTEXT_RULES on the columns of `out` that have them (nulls are allowed: every one is
+    optional)."""
+    for name, (rule, text) in CONTEXT_RULES.items():
+        if name not in out or out[name].null_count == len(out[name]):
+            continue
+        v = out[name].to_numpy(zero_copy_only=False)
+        if out[name].null_count:
+            v = pc.fill_null(out[name], 0 if rule == "finite" else 1).to_numpy(zero_copy_only=False)
+        bad = ~np.isfinite(v) if rule == "finite" else (v < 0) if rule == "nonnegative" else (v < 1)
+        if bad.any():
+            i = _first(bad)
+            got = float(v[i]) if rule == "finite" else int(v[i])
+            raise BadValue(file, f"{batch.where(i)}, column '{name}'", f"{text}, got {got!r}",
+                           "leave the value out (null) where there is none")
 
 
 def _experts_matrix(file: str, batch: Batch, name: str, arr: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:

@@ -3,6 +3,7 @@
     LAKE/run=qwen3-bf16/run.json                        {"run": ..., "config": {...}} (optional)
     LAKE/run=qwen3-bf16/step=12/tokens-r00000.parquet   SCHEMA.md `tokens` rows of step 12 from rank 0
     LAKE/run=qwen3-bf16/step=12/routing-r00000.parquet  SCHEMA.md `routing` rows of the same tokens
+    LAKE/run=qwen3-bf16/step=12/sequences-r00000.parquet  SCHEMA.md `sequences` rows (reward, texts, tag)
 
 A file is told to be tokens or routing by its columns, as ingest does; the name prefix is for people and
 globs (`run=*/step=*/tokens-*.parquet`). Names starting with `.` or `_` (temporary files being written,
@@ -117,8 +118,8 @@ def write_file(lake: str, run: str, step: int, kind: str, rank: int, table: pa.T
 
     Written under a hidden temporary name and then renamed, so a reader listing the lake never sees half a
     file (on object stores the rename is a copy, and the object appears whole when it is complete)."""
-    if kind not in ("tokens", "routing"):
-        raise ValueError(f"kind must be 'tokens' or 'routing', got {kind!r}")
+    if kind not in ("tokens", "routing", "sequences"):
+        raise ValueError(f"kind must be 'tokens', 'routing' or 'sequences', got {kind!r}")
     fs, root = open_lake(lake)
     folder = partition_dir(root, run, step)
     fs.create_dir(folder, recursive=True)

@@ -49,6 +49,8 @@ def merge(table: str, parts: Iterable[pa.Table]) -> pa.Table:
     if not parts:
         return pa.table({c: pa.array([], t) for c, t in zip(cols, empty_types(table))})
     data = pa.concat_tables([p.select(cols) for p in parts], promote_options="permissive")
+    if table == "sequences":  # rows, not sums: each sequence's row as written (ingest refuses a key twice)
+        return data.sort_by([(k, "ascending") for k in schema.SEQUENCE_KEY])
     keys, aggs = merge_plan(table)
     out = data.group_by(keys, use_threads=False).aggregate(aggs)
     out = out.rename_columns([c.rsplit("_", 1)[0] if c.endswith(("_sum", "_min", "_max")) else c
@@ -78,7 +80,7 @@ def token_count(store: Store) -> int:
 
 def first_row_outside(store: Store, run: str, step: int) -> tuple | None:
     """(file name, run, step) of a token or routing row whose run or step is not the partition's."""
-    for table in ("tokens", "routing"):
+    for table in ("tokens", "routing", "sequences"):
         row = store.rows(f"SELECT f.name, t.run, t.step FROM {table} t JOIN files f USING (file_id) "
                          "WHERE t.run <> ? OR t.step <> ? LIMIT 1", [run, step])
         if row:

@@ -16,9 +16,12 @@ class LakeWriter:
         self.lake, self.run, self.rank = str(lake), run, rank
         write_run_json(self.lake, run, config)
 
-    def write_step(self, step: int, tokens: pa.Table, routing: pa.Table | None) -> dict[str, str]:
-        """tokens-r<rank>.parquet and routing-r<rank>.parquet of `step`; returns {kind: path}."""
+    def write_step(self, step: int, tokens: pa.Table, routing: pa.Table | None,
+                   sequences: pa.Table | None = None) -> dict[str, str]:
+        """tokens-r<rank>.parquet, routing-r<rank>.parquet and sequences-r<rank>.parquet of `step` (the last
+        two where given); returns {kind: path}."""
         written = {"tokens": write_file(self.lake, self.run, step, "tokens", self.rank, tokens)}
-        if routing is not None:
-            written["routing"] = write_file(self.lake, self.run, step, "routing", self.rank, routing)
+        for kind, rows in (("routing", routing), ("sequences", sequences)):
+            if rows is not None:
+                written[kind] = write_file(self.lake, self.run, step, kind, self.rank, rows)
         return written

@@ -36,7 +36,8 @@ def token_table(store: Store, runs: Sequence[str], by: str = "step", cap: float 
             pl.lit(None, pl.Float64).alias(c) for c in F.FLIP_COLUMNS)
     where, params = run_filter(runs, steps)
     params |= F.threshold_params(cap, clip, S.D_EDGES)
-    return store.sql(F.token_table_sql(keys, where, flips=flips, checks=store.has_check_sums), params)
+    return store.sql(F.token_table_sql(keys, where, flips=flips, checks=store.has_check_sums,
+                                       residual=store.has_residual_sums), params)
 
 
 def coverage(store: Store, runs: Sequence[str] | None = None) -> pl.DataFrame:

@@ -14,6 +14,7 @@ import polars as pl
 
 from analysis.store import Store
 from analysis.summaries import finalise as F
+from analysis.summaries import schema as S
 from analysis.summaries.schema import TAUS
 from analysis.summaries.sql import (
     check_cap_clip,
@@ -30,6 +31,8 @@ from analysis.summaries.sql import (
 TOKEN_METRICS = F.TOKEN_COLUMNS
 # METRICS.md "Logging checks": by=step and by=run only (token_metrics, summaries' token_table)
 CHECK_METRICS = F.CHECK_COLUMNS
+# METRICS.md v3 "Residual signatures": by=step and by=run (token_metrics, summaries' token_table)
+RESIDUAL_METRICS = F.RESIDUAL_COLUMNS
 # the metrics of the per-sequence pass (averaged over sequences); n_sequences is counted there too
 SEQUENCE_METRICS = tuple(c for c in F.SEQUENCE_COLUMNS if c != "n_sequences")
 
@@ -171,6 +174,55 @@ def check_metrics_sql(src: str, keys: Sequence[str], sets: Sequence[Sequence[str
     FROM w GROUP BY {group} ORDER BY {'grouping_id, ' if gid else ''}{k}"""
 
 
+def residual_metrics_sql(src: str, keys: Sequence[str]) -> str:
+    """METRICS.md "Residual signatures" (finalise.RESIDUAL_COLUMNS) per group of `keys` over the token rows of
+    `src` (columns: keys..., run, step, sample, pos, s, t, segment), from their definitions: first_token_kl_share
+    = Σ k3 at pos 0 / Σ k3 (null when 0); lattice_share_q = share of the tokens with Δ ≠ 0 within 1e-6 of a
+    multiple of $q; boundary_low_share / elsewhere_low_share = share of Δ < −10 among the tokens at their
+    segment's first position (least pos of the sequence's tokens with that segment) / among the other tokens with
+    a segment (null without such tokens)."""
+    keys = list(keys)
+    k = ", ".join(keys)
+    cols = ", ".join(dict.fromkeys(keys + ["run", "step", "sample", "pos", "segment"]))
+    low, tol = float(S.BOUNDARY_LOW), float(S.LATTICE_TOL)
+    first = "segment IS NOT NULL AND pos = first_pos"
+    rest = "segment IS NOT NULL AND pos > first_pos"
+    return f"""
+    WITH base AS ({token_terms_sql(f"SELECT {cols}, s, t FROM ({src}) s_")}),
+    w AS (SELECT *, min(pos) OVER (PARTITION BY run, step, sample, segment) AS first_pos FROM base)
+    SELECT {k},
+        CASE WHEN fsum(k3) > 0 THEN coalesce(fsum(k3) FILTER (WHERE pos = 0), 0.0) / fsum(k3) END
+            AS first_token_kl_share,
+        count_if(d <> 0 AND abs(d / $q - round(d / $q)) < {tol!r}) / nullif(count_if(d <> 0), 0)
+            AS lattice_share_q,
+        count_if({first} AND d < {low!r}) / nullif(count_if({first}), 0) AS boundary_low_share,
+        count_if({rest} AND d < {low!r}) / nullif(count_if({rest}), 0) AS elsewhere_low_share
+    FROM w GROUP BY {k} ORDER BY {k}"""
+
+
+def _segment_sql(store: Store) -> str:
+    """The tokens' segment column, or NULL where the database predates it (opened read-only, not migrated)."""
+    return "segment" if store.has_columns("tokens", ["segment"]) else "NULL::INTEGER AS segment"
+
+
+def residual_metrics(store: Store, runs: list[str], by: str = "step", q: float = S.LATTICE_Q,
+                     steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """RESIDUAL_METRICS per (run, step) or per run from the token rows, for any quantum q > 0 of
+    lattice_share_q (the summaries answer q = schema.LATTICE_Q only). Exact where the token rows are complete;
+    over a DriftLogger sample of them otherwise (metrics.read.coverage)."""
+    if by not in ("step", "run"):
+        raise ValueError(f"by must be 'step' or 'run', got {by!r}")
+    q = float(q)
+    if not math.isfinite(q) or q <= 0:
+        raise ValueError(f"q: expected a quantum > 0, got {q!r}")
+    runs = check_runs(runs)
+    where, params = token_filter(store, runs, steps)
+    keys = ["run", "step"] if by == "step" else ["run"]
+    src = (f"SELECT run, step, sample, pos, {_segment_sql(store)}, sampler_logprob AS s, trainer_logprob AS t "
+           f"FROM tokens WHERE {where}")
+    return store.sql(residual_metrics_sql(src, keys), params | {"q": q})
+
+
 # -- public metrics ----------------------------------------------------------------------------------
 
 def token_metrics(store: Store, runs: list[str], by: str = "step", cap: float = 2.0, clip: float = 0.2,
@@ -207,7 +259,9 @@ def token_metrics(store: Store, runs: list[str], by: str = "step", cap: float = 
     params.update(cap_clip_params(cap, clip))
     df = store.sql(grouped_token_metrics_sql(src, keys), params)
     checks = store.sql(check_metrics_sql(src, keys), {k: v for k, v in params.items() if f"${k}" in src})
-    return df.join(checks, on=keys, how="left", maintain_order="left")
+    residual = residual_metrics(store, runs, by=by, steps=steps)
+    return df.join(checks, on=keys, how="left", maintain_order="left").join(
+        residual, on=keys, how="left", maintain_order="left")
 
 
 def token_metrics_by_run_and_step(store: Store, runs: list[str], cap: float = 2.0, clip: float = 0.2,
@@ -228,7 +282,9 @@ def token_metrics_by_run_and_step(store: Store, runs: list[str], cap: float = 2.
     # GROUPING(run, step): 1 where step is rolled up (the per-run rows), 0 for the per-step rows
     by_run = df.filter(pl.col("grouping_id") == 1).drop("grouping_id", "step")
     by_step = df.filter(pl.col("grouping_id") == 0).drop("grouping_id")
-    return {"run": by_run, "step": by_step}
+    keys = {"run": ["run"], "step": ["run", "step"]}
+    return {by: d.join(residual_metrics(store, runs, by=by, steps=steps), on=keys[by], how="left",
+                       maintain_order="left") for by, d in (("run", by_run), ("step", by_step))}
 
 
 def default_taus() -> list[float]:

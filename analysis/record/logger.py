@@ -2,11 +2,14 @@
 
     logger = DriftLogger("drift_logs", run="bf16-baseline", config={"sampler_dtype": "bf16"}, token_sample=0.01)
     logger.log_step(step, rollout_log_probs, old_log_probs, response_mask, token_ids=responses,
-                    sampler_experts=routed_experts)
+                    sampler_experts=routed_experts, rewards=scores, advantages=advantages, prompts=prompt_texts,
+                    responses=response_texts, tags=data_sources)
 
 Writes `<out_dir>/<run>/summary-step000012.parquet` (every summary table, over every trained token; SCHEMA.md,
 "Summary files"), `tokens-step000012.parquet` and `routing-step000012.parquet` (the rows of the tokens kept by
-`token_sample`; none when it is 0) and `run.json`. Vectorised torch on the tensors' own device (no Python loop
+`token_sample`; none when it is 0) and `run.json`. The context (rewards, advantages, texts, tags, turns, the
+sampler's support; analysis/record/context.py) goes with them: per sequence into the summary file, per token
+into the token rows. Vectorised torch on the tensors' own device (no Python loop
 per token) and byte-deterministic on CPU: the same inputs give the same file bytes.
 """
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 
 from analysis.ingest import summary_files
 from analysis.record.checks import Warner, stale, step_sums
+from analysis.record.context import Context, checked_context
 from analysis.record.summaries import SUMMARISED_KEY, SUMMARISED_VALUE, StepTensors, Workspace, summarise
 from analysis.record.token_sample import TOP_TOKENS, WORST_SEQUENCES, SamplePlan, select, step_generator
 from analysis.routing_rows import routing_columns
@@ -140,7 +144,8 @@ class DriftLogger:
 
     def log_step(self, step: int, sampler_logprobs, trainer_logprobs, mask, token_ids=None,
                  sampler_experts=None, trainer_experts=None, sampler_version=None, trainer_version=None,
-                 sample_ids=None) -> dict[str, Path]:
+                 sample_ids=None, *, rewards=None, advantages=None, prompts=None, responses=None, tags=None,
+                 segment_ids=None, sampling_support=None) -> dict[str, Path]:
         """Summarise the mask==1 tokens of one step and write the sampled ones; returns the paths written.
 
         Args:
@@ -152,14 +157,26 @@ class DriftLogger:
                 produced each token; trainer_experts needs sampler_experts.
             sampler_version, trainer_version: optional int, [B] or [B, T] policy versions.
             sample_ids: optional [B] sequence ids (default: the row index b).
+            rewards: optional [B] numbers (None in a list: that sequence has none).
+            advantages: optional [B], or [B, T] per token (a row's value is also its sequence's where its
+                trained tokens share it).
+            prompts: optional list of B strings, or prompt token ids [B, P] (or B lists), kept as JSON text.
+            responses, tags: optional lists of B strings (tags: a task label such as "code", "math", "chat").
+            segment_ids: optional [B, T] turn index of each token (multi-turn rollouts), >= 0.
+            sampling_support: optional [B, T] number of tokens the sampler's top-p / top-k kept, >= 1.
         Tensors stay on their device: the summaries are reduced there and only the kept tokens' rows move.
         """
         x = self._checked(step, sampler_logprobs, trainer_logprobs, mask, token_ids, sampler_experts,
                           trainer_experts, sampler_version, trainer_version, sample_ids)
+        ctx = checked_context(*x.mask.shape, x.mask, rewards=rewards, advantages=advantages, prompts=prompts,
+                              responses=responses, tags=tags, segment_ids=segment_ids,
+                              sampling_support=sampling_support)
+        x.segments = ctx.segments
         if self.lake is not None:  # full rows, no summaries: those come from summarize
             rows = x.mask.reshape(-1).nonzero().squeeze(1)
             routing = self._routing_rows(step, x, rows) if x.sampler_experts is not None else None
-            written = self.lake.write_step(step, self._token_rows(step, x, rows), routing)
+            written = self.lake.write_step(step, self._token_rows(step, x, rows, ctx), routing,
+                                           self._sequence_rows(step, x, ctx))
             self.checks.step(step, step_sums({}, x.s, x.t, x.mask),
                              stale(x.sampler_version, x.trainer_version, x.mask))
             return written
@@ -169,10 +186,13 @@ class DriftLogger:
             delta = torch.sub(x.t, x.s, out=self.work.get("input_delta", (B, T), torch.float64, x.device))
         keep, kept = select(delta, x.mask, self.plan, step_generator(self.plan.seed, self.run, step, x.device))
         summary = summarise(x, kept, self.plan, self.work)
+        sequences = ctx.sequence_columns()
+        if sequences is not None:  # every sequence's, whatever the token sample
+            summary["sequences"] = {"sample": _host(x.samples)} | sequences
         tables = {"summary": (summary_files.build(self.run, step, summary), None)}
         if self.plan.rate > 0:  # token_sample=0 writes summaries only
             rows = keep.reshape(-1).nonzero().squeeze(1)  # row-major: sample, then position
-            tables["tokens"] = (self._token_rows(step, x, rows), {SUMMARISED_KEY: SUMMARISED_VALUE})
+            tables["tokens"] = (self._token_rows(step, x, rows, ctx), {SUMMARISED_KEY: SUMMARISED_VALUE})
             if x.sampler_experts is not None:
                 tables["routing"] = (self._routing_rows(step, x, rows), {SUMMARISED_KEY: SUMMARISED_VALUE})
         # Everything is checked before the first write: bad input leaves no shard behind.
@@ -241,7 +261,14 @@ class DriftLogger:
         return StepTensors(s, t, m, samples, ids, versions["sampler_version"], versions["trainer_version"],
                            se, te)
 
-    def _token_rows(self, step: int, x: StepTensors, rows: torch.Tensor) -> pa.Table:
+    def _sequence_rows(self, step: int, x: StepTensors, ctx: Context) -> pa.Table | None:
+        """The step's `sequences` rows (lake layout), one per sequence, where the context has per-sequence values."""
+        columns = ctx.sequence_columns()
+        if columns is None:
+            return None
+        return summary_files.step_rows(self.run, step, "sequences", {"sample": _host(x.samples)} | columns)
+
+    def _token_rows(self, step: int, x: StepTensors, rows: torch.Tensor, ctx: Context | None = None) -> pa.Table:
         n = len(rows)
         T = x.mask.shape[1]
         columns = {
@@ -257,6 +284,8 @@ class DriftLogger:
         for name, value in (("sampler_version", x.sampler_version), ("trainer_version", x.trainer_version)):
             if value is not None:
                 columns[name] = pa.array(_host(value.reshape(-1)[rows]))
+        if ctx is not None:
+            columns |= {name: pa.array(values) for name, values in ctx.token_columns(rows).items()}
         return pa.table(columns)
 
     def _routing_rows(self, step: int, x: StepTensors, rows: torch.Tensor) -> pa.Table:

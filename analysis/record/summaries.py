@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from analysis.record.checks import check_sums
+from analysis.record.residual import residual_sums
 from analysis.record.token_sample import Kept, SamplePlan
 from analysis.summaries import kernel
 from analysis.summaries import schema as S
@@ -62,6 +63,7 @@ class StepTensors:
     trainer_version: torch.Tensor | None
     sampler_experts: torch.Tensor | None  # [B, T, L, K]
     trainer_experts: torch.Tensor | None
+    segments: torch.Tensor | None = None  # [B, T] int64 turn index (0 at padding), for the residual counts
 
     @property
     def device(self) -> torch.device:
@@ -383,6 +385,7 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | No
         space = work or Workspace()
         sums = check_sums(x.s, x.t, x.mask, lambda name, shape: space.get(name, shape, torch.float64, dev))
         tables["summary_step"] |= {k: [v] for k, v in sums.items()}
+        tables["summary_step"] |= {k: [v] for k, v in residual_sums(x.s, x.t, x.mask, x.segments).items()}
     if tables["summary_seq"]:
         tables["summary_seq"] |= seq_logprob_sums(x, np.asarray(tables["summary_seq"]["sample"]))
     if routing is not None:

@@ -27,6 +27,10 @@ FLIP_COLUMNS = ("token_any_flip_rate", "flipped_layers_per_token")
 # standard error of the slope that the temperature check reads
 CHECK_COLUMNS = ("ratio_mean_se", "missing_mass", "logprob_slope", "logprob_slope_se", "lag_abs_delta_prev",
                  "lag_abs_delta_next")
+# METRICS.md v3 "Residual signatures" (by=step and by=run): from summary_step's RESIDUAL_SUMS, and Σ k3 of the
+# position bucket 0 of summary_bucket. lattice_share_q is for q = schema.LATTICE_Q (other q: token rows,
+# analysis/metrics/token.py lattice_share); elsewhere_low_share is boundary_low_share's "same share elsewhere"
+RESIDUAL_COLUMNS = ("first_token_kl_share", "lattice_share_q", "boundary_low_share", "elsewhere_low_share")
 
 
 def summarised(cap: float, clip: float) -> bool:
@@ -82,6 +86,29 @@ def check_sql(checks: bool = True) -> str:
         f"CASE WHEN {covered} AND m.n_adj > 0 THEN m.sum_abs_lag_prev / m.n_adj END AS lag_abs_delta_prev",
         f"CASE WHEN {covered} AND m.n_adj > 0 THEN m.sum_abs_lag_next / m.n_adj END AS lag_abs_delta_next",
     ])
+
+
+def residual_sql(residual: bool = True) -> str:
+    """Select-list of RESIDUAL_COLUMNS over a merged summary_step relation (aliased m) and Σ k3 at position 0
+    (f.sum_k3, null where no token sits there). first_token_kl_share = Σ k3 at position 0 / Σ k3 (null when the
+    sum is 0); lattice_share_q = n_lattice / n_d_nonzero; boundary_low_share = n_seg_first_low / n_seg_first;
+    elsewhere_low_share = n_seg_rest_low / (n_seg_tokens − n_seg_first). The counts' shares are null unless
+    RESIDUAL_SUMS cover every token of the group (rows written before them hold nulls) or the denominator is 0;
+    residual=False: the database has no such columns (opened read-only)."""
+    first = "CASE WHEN m.sum_k3 > 0 THEN coalesce(f.sum_k3, 0.0) / m.sum_k3 END AS first_token_kl_share"
+    if not residual:
+        return ",\n".join([first] + [f"NULL::DOUBLE AS {col}" for col in RESIDUAL_COLUMNS[1:]])
+    covered = "coalesce(m.n_res_tokens, 0) = m.n_tokens"
+    share = lambda num, den, name: f"CASE WHEN {covered} AND {den} > 0 THEN {num}::DOUBLE / {den} END AS {name}"
+    return ",\n".join([first, share("m.n_lattice", "m.n_d_nonzero", "lattice_share_q"),
+                       share("m.n_seg_first_low", "m.n_seg_first", "boundary_low_share"),
+                       share("m.n_seg_rest_low", "(m.n_seg_tokens - m.n_seg_first)", "elsewhere_low_share")])
+
+
+def first_position_sql(keys: Sequence[str], where: str) -> str:
+    """Σ k3 of the tokens at response position 0 per group of `keys`: position bucket 0 of summary_bucket."""
+    return (f"SELECT {', '.join(keys)}, fsum(sum_k3) AS sum_k3 FROM summary_bucket WHERE {where} "
+            f"AND dim = 'position' AND bucket = 0 GROUP BY {', '.join(keys)}")
 
 
 def token_sql(keys: Sequence[str]) -> str:
@@ -176,14 +203,16 @@ def sequence_sql(keys: Sequence[str], where: str, length_bucket: str | None = No
         GROUP BY {', '.join(keys)}"""
 
 
-def token_table_sql(keys: Sequence[str], where: str, flips: bool = True, checks: bool = True) -> str:
-    """The METRICS.md token table (TOKEN_COLUMNS, CHECK_COLUMNS, plus FLIP_COLUMNS with flips=True) per group of
-    `keys` (("run",) or ("run", "step")) over the summary rows matching `where`. Parameters: `threshold_params`.
-    checks=False: summary_step has no CHECK_SUMS columns (a database made before them, opened read-only)."""
+def token_table_sql(keys: Sequence[str], where: str, flips: bool = True, checks: bool = True,
+                    residual: bool = True) -> str:
+    """The METRICS.md token table (TOKEN_COLUMNS, CHECK_COLUMNS, RESIDUAL_COLUMNS, plus FLIP_COLUMNS with
+    flips=True) per group of `keys` (("run",) or ("run", "step")) over the summary rows matching `where`.
+    Parameters: `threshold_params`. checks=False / residual=False: summary_step has no CHECK_SUMS /
+    RESIDUAL_SUMS columns (a database made before them, opened read-only)."""
     keys = list(keys)
     on = lambda a, b: " AND ".join(f"{a}.{k} = {b}.{k}" for k in keys)
-    cols = token_sql(keys) + ",\n" + check_sql(checks)
-    without = () if checks else S.CHECK_SUM_NAMES
+    cols = token_sql(keys) + ",\n" + check_sql(checks) + ",\n" + residual_sql(residual)
+    without = (() if checks else S.CHECK_SUM_NAMES) + (() if residual else S.RESIDUAL_SUM_NAMES)
     seq = ", ".join(f"q.{c}" for c in SEQUENCE_COLUMNS)
     flip = ("""CASE WHEN m.n_routed > 0 THEN m.n_any_flip::DOUBLE / m.n_routed END AS token_any_flip_rate,
                CASE WHEN m.n_routed > 0 THEN m.sum_flipped_layers::DOUBLE / m.n_routed END AS flipped_layers_per_token"""
@@ -192,9 +221,10 @@ def token_table_sql(keys: Sequence[str], where: str, flips: bool = True, checks:
     WITH m AS ({merged('summary_step', keys, where, without=without)} HAVING sum(n_tokens) > 0),
          h AS ({threshold_sql('summary_hist', keys, where, 'bin')}),
          q AS ({sequence_sql(keys, where)}),
+         f AS ({first_position_sql(keys, where)}),
          t AS (SELECT {cols}, {seq}{', ' + flip if flip else ''}
-               FROM m JOIN h ON {on('m', 'h')} JOIN q ON {on('m', 'q')})
-    SELECT {', '.join(keys)}, {', '.join(TOKEN_COLUMNS + CHECK_COLUMNS)}{', ' + ', '.join(FLIP_COLUMNS) if flips else ''}
+               FROM m JOIN h ON {on('m', 'h')} JOIN q ON {on('m', 'q')} LEFT JOIN f ON {on('m', 'f')})
+    SELECT {', '.join(keys)}, {', '.join(TOKEN_COLUMNS + CHECK_COLUMNS + RESIDUAL_COLUMNS)}{', ' + ', '.join(FLIP_COLUMNS) if flips else ''}
     FROM t ORDER BY {', '.join(keys)}"""
 
 

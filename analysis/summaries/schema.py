@@ -152,6 +152,26 @@ CHECK_SUMS = (
 )
 CHECK_SUM_NAMES = tuple(c.name for c in CHECK_SUMS)
 
+# The counts of the residual signatures (METRICS.md v3 "Residual signatures"), summary_step only: the share of
+# Δ on a lattice of quantum LATTICE_Q, and of very negative Δ (< BOUNDARY_LOW) at a segment's first token against
+# the other tokens of segmented sequences. A segment's first token is the one of least pos among the sequence's
+# tokens with that segment id (its trained tokens: a token row is a trained token). first_token_kl_share needs no
+# column here: Σ k3 at position 0 is the position bucket 0 of summary_bucket. Rows written before these columns
+# hold nulls; the shares of a group are null unless n_res_tokens covers every token of it (as CHECK_SUMS).
+LATTICE_Q = 0.125  # the default quantum of lattice_share_q, the one the summaries answer (others read token rows)
+LATTICE_TOL = 1e-6  # |Δ/q − round(Δ/q)| below this: on the lattice
+BOUNDARY_LOW = -10.0  # Δ below this: a "low" token of boundary_low_share
+RESIDUAL_SUMS = (
+    Col("n_res_tokens", "BIGINT", "tokens the counts below cover (the row's n_tokens where they were written)"),
+    Col("n_d_nonzero", "BIGINT", "tokens with Δ ≠ 0"),
+    Col("n_lattice", "BIGINT", "of those, tokens with |Δ/q − round(Δ/q)| < 1e-6 for q = LATTICE_Q"),
+    Col("n_seg_tokens", "BIGINT", "tokens with a segment id"),
+    Col("n_seg_first", "BIGINT", "of those, tokens at their segment's first position"),
+    Col("n_seg_first_low", "BIGINT", "of those, tokens with Δ < BOUNDARY_LOW"),
+    Col("n_seg_rest_low", "BIGINT", "segmented tokens not at a segment's first position with Δ < BOUNDARY_LOW"),
+)
+RESIDUAL_SUM_NAMES = tuple(c.name for c in RESIDUAL_SUMS)
+
 # Per-sequence log-prob sums, summary_seq only: what the framework views read per sequence beyond TOKEN_SUMS (verl's
 # perplexities, NeMo's Jensen-Shannon term and approx_entropy). Rows written before them hold nulls: a sequence's
 # sums are used only where n_lp_tokens covers its n_tokens, else they are summed from its token rows.
@@ -183,7 +203,7 @@ BAND_SUM_NAMES = tuple(c.name for c in BAND_SUMS[1:])  # the sums of a band row:
 
 TABLES: dict[str, tuple[Col, ...]] = {
     # one row per (run, step, file): every by=step token column, and the per-step routing columns
-    "summary_step": KEY + TOKEN_SUMS + TOKEN_FLIP_SUMS + CHECK_SUMS + (FILE,),
+    "summary_step": KEY + TOKEN_SUMS + TOKEN_FLIP_SUMS + CHECK_SUMS + RESIDUAL_SUMS + (FILE,),
     # one row per (run, step, layer, file): routing counts (load_max_vio comes from expert_load)
     "summary_layer": KEY + (
         Col("layer", "INTEGER", "0-based MoE layer"),
@@ -276,7 +296,7 @@ def columns(table: str) -> list[str]:
 # Columns added to a table after databases with it were made: a database opened for writing gains them (null in
 # its earlier rows); one opened read-only reads them as null (finalise.token_table_sql, checks=False;
 # Store.has_seq_sums).
-ADDED: dict[str, tuple[Col, ...]] = {"summary_step": CHECK_SUMS, "summary_seq": SEQ_SUMS}
+ADDED: dict[str, tuple[Col, ...]] = {"summary_step": CHECK_SUMS + RESIDUAL_SUMS, "summary_seq": SEQ_SUMS}
 
 
 def ddl() -> list[str]:

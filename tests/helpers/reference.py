@@ -164,3 +164,36 @@ def assert_frames_close(x: pl.DataFrame, y: pl.DataFrame) -> None:
                 assert (u is None and v is None) or math.isclose(u, v, rel_tol=RTOL, abs_tol=1e-16), col
         else:
             assert x[col].to_list() == y[col].to_list(), col
+
+
+def ref_residual(d, pos, sample, segment, q: float = 0.125) -> dict:
+    """METRICS.md v3 "Residual signatures" of one group, from the definitions, token by token. `d`: Δ = t − s of
+    the group's tokens; `pos`, `sample`: their position and sequence (any hashable label, e.g. (step, sample));
+    `segment`: their turn index, or None per token without one. k3 = r − 1 − Δ as expm1(clamp(Δ)) − Δ (no
+    cancellation where r ≈ 1). A segment's first token: the least pos among the sequence's tokens of that segment.
+    """
+    k3_all, k3_first = [], []
+    nonzero = lattice = 0
+    firsts: dict = {}
+    for i, x in enumerate(d):
+        x = float(x)
+        k3 = math.expm1(min(max(x, -20.0), 20.0)) - x
+        k3_all.append(k3)
+        k3_first.append(k3 if pos[i] == 0 else 0.0)
+        if x != 0.0:
+            nonzero += 1
+            lattice += abs(x / q - round(x / q)) < 1e-6
+        if segment[i] is not None:
+            key = (sample[i], segment[i])
+            firsts[key] = min(firsts.get(key, pos[i]), pos[i])
+    at_first = [segment[i] is not None and firsts[(sample[i], segment[i])] == pos[i] for i in range(len(d))]
+    rest = [segment[i] is not None and not at_first[i] for i in range(len(d))]
+    low = [float(x) < -10.0 for x in d]
+
+    def share(where):
+        n = sum(where)
+        return sum(w and lo for w, lo in zip(where, low)) / n if n else None
+    total = math.fsum(k3_all)
+    return {"first_token_kl_share": math.fsum(k3_first) / total if total > 0 else None,
+            "lattice_share_q": lattice / nonzero if nonzero else None,
+            "boundary_low_share": share(at_first), "elsewhere_low_share": share(rest)}
