@@ -152,6 +152,7 @@ def warm_start(model: GPT, cfg: LabConfig, seed: int) -> None:
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(_SFT_CACHE[key][n])
+    model.zero_grad(set_to_none=True)  # no gradient of the warm start may leak into the first RL step
 
 
 def _snapshot(model: GPT) -> dict[str, torch.Tensor]:
@@ -268,7 +269,10 @@ def _run(cfg: LabConfig, correction: tuple[str, dict], preset: str, out_dir: Pat
         s_experts = s_route[:, task.PROMPT_LEN - 1:]  # (B, R, L, k)
         logger.log_step(step, s_lp, t_lp, mask, token_ids=tokens,
                         sampler_experts=s_experts, trainer_experts=t_experts,
-                        sampler_version=sampler_version, trainer_version=step)
+                        sampler_version=sampler_version, trainer_version=step,
+                        rewards=reward, advantages=adv, tags=tags,
+                        prompts=[task.prompt_text(p) for p in prompt_ids],
+                        responses=[task.decode(t[:n]) for t, n in zip(host_tokens, lengths)])
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         history = (history + [(step + 1, _snapshot(model))])[-(cfg.lag + 1):]
