@@ -32,6 +32,8 @@ PRESET_HELP = {
     "bf16-replay-weights": "bf16 replaying the sampler's experts and their combine weights",
     "bf16-async": "bf16 with one step of staleness: the trainer is one update ahead (asynchronous RL)",
     "bf16-async-icepop": "bf16-async with IcePop in the loss (tokens with r outside [0.5, 5] masked)",
+    "bf16-async-geo-rs": "bf16-async with geometric rejection in the loss (sequences with exp(mean Δ) "
+                         "outside [0.999, 1.001] dropped)",
 }
 ss = st.session_state
 

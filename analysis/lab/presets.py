@@ -22,10 +22,10 @@ class LabConfig:
     correction: str = "none"      # off-policy correction in the policy-gradient loss (CORRECTIONS)
     correction_params: tuple = () # (name, value) pairs overriding the method's METRICS.md defaults
     steps: int = 200
-    batch: int = 64               # sequences per step (16 prompts x 4 answers), decoded together by the sampler
-    trainer_micro_batch: int = 32 # the trainer's forward batch; differs from the sampler's on purpose
+    batch: int = 32               # sequences per step (8 prompts x 4 answers), decoded together by the sampler
+    trainer_micro_batch: int = 16 # the trainer's forward batch; differs from the sampler's on purpose
     lr: float = 1e-3              # the RL phase's Adam learning rate
-    sft_steps: int = 150          # supervised warm start (fp32, before step 0): a policy that is right sometimes
+    sft_steps: int = 120          # supervised warm start (fp32, before step 0): a policy that is right sometimes
     sft_lr: float = 3e-3
     d_model: int = 64
     d_ff: int = 64                # hidden width of one expert
@@ -60,6 +60,8 @@ PRESETS: dict[str, LabConfig] = {
     "bf16-replay": LabConfig(replay="ids"),
     "bf16-replay-weights": LabConfig(replay="ids+weights"),
     "bf16-async": LabConfig(lag=1),
-    # the same seed as bf16-async with a correction in the loss: the Overview shows the pair side by side
+    # the same seed as bf16-async with a correction in the loss (METRICS.md defaults): the Overview shows them
+    # side by side
     "bf16-async-icepop": LabConfig(lag=1, correction="icepop"),
+    "bf16-async-geo-rs": LabConfig(lag=1, correction="geo_rs"),
 }

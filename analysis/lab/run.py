@@ -28,6 +28,7 @@ from analysis.record.logger import DriftLogger
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 assert set(DTYPE_NAMES) == set(DTYPES)
 GROUP = 4        # answers sampled per prompt: the advantage compares a response with its group
+SFT_BATCH = 64   # sequences per warm-start step
 CLAMP = 20.0     # Δ is clamped to ±20 before exp, as METRICS.md's r
 
 
@@ -129,14 +130,14 @@ def warm_start(model: GPT, cfg: LabConfig, seed: int) -> None:
     a policy that is right sometimes. The same for every preset of a seed (precision switches do not touch it),
     so it runs once per process and shape; weights land in `model`."""
     key = (dataclasses.astuple(model_config(dataclasses.replace(cfg, fp32_head=False, fp32_router=False))),
-           cfg.sft_steps, cfg.sft_lr, cfg.batch, seed)
+           cfg.sft_steps, cfg.sft_lr, seed)
     if key not in _SFT_CACHE:
         rng = np.random.default_rng([seed, 7])
         optimizer = torch.optim.Adam(model.parameters(), lr=cfg.sft_lr)
         for _ in range(cfg.sft_steps):
-            prompts, answers, _ = task.make_prompts(rng, cfg.batch)
-            target = np.full((cfg.batch, task.RESPONSE_LEN), task.END_ID, dtype=np.int64)
-            weight = np.zeros((cfg.batch, task.RESPONSE_LEN))
+            prompts, answers, _ = task.make_prompts(rng, SFT_BATCH)
+            target = np.full((SFT_BATCH, task.RESPONSE_LEN), task.END_ID, dtype=np.int64)
+            weight = np.zeros((SFT_BATCH, task.RESPONSE_LEN))
             for i, answer in enumerate(answers):
                 target[i, :len(answer)] = task.encode(answer)
                 weight[i, :len(answer)] = 1.0

@@ -1,8 +1,8 @@
 """The drift lab's task: sort or reverse a short word, written in a readable character vocabulary.
 
-A prompt is a word of 3-10 lowercase letters and an operator: `dcab=` asks for the letters sorted (`abcd.`),
+A prompt is a word of 4-14 lowercase letters and an operator: `dcab=` asks for the letters sorted (`abcd.`),
 `dcab<` for them reversed (`bacd.`). The answer ends with the end token `.`, so responses vary in length
-(4-11 tokens) and the Sequences page shows real text. The reward is the share of answer positions right:
+(5-15 tokens) and the Sequences page shows real text. The reward is the share of answer positions right:
 
     reward = #{j : response[j] == target[j]} / max(len(response), len(target))     (both with the end token)
 
@@ -17,7 +17,7 @@ END, SORT, REVERSE = ".", "=", "<"
 VOCAB = END + SORT + REVERSE + " " + "abcdefghijklmnopqrstuvwxyz" + "0123456789"  # 40 characters
 END_ID = VOCAB.index(END)
 OPS = {SORT: "sort", REVERSE: "reverse"}  # operator -> tag
-MIN_LETTERS, MAX_LETTERS = 3, 10
+MIN_LETTERS, MAX_LETTERS = 4, 14
 PROMPT_LEN = MAX_LETTERS + 1          # prompts are left-padded with spaces to this length
 RESPONSE_LEN = MAX_LETTERS + 1        # longest answer: every letter and the end token
 _ID = {c: i for i, c in enumerate(VOCAB)}
