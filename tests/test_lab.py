@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -419,3 +420,74 @@ def test_cli_prints_one_line_per_preset(tmp_path, capsys):
     assert main(["--preset", "all", "--out", str(tmp_path), "--run", "x"]) == 2
     assert main(["--preset", "fp32", "--out", str(tmp_path), "--run", "../x", "--steps", "1"]) == 2
     assert "cannot be used as a directory name" in capsys.readouterr().err
+
+
+def demo_curves(run: str) -> dict:
+    """Per step, from the bundled demo's files with numpy: kl_k3 over the step's token rows (every token is kept)
+    and the mean reward of its sequences (the summary file's `sequences` rows)."""
+    from analysis.ingest.demo import DEMO_DIR
+    folder = DEMO_DIR / run
+    tokens = pa.concat_tables(pq.read_table(p, columns=["step", "sampler_logprob", "trainer_logprob"])
+                              for p in sorted(folder.glob("tokens-*.parquet")))
+    steps = tokens["step"].to_numpy()
+    d = tokens["trainer_logprob"].to_numpy() - tokens["sampler_logprob"].to_numpy()
+    n = np.bincount(steps)
+    kl = np.bincount(steps, np.expm1(d) - d) / n
+    seqs = summary_rows(folder, "sequences")
+    q_steps = seqs["step"].to_numpy()
+    reward = np.bincount(q_steps, seqs["reward"].to_numpy()) / np.bincount(q_steps)
+    return {"kl_k3": kl, "reward": reward, "n_tokens": n}
+
+
+def window(x: np.ndarray, lo: int, hi: int) -> tuple[float, float]:
+    """Mean of per-step values over steps lo..hi-1 and its standard error (steps taken as independent)."""
+    part = x[lo:hi]
+    return float(part.mean()), float(part.std(ddof=1) / math.sqrt(len(part)))
+
+
+DEMO_PAIRS = ("bf16-async", "bf16-async-icepop", "bf16-async-geo-rs")
+
+
+@pytest.mark.skipif(not all((Path(__file__).parents[1] / "data" / "demo" / r).is_dir() for r in DEMO_PAIRS),
+                    reason="no bundled demo")
+def test_demo_correction_pairs():
+    """The numbers docs/lab.md and the README quote for the correction twins, recomputed from the demo's files:
+    reward over the first 20 and the last 50 steps, mean per-step kl_k3, each with its standard error over steps
+    (`python -m pytest -q -s -m lab tests/test_lab.py -k demo_correction` prints them)."""
+    curves = {r: demo_curves(r) for r in DEMO_PAIRS}
+    stats = {}
+    for run, c in curves.items():
+        assert len(c["reward"]) >= 200 and (c["n_tokens"] > 0).all()
+        stats[run] = {"reward_first": window(c["reward"], 0, 20), "reward_last": window(c["reward"], 150, 200),
+                      "kl_k3": window(c["kl_k3"], 0, 200), "kl_k3_last": window(c["kl_k3"], 150, 200)}
+        print(run, {k: f"{m:.4g} ± {se:.2g}" for k, (m, se) in stats[run].items()},
+              f"tokens/step {c['n_tokens'].mean():.0f}")
+    base = stats["bf16-async"]
+
+    def z(run, key):  # the twin's difference from the uncorrected run in standard errors
+        (a, sa), (b, sb) = stats[run][key], base[key]
+        return (a - b) / math.hypot(sa, sb)
+    for run in DEMO_PAIRS[1:]:
+        print(run, "vs bf16-async: z(reward_last) = %.1f, z(kl_k3) = %.1f" % (z(run, "reward_last"), z(run, "kl_k3")))
+    # what each correction dropped, recomputed from the twin's own token rows (the Δ its loss saw)
+    dropped = {}
+    for run in DEMO_PAIRS[1:]:
+        from analysis.ingest.demo import DEMO_DIR
+        t = pa.concat_tables(pq.read_table(p) for p in sorted((DEMO_DIR / run).glob("tokens-*.parquet")))
+        d = t["trainer_logprob"].to_numpy() - t["sampler_logprob"].to_numpy()
+        if run.endswith("icepop"):  # alpha 0.5, beta 5: a token with r outside [0.5, 5]
+            r = np.exp(np.clip(d, -20, 20))
+            dropped[run] = float(np.mean((r < 0.5) | (r > 5.0)))
+        else:  # geo_rs lo 0.999, hi 1.001: every token of a sequence whose exp(mean Δ) is outside
+            key = t["step"].to_numpy() * 1000 + t["sample"].to_numpy()
+            _, seq, n = np.unique(key, return_inverse=True, return_counts=True)
+            g = np.exp(np.bincount(seq, d) / n)
+            dropped[run] = float(np.mean(((g < 0.999) | (g > 1.001))[seq]))
+        print(f"{run}: the correction dropped {dropped[run]:.4f} of the tokens")
+    # docs/lab.md: IcePop drops ~1% of tokens and changes neither curve measurably; geo_rs drops ~92% and the
+    # reward collapses while kl_k3 falls
+    assert 0.005 < dropped["bf16-async-icepop"] < 0.02
+    assert abs(z("bf16-async-icepop", "reward_last")) < 2 and abs(z("bf16-async-icepop", "kl_k3")) < 2
+    assert dropped["bf16-async-geo-rs"] > 0.9
+    assert stats["bf16-async-geo-rs"]["reward_last"][0] < 0.1 and z("bf16-async-geo-rs", "reward_last") < -10
+    assert z("bf16-async-geo-rs", "kl_k3") < -2
