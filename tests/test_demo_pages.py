@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import ROOT
-from helpers.apptest import app_env, errors, open_app, texts
+from helpers.apptest import app_env, demo_database, errors, open_app, texts
 
 pytestmark = pytest.mark.slow  # whole pages in AppTest
 
@@ -21,13 +21,7 @@ def _app_env(monkeypatch):
 
 @pytest.fixture(scope="module")
 def demo_db(tmp_path_factory) -> Path:
-    from analysis.ingest import ingest_paths
-    from analysis.store import Store
-    db = tmp_path_factory.mktemp("demo") / "drift.duckdb"
-    store = Store(db)
-    assert all(o.status == "loaded" for o in ingest_paths(store, [ROOT / "data" / "demo"]))
-    store.close()
-    return db
+    return demo_database(tmp_path_factory.mktemp("demo"))
 
 
 def test_overview_draws_the_demo_rewards(monkeypatch, demo_db):
