@@ -64,7 +64,7 @@ def test_findings_page_cards_waterfall_simulator_and_evidence_link(server):
                 bu.full_screenshot(page, SHOTS / f"findings-{suffix}.png")
             # the link opens the evidence view: Token drift, its "Where the mismatch lives" tab, grouped by lag
             link = page.locator("xpath=//*[contains(text(), 'Stale tokens (lag')]"
-                                "/following::a[contains(., 'Open the evidence')][1]")
+                                "/following::a[contains(., 'Open the evidence')][1]").first  # 3 stale demo runs
             assert "tokens_dim=staleness" in link.get_attribute("href")
             link.click()
             bu.wait_idle(page, "Token drift")

@@ -401,6 +401,8 @@ def test_longer_than_max_len_and_bad_lab_config_raise():
         run_lab("nope", out_dir="unused")
     with pytest.raises(ValueError, match=r"replay: expected one of \['none', 'ids', 'ids\+weights'\], got 'yes'"):
         LabConfig(replay="yes")
+    with pytest.raises(ValueError, match=r"batch: expected a multiple of 4 \(answers per prompt\), got 6"):
+        LabConfig(batch=6)
     with pytest.raises(ValueError, match="correction: expected one of"):
         LabConfig(correction="ppo")
     with pytest.raises(ValueError, match="icepop has no parameter 'C'"):

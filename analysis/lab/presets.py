@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DTYPE_NAMES = ("bf16", "fp16", "fp32")
+GROUP = 4  # answers sampled per prompt: the advantage compares a response with its group
 REPLAY_MODES = ("none", "ids", "ids+weights")
 # The corrections the policy-gradient loss can apply: METRICS.md "Corrections", the names and parameter defaults
 # of analysis.metrics.corrections.METHODS (which holds veto too; the loss applies it as well).
@@ -41,6 +42,8 @@ class LabConfig:
         for name in ("steps", "batch", "trainer_micro_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
+        if self.batch % GROUP:
+            raise ValueError(f"batch: expected a multiple of {GROUP} (answers per prompt), got {self.batch}")
         for name in ("lag", "sft_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)}")

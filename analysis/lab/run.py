@@ -22,12 +22,11 @@ from torch.func import functional_call
 
 from analysis.lab import task
 from analysis.lab.model import GPT, GPTConfig, KVCache
-from analysis.lab.presets import DTYPE_NAMES, PRESETS, LabConfig
+from analysis.lab.presets import DTYPE_NAMES, GROUP, PRESETS, LabConfig
 from analysis.record.logger import DriftLogger
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 assert set(DTYPE_NAMES) == set(DTYPES)
-GROUP = 4        # answers sampled per prompt: the advantage compares a response with its group
 SFT_BATCH = 64   # sequences per warm-start step
 CLAMP = 20.0     # Δ is clamped to ±20 before exp, as METRICS.md's r
 
@@ -244,8 +243,7 @@ def _run(cfg: LabConfig, correction: tuple[str, dict], preset: str, out_dir: Pat
         "group": GROUP, "correction_params": correction[1], "token_sample": token_sample}
     _clear_previous(out_dir / run)
     logger = DriftLogger(out_dir, run, config, token_sample=token_sample)
-    n_prompts = max(cfg.batch // GROUP, 1)
-    B = n_prompts * GROUP
+    n_prompts = cfg.batch // GROUP
     s_all, t_all, flip_all, rewards, weights_all = [], [], [], [], []
     for step in range(cfg.steps):
         sampler_version, weights = history[0]
