@@ -24,6 +24,7 @@ from analysis.lab import task
 from analysis.lab.model import GPT, GPTConfig, KVCache
 from analysis.lab.presets import DTYPE_NAMES, GROUP, PRESETS, LabConfig
 from analysis.record.logger import DriftLogger
+from analysis.run_names import safe_run_name
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 assert set(DTYPE_NAMES) == set(DTYPES)
@@ -199,6 +200,7 @@ def run_lab(preset: str = "bf16", out_dir: str | Path = "lab_runs", steps: int |
     if isinstance(overrides.get("correction_params"), dict):
         overrides["correction_params"] = tuple(sorted(overrides["correction_params"].items()))
     cfg = dataclasses.replace(PRESETS[preset], **overrides)
+    run = safe_run_name(run or preset)  # refused before the warm start's seconds, not after
     from analysis.metrics.corrections import resolve_params  # the METRICS.md defaults and checks
     correction = (cfg.correction, {} if cfg.correction == "none"
                   else resolve_params(cfg.correction, dict(cfg.correction_params)))
@@ -211,7 +213,7 @@ def run_lab(preset: str = "bf16", out_dir: str | Path = "lab_runs", steps: int |
     if device.type == "cpu":
         torch.set_num_threads(1)
     try:
-        summary = _run(cfg, correction, preset, Path(out_dir), seed, device, run or preset, token_sample)
+        summary = _run(cfg, correction, preset, Path(out_dir), seed, device, run, token_sample)
     finally:
         torch.set_num_threads(threads)
     if pack:
