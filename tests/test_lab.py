@@ -170,7 +170,9 @@ def test_text_rewards_and_lengths_are_logged_per_sequence(lab):
 
 
 def test_task_rewards_by_hand():
-    ids = lambda text: np.array(task.encode(text.ljust(task.RESPONSE_LEN, "a")))[None]  # noqa: E731 - filler after
+    def ids(text):  # a response of RESPONSE_LEN tokens: `text`, then filler after its end token
+        return np.array(task.encode(text.ljust(task.RESPONSE_LEN, "a")))[None]
+
     assert task.rewards(ids("abc."), ["abc."])[0] == 1.0
     assert task.rewards(ids("ab."), ["abc."])[0] == pytest.approx(2 / 4)  # stops early: 2 of max(3, 4) right
     assert task.rewards(ids("abcd."), ["abc."])[0] == pytest.approx(3 / 5)  # runs on
@@ -234,14 +236,14 @@ def tiny_step(correction, forced=None, forced_weights=None):
     mask = torch.arange(5)[None] < torch.tensor([5, 3, 1, 4, 5, 2])[:, None]
     s_lp = -torch.rand(6, 5, generator=g) * 3
     adv = torch.randn(6, generator=g)
-    t_lp, experts, w = train_step(model, dict(model.named_parameters()), seqs, mask, 3, 4, adv, s_lp, correction,
+    t_lp, _, w = train_step(model, dict(model.named_parameters()), seqs, mask, 3, 4, adv, s_lp, correction,
                                   forced, forced_weights)
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     return model, seqs, mask, s_lp, adv, t_lp, w, grad
 
 
 def test_loss_is_the_weighted_policy_gradient():
-    """Against autograd of the loss written out: −Σ A_b w_bj log π_bj / n over trained tokens, w from the reference."""
+    """Against autograd of the loss written out: −Σ A_b w_bj log π_bj / n over trained tokens (w: the reference)."""
     model, seqs, mask, s_lp, adv, t_lp, w, grad = tiny_step(("tis", {"C": 1.5}))
     want_w = reference_weights((t_lp - s_lp).double().numpy(), mask.numpy(), "tis", {"C": 1.5})
     np.testing.assert_allclose(w.numpy(), want_w, rtol=1e-6)
@@ -470,7 +472,7 @@ def test_demo_correction_pairs():
         (a, sa), (b, sb) = stats[run][key], base[key]
         return (a - b) / math.hypot(sa, sb)
     for run in DEMO_PAIRS[1:]:
-        print(run, "vs bf16-async: z(reward_last) = %.1f, z(kl_k3) = %.1f" % (z(run, "reward_last"), z(run, "kl_k3")))
+        print(f"{run} vs bf16-async: z(reward_last) = {z(run, 'reward_last'):.1f}, z(kl_k3) = {z(run, 'kl_k3'):.1f}")
     # what each correction dropped, recomputed from the twin's own token rows (the Δ its loss saw)
     dropped = {}
     for run in DEMO_PAIRS[1:]:

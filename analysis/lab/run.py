@@ -35,8 +35,9 @@ CLAMP = 20.0     # Δ is clamped to ±20 before exp, as METRICS.md's r
 def model_config(cfg: LabConfig) -> GPTConfig:
     """The model's shape and precision switches for a lab configuration."""
     return GPTConfig(vocab=len(task.VOCAB), d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers,
-                     n_experts=cfg.n_experts, top_k=cfg.top_k, d_ff=cfg.d_ff, max_len=task.PROMPT_LEN + task.RESPONSE_LEN,
-                     fp32_lm_head=cfg.fp32_head, fp32_router=cfg.fp32_router)
+                     n_experts=cfg.n_experts, top_k=cfg.top_k, d_ff=cfg.d_ff,
+                     max_len=task.PROMPT_LEN + task.RESPONSE_LEN, fp32_lm_head=cfg.fp32_head,
+                     fp32_router=cfg.fp32_router)
 
 
 @torch.no_grad()
