@@ -13,21 +13,19 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from analysis.lab.presets import LabConfig
-from analysis.lab.task import PROMPT_LEN, RESPONSE_LEN, VOCAB
-
 
 @dataclass
 class GPTConfig:
-    # the model's size defaults are the lab's (LabConfig and the task, torch-free, are where they are set)
-    vocab: int = len(VOCAB)
-    d_model: int = LabConfig.d_model
-    n_heads: int = LabConfig.n_heads
-    n_layers: int = LabConfig.n_layers
-    n_experts: int = LabConfig.n_experts
-    top_k: int = LabConfig.top_k
-    max_len: int = PROMPT_LEN + RESPONSE_LEN
-    d_ff: int = LabConfig.d_ff  # hidden width of one expert
+    # Defaults: a generic small MoE GPT (a 512-id vocabulary, 4 layers) for code that builds one without a lab
+    # configuration; the lab passes its own sizes (LabConfig and the task: run.model_config).
+    vocab: int = 512
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 4
+    n_experts: int = 8
+    top_k: int = 2
+    max_len: int = 64
+    d_ff: int = 128             # hidden width of one expert
     fp32_lm_head: bool = False  # head matmul + log_softmax in fp32 (MiniMax-M1-style mitigation)
     fp32_router: bool = False   # router logits in fp32
 
