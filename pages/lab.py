@@ -14,9 +14,10 @@ from ui import state as S
 auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
 
 st.title("Drift lab")
-st.caption("A tiny mixture-of-experts GPT is sampled token by token (KV cache, the sampler's dtype) and then "
-           "recomputed in one forward pass (the trainer's dtype and batch), with Adam updates in between. All the "
-           "drift is real floating-point behaviour of torch; nothing is injected. Each run becomes a new run here.")
+st.caption("A tiny mixture-of-experts GPT learns to sort or reverse a word (`dcab=` → `abcd.`, `dcab<` → `bacd.`) "
+           "by RL: it is sampled token by token (KV cache, the sampler's dtype), rewarded, and recomputed in one "
+           "forward pass (the trainer's dtype and batch), with Adam updates in between. All the drift is real "
+           "floating-point behaviour of torch; nothing is injected. Each run becomes a new run here.")
 
 
 PRESET_HELP = {
@@ -25,7 +26,11 @@ PRESET_HELP = {
     "fp32": "fp32 on both sides: only kernel/batch order differences remain (the near-zero baseline)",
     "bf16-fp32-head": "bf16 with the LM head and log-softmax in fp32 on both sides",
     "bf16-replay": "bf16 with routing replay: the trainer reuses the sampler's experts (R3)",
+    "bf16-replay-weights": "bf16 replaying the sampler's experts and their combine weights",
     "bf16-async": "bf16 with one step of staleness: the trainer is one update ahead (asynchronous RL)",
+    "bf16-async-icepop": "bf16-async with IcePop in the loss (tokens with r outside [0.5, 5] masked)",
+    "bf16-async-geo-rs": "bf16-async with geometric rejection in the loss (sequences with exp(mean Δ) "
+                         "outside [0.999, 1.001] dropped)",
 }
 ss = st.session_state
 
@@ -48,7 +53,7 @@ def run_tab() -> None:
         if ss.get("_lab_for") != preset:  # a new preset resets the switches to its values
             ss.update(lab_sampler_dtype=base.sampler_dtype, lab_trainer_dtype=base.trainer_dtype,
                       lab_fp32_head=base.fp32_head, lab_fp32_router=base.fp32_router, lab_replay=base.replay,
-                      lab_lag=base.lag)
+                      lab_lag=base.lag, lab_correction=base.correction)
             ss["_lab_for"] = preset
 
         st.markdown("**Switches**")
@@ -61,13 +66,19 @@ def run_tab() -> None:
         c4, c5, c6 = st.columns(3)
         fp32_head = c4.toggle("fp32 LM head", key="lab_fp32_head", help="LM head matmul + log-softmax in fp32, both sides.")
         fp32_router = c5.toggle("fp32 router", key="lab_fp32_router", help="Router logits in fp32, both sides.")
-        replay = c6.toggle("Routing replay", key="lab_replay", help="The trainer uses the sampler's experts (R3).")
+        replay = c6.selectbox("Routing replay", list(lab.REPLAY_MODES), key="lab_replay",
+                              help="The trainer uses the sampler's experts (ids, R3), or their combine weights too.")
+        correction = st.selectbox("Correction in the loss", list(lab.CORRECTIONS), key="lab_correction",
+                                  help="An off-policy correction on r = exp(trainer − sampler log-prob), with the "
+                                       "defaults of METRICS.md's Corrections (tis C=2, icepop [0.5, 5], ...).")
 
         st.markdown("**Size**")
         c1, c2, c3, c4, c5 = st.columns(5)
-        steps = c1.number_input("Steps", 1, 100, 3, key="lab_steps")
-        batch = c2.number_input("Sequences per step", 1, 256, 16, key="lab_batch")
-        response_len = c3.number_input("Response length", 2, 128, 16, key="lab_response_len")
+        steps = c1.number_input("Steps", 1, 400, 10, key="lab_steps")
+        batch = c2.number_input("Sequences per step", 4, 256, 32, step=4, key="lab_batch",
+                                help="4 answers per prompt: the advantage compares each with its group.")
+        sft_steps = c3.number_input("Warm-start steps", 0, 400, base.sft_steps, key="lab_sft_steps",
+                                    help="Supervised steps before RL, so the policy is right sometimes.")
         seed = c4.number_input("Seed", 0, 2**31 - 1, 0, key="lab_seed")
         devices = ["cpu"]
         with S.guard("look for a GPU"):
@@ -82,14 +93,14 @@ def run_tab() -> None:
         default_name = dashboard.unique_run_name(names, f"lab-{preset}")
         run_name = st.text_input("Run name", key="lab_run_name", placeholder=default_name,
                                  help=f"Empty: {default_name}. Letters, digits and ._+=- only.")
-        st.caption(f"{int(steps) * int(batch) * int(response_len):,} tokens; on 2 CPU cores a small run takes tens of "
-                   "seconds.")
+        st.caption(f"About {int(steps) * int(batch) * 7.5:,.0f} tokens (answers average 7.5); on 2 CPU cores the "
+                   "warm start and a few steps take tens of seconds.")
 
         if st.button("Run the lab", type="primary", key="lab_start"):
             name = (run_name or "").strip() or default_name
             overrides = dict(sampler_dtype=sampler_dtype, trainer_dtype=trainer_dtype, lag=int(lag),
-                             fp32_head=bool(fp32_head), fp32_router=bool(fp32_router), replay=bool(replay),
-                             batch=int(batch), response_len=int(response_len))
+                             fp32_head=bool(fp32_head), fp32_router=bool(fp32_router), replay=replay,
+                             correction=correction, batch=int(batch), sft_steps=int(sft_steps))
             if int(batch) < base.trainer_micro_batch:
                 overrides["trainer_micro_batch"] = int(batch)
             if name in names:
@@ -98,7 +109,7 @@ def run_tab() -> None:
                 out = tempfile.mkdtemp(prefix="driftscope-lab-")
                 try:
                     with st.status(f"Running {preset} as {name}…", expanded=True) as status:
-                        st.write(f"{int(steps)} steps × {int(batch)} sequences × {int(response_len)} tokens on {device}")
+                        st.write(f"{int(steps)} steps × {int(batch)} sequences on {device}")
                         summary = lab.run_lab(preset, out_dir=out, steps=int(steps), seed=int(seed), device=device,
                                           run=name, **overrides)
                         st.write(f"Lab finished in {summary['seconds']:.1f} s; loading the logs…")
@@ -138,8 +149,11 @@ def run_tab() -> None:
             "often the largest single fix; in this MoE model router flips carry most of the bf16 mismatch, so it helps "
             "little until routing is replayed.\n"
             "- **fp32 router**: router logits in fp32, so near-tied experts flip less.\n"
-            "- **Routing replay**: the trainer reuses the sampler's top-k experts; flips vanish by construction.\n"
-            "- **Staleness**: the sampler uses weights that are several optimizer updates old, as in asynchronous RL.")
+            "- **Routing replay**: the trainer reuses the sampler's top-k experts (ids), or their combine weights too "
+            "(ids+weights); flips vanish by construction.\n"
+            "- **Staleness**: the sampler uses weights that are several optimizer updates old, as in asynchronous RL.\n"
+            "- **Correction**: the policy-gradient loss weighs or masks tokens by r (tis, icepop) or drops sequences "
+            "(geo_rs, seq_rs, veto), as METRICS.md's Corrections define them.")
 
 
 def probe_form() -> None:

@@ -45,7 +45,7 @@ def test_findings_page_cards_waterfall_simulator_and_evidence_link(server):
             assert nav[0].strip().endswith("Findings"), nav
             # cards: the stale demo run's lead finding, with its numbers and a link
             title = page.get_by_text("Stale tokens (lag > 0", exact=False).first
-            assert "99.8% of the mismatch" in title.inner_text()
+            assert "100.0% of the mismatch" in title.inner_text()  # stale runs: only step 0 is at lag 0
             assert page.get_by_text("AReaL", exact=False).count() > 0  # the advice's source
             assert page.get_by_text("routing_flips").count() > 0
             bu.full_screenshot(page, SHOTS / "findings.png")
@@ -65,7 +65,7 @@ def test_findings_page_cards_waterfall_simulator_and_evidence_link(server):
                 bu.full_screenshot(page, SHOTS / f"findings-{suffix}.png")
             # the link opens the evidence view: Token drift, its "Where the mismatch lives" tab, grouped by lag
             link = page.locator("xpath=//*[contains(text(), 'Stale tokens (lag')]"
-                                "/following::a[contains(., 'Open the evidence')][1]")
+                                "/following::a[contains(., 'Open the evidence')][1]").first  # 3 stale demo runs
             assert "tokens_dim=staleness" in link.get_attribute("href")
             link.click()
             bu.wait_idle(page, "Token drift")

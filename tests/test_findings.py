@@ -148,9 +148,18 @@ def test_spike_and_trend_numbers(synthetic):
 
 
 def test_demo_leads(demo):
+    """The demo's runs (200 lab steps of ~320 tokens each) lead with different causes: staleness where the weights
+    are one update stale, low-probability tokens where routing is replayed (flips are gone), per-step spikes where
+    bf16 or fp16 routers flip (a step's kl_k3 rests on a few flipped tokens), nothing in the fp32 control."""
     _, found = demo
-    assert found["bf16-async"][0].kind == "staleness"
-    assert found["bf16"][0].kind == "routing_flips"
+    leads = {run: f[0].kind for run, f in found.items()}
+    assert len(set(leads.values())) >= 3, leads
+    for run in ("bf16-async", "bf16-async-icepop", "bf16-async-geo-rs"):
+        assert leads[run] == "staleness"
+    for run in ("bf16-replay", "bf16-replay-weights"):
+        assert leads[run] == "low_probability_tokens" and "routing_flips" not in kinds(found[run])
+    for run in ("bf16", "fp16", "bf16-fp32-head"):
+        assert leads[run] == "spikes" and "routing_flips" in kinds(found[run])
     assert kinds(found["fp32"]) == ["healthy"]
     assert found["bf16-async"][0].severity == "alert"
     assert found["bf16-async"][0].url == \
@@ -279,7 +288,10 @@ def test_demo_gates(demo):
     g = gates.gate_table(t["run"], t["step"], ["fp32", "bf16-async"])
     assert g.filter(pl.col("run") == "fp32")["passed"].all()
     failed = set(g.filter((pl.col("run") == "bf16-async") & ~pl.col("passed"))["gate"])
-    assert {"prime-rl mismatch KL", "NeMo mult_prob_error 1.1", "slime log_ratio_abs_mean"} <= failed
+    # one update of staleness at the lab's learning rate: kl_k3 0.017, mult_prob_error 1.28, but log_ratio_abs_mean
+    # 0.052, inside slime's 0.1
+    assert {"prime-rl mismatch KL", "NeMo mult_prob_error 1.1", "NeMo gen_kl"} <= failed
+    assert "slime log_ratio_abs_mean" not in failed
 
 
 # -- CLI --------------------------------------------------------------------------------------------------

@@ -5,8 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT
-from helpers.apptest import app_env, errors, open_app, open_tab
+from helpers.apptest import app_env, demo_database, errors, open_app, open_tab
 
 pytestmark = pytest.mark.slow  # a whole page in AppTest
 
@@ -18,14 +17,7 @@ def _app_env(monkeypatch):
 
 @pytest.fixture(scope="module")
 def demo_db(tmp_path_factory) -> Path:
-    from analysis.ingest import ingest_paths
-    from analysis.store import Store
-    db = tmp_path_factory.mktemp("demo") / "drift.duckdb"
-    store = Store(db)
-    runs = sorted(p for p in (ROOT / "data" / "demo").iterdir() if p.is_dir())
-    assert all(o.status == "loaded" for o in ingest_paths(store, runs))
-    store.close()
-    return db
+    return demo_database(tmp_path_factory.mktemp("demo"))
 
 
 def test_the_framework_tab_shows_their_metric_names_beside_ours(monkeypatch, demo_db):

@@ -354,14 +354,20 @@ def test_lab_run_is_loaded_as_a_new_run(monkeypatch, own_db):
     monkeypatch.setattr(analysis.lab, "run_lab", fake_run_lab)
     at = open_app(monkeypatch, own_db, "pages/lab.py")
     at.selectbox(key="lab_preset").set_value("bf16-replay").run()
-    assert at.toggle(key="lab_replay").value is True  # the preset's switches
+    assert at.selectbox(key="lab_replay").value == "ids"  # the preset's switches
+    at.selectbox(key="lab_preset").set_value("bf16-async-icepop").run()
+    assert at.selectbox(key="lab_replay").value == "none" and at.number_input(key="lab_lag").value == 1
+    assert at.selectbox(key="lab_correction").value == "icepop"
+    at.selectbox(key="lab_correction").set_value("tis")
+    at.selectbox(key="lab_replay").set_value("ids+weights")
     at.toggle(key="lab_fp32_head").set_value(True)
     at.number_input(key="lab_steps").set_value(2)
     at.number_input(key="lab_batch").set_value(4)
     at.text_input(key="lab_run_name").set_value("my-lab").run()
     at.button(key="lab_start").click().run()
     assert not at.exception and not errors(at), errors(at)
-    assert calls["preset"] == "bf16-replay" and calls["replay"] is True and calls["fp32_head"] is True
+    assert calls["preset"] == "bf16-async-icepop" and calls["replay"] == "ids+weights" and calls["fp32_head"] is True
+    assert calls["correction"] == "tis" and calls["lag"] == 1
     assert calls["steps"] == 2 and calls["batch"] == 4 and calls["run"] == "my-lab"
     assert "Last lab run: my-lab" in [h.value for h in at.subheader]
     at.run()  # the sidebar picks up the new run and selects it

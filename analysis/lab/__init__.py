@@ -1,10 +1,10 @@
-"""The drift lab: a tiny MoE GPT sampled and retrained on CPU to show real sampler/trainer drift.
+"""The drift lab: a tiny MoE GPT trained by RL on CPU (sort or reverse a word) to show real sampler/trainer drift.
 
 `PRESETS` and `LabConfig` import without torch; `run_lab` loads torch on first use.
 """
-from analysis.lab.presets import PRESETS, LabConfig
+from analysis.lab.presets import CORRECTIONS, PRESETS, REPLAY_MODES, LabConfig
 
-__all__ = ["PRESETS", "LabConfig", "run_lab"]
+__all__ = ["CORRECTIONS", "PRESETS", "REPLAY_MODES", "LabConfig", "run_lab"]
 
 
 def __getattr__(name: str):

@@ -13,18 +13,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from analysis.lab.presets import LabConfig
-
 
 @dataclass
 class GPTConfig:
-    # the model's size defaults are the lab's (LabConfig, torch-free, is where they are set)
-    vocab: int = LabConfig.vocab
-    d_model: int = LabConfig.d_model
-    n_heads: int = LabConfig.n_heads
-    n_layers: int = LabConfig.n_layers
-    n_experts: int = LabConfig.n_experts
-    top_k: int = LabConfig.top_k
+    # Defaults: a generic small MoE GPT (a 512-id vocabulary, 4 layers) for code that builds one without a lab
+    # configuration; the lab passes its own sizes (LabConfig and the task: run.model_config).
+    vocab: int = 512
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 4
+    n_experts: int = 8
+    top_k: int = 2
     max_len: int = 64
     d_ff: int = 128             # hidden width of one expert
     fp32_lm_head: bool = False  # head matmul + log_softmax in fp32 (MiniMax-M1-style mitigation)
@@ -90,7 +89,7 @@ class Expert(nn.Module):
         self.out = nn.Linear(cfg.d_ff, cfg.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(F.gelu(self.fc(x)))
+        return self.out(F.relu(self.fc(x)))
 
 
 class MoE(nn.Module):
@@ -103,7 +102,15 @@ class MoE(nn.Module):
         self.gate = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
         self.experts = nn.ModuleList(Expert(cfg) for _ in range(cfg.n_experts))
 
-    def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None,
+                forced_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns the output, the chosen experts (B, T, k) and their combine weights (B, T, k) fp32.
+
+        forced: (B, T, k) expert ids to use instead of the top-k (routing replay). forced_weights: (B, T, k)
+        combine weights to use as well (replay of ids+weights): the forward then uses exactly these values, while
+        the gradient still flows through this model's own softmax (a straight-through replacement), so the
+        router keeps learning as it does under plain ids replay.
+        """
         B, T, C = x.size()
         flat = x.view(B * T, C)
         if self.fp32_router:  # the gate weight is kept in fp32 by GPT.cast_params
@@ -115,13 +122,24 @@ class MoE(nn.Module):
         else:  # routing replay: the experts are given, only their weights are computed here
             chosen = forced.reshape(B * T, self.top_k).to(device=x.device, dtype=torch.long)
             top_scores = scores.gather(-1, chosen)
-        weights = F.softmax(top_scores, dim=-1, dtype=torch.float32).to(x.dtype)  # (B*T, k)
-        out = torch.zeros_like(flat)
-        for e, expert in enumerate(self.experts):
-            rows, rank = torch.where(chosen == e)
-            if rows.numel():
-                out[rows] += weights[rows, rank, None] * expert(flat[rows])
-        return out.view(B, T, C), chosen.view(B, T, self.top_k)
+        weights32 = F.softmax(top_scores, dim=-1, dtype=torch.float32)  # (B*T, k)
+        if forced_weights is not None:
+            given = forced_weights.reshape(B * T, self.top_k).to(device=x.device, dtype=torch.float32)
+            weights32 = weights32 + (given - weights32).detach()
+        weights = weights32.to(x.dtype)
+        # Every expert runs on every token and an unchosen one gets weight 0: the same function as a sparse
+        # dispatch, as two matmuls over the experts side by side (at this size ops, not FLOPs, cost time).
+        # The combine weight scales an expert's hidden units, before its output matmul (a linear map, so the
+        # same sum as weighting the expert's output, in another order of rounding).
+        dense = torch.zeros(B * T, len(self.experts), dtype=x.dtype, device=x.device)  # (N, E)
+        dense.scatter_(1, chosen, weights)
+        w1 = torch.cat([e.fc.weight for e in self.experts])        # (E * d_ff, C)
+        b1 = torch.cat([e.fc.bias for e in self.experts])          # (E * d_ff,)
+        w2 = torch.cat([e.out.weight for e in self.experts], 1)    # (C, E * d_ff)
+        b2 = torch.stack([e.out.bias for e in self.experts])       # (E, C)
+        h = F.relu(F.linear(flat, w1, b1)).view(B * T, len(self.experts), -1)  # (N, E, d_ff)
+        out = F.linear((h * dense[:, :, None]).flatten(1), w2) + dense @ b2    # (N, C)
+        return out.view(B, T, C), chosen.view(B, T, self.top_k), weights32.detach().view(B, T, self.top_k)
 
 
 class Block(nn.Module):
@@ -132,10 +150,10 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.d_model)
         self.moe = MoE(cfg)
 
-    def forward(self, x, cache, layer, forced):
+    def forward(self, x, cache, layer, forced, forced_weights):
         x = x + self.attn(self.ln_1(x), cache, layer)
-        moe_out, chosen = self.moe(self.ln_2(x), forced)
-        return x + moe_out, chosen
+        moe_out, chosen, weights = self.moe(self.ln_2(x), forced, forced_weights)
+        return x + moe_out, chosen, weights
 
 
 class GPT(nn.Module):
@@ -180,13 +198,15 @@ class GPT(nn.Module):
         return {n: p.float() if n in keep else p.to(dtype) for n, p in self.named_parameters()}
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None,
-                forced_experts: list[torch.Tensor | None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                forced_experts: list[torch.Tensor | None] | None = None,
+                forced_weights: list[torch.Tensor | None] | None = None, with_weights: bool = False):
         """Next-token log-probs and the router's choices for every input position.
 
         idx: (B, T) token ids, at positions past ... past + T - 1 (past = cache.length(), 0 without cache).
         forced_experts: per layer None or (B, T, k) expert ids to use instead of the router's top-k.
+        forced_weights: per layer None or (B, T, k) combine weights to replay with them (MoE.forward).
         Returns logprobs (B, T, vocab), fp32 when fp32_lm_head else in the model dtype,
-        and experts (B, T, n_layers, k) int64.
+        and experts (B, T, n_layers, k) int64; with_weights adds the combine weights (B, T, n_layers, k) fp32.
         """
         B, T = idx.size()
         past = 0 if cache is None else cache.length()
@@ -194,15 +214,19 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {past + T} exceeds max_len {self.cfg.max_len}")
         pos = torch.arange(past, past + T, device=idx.device)  # (T,)
         x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
-        chosen = []
+        chosen, combine = [], []
         for layer, block in enumerate(self.blocks):
             forced = None if forced_experts is None else forced_experts[layer]
-            x, layer_chosen = block(x, cache, layer, forced)
+            forced_w = None if forced_weights is None else forced_weights[layer]
+            x, layer_chosen, layer_weights = block(x, cache, layer, forced, forced_w)
             chosen.append(layer_chosen)  # (B, T, k)
+            combine.append(layer_weights)
         x = self.ln_f(x)
         if self.cfg.fp32_lm_head:
             logits = F.linear(x.float(), self.lm_head.weight.float())  # (B, T, vocab) fp32
             logprobs = F.log_softmax(logits, dim=-1, dtype=torch.float32)
         else:  # head and log_softmax in the model dtype, as an unmodified inference engine does
             logprobs = F.log_softmax(self.lm_head(x), dim=-1)
+        if with_weights:
+            return logprobs, torch.stack(chosen, dim=2), torch.stack(combine, dim=2)
         return logprobs, torch.stack(chosen, dim=2)  # (B, T, vocab), (B, T, L, k)

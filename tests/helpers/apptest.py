@@ -65,3 +65,15 @@ def open_app(monkeypatch, db: Path, page: str | None = None) -> AppTest:
         at.switch_page(page).run()
         assert not at.exception, at.exception
     return at
+
+
+def demo_database(folder: Path) -> Path:
+    """A database in `folder` holding every bundled demo run (data/demo), for page tests on the demo."""
+    from analysis.ingest import ingest_paths
+    from analysis.store import Store
+    db = folder / "drift.duckdb"
+    store = Store(db)
+    outcomes = ingest_paths(store, sorted(p for p in (ROOT / "data" / "demo").iterdir() if p.is_dir()))
+    assert outcomes and all(o.status == "loaded" for o in outcomes), [o.line() for o in outcomes]
+    store.close()
+    return db
