@@ -204,8 +204,10 @@ def test_long_format_equals_ingest_with_entropy(tmp_path):
         if name == "summary_seq":  # ingest writes n_flip_tokens as null without routing; the log-prob sums
             rows = [r | {"n_flip_tokens": None} for r in rows]  # come from kernel.seq_sums, not the accumulators
             want = [{k: v for k, v in w.items() if k not in S.SEQ_SUM_NAMES} for w in want]
-        if name == "summary_step":  # the logging checks' sums come from summaries/checks.py, not the kernel
-            want = [{k: v for k, v in w.items() if k not in S.CHECK_SUM_NAMES} for w in want]
+        if name == "summary_step":  # the logging checks', residual signatures' and top-k sums come from
+            # summaries/checks.py, residual.py and fulldist.py, not the kernel
+            other = S.CHECK_SUM_NAMES + S.RESIDUAL_SUM_NAMES + S.TOPK_SUM_NAMES
+            want = [{k: v for k, v in w.items() if k not in other} for w in want]
         assert_same_rows([{k: r.get(k) for k in w} for r, w in zip(rows, want)], want, name)
         assert len(rows) == len(want), name
 

@@ -23,7 +23,7 @@ import time
 from typing import Callable
 
 from analysis import settings
-from analysis.findings import decomposition
+from analysis.findings import decomposition, pairs
 from analysis.findings import ranking as findings
 from analysis.metrics import (
     buckets,
@@ -123,11 +123,13 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
             (buckets.has_column_data, (runs, "sampler_entropy"), {}),
             (buckets.has_column_data, (runs, "sampler_version"), {}),
             (buckets.mismatch_by, (runs, "prob"), dict(cap=cap, clip=clip, steps=steps, metrics=["kl_k3"])),
+            (dashboard.full_distribution, (runs,), dict(steps=steps)),  # decides whether its tab shows
         ],
         nav.ROUTING.url: [
             (routing.routing_metrics, ([both[0]],), dict(by="layer", steps=steps)),
             (routing.layer_profile, (both,), dict(steps=steps)),
             (routing.flip_views, (both,), dict(steps=steps)),  # the page derives its three flip charts
+            (dashboard.routing_weight_runs, ([both[0]],), {}),
         ] if both else [],
         # the Expert load page opens on the first run with routing, its sampler side, config n and ranks
         nav.EXPERT_LOAD.url: [(load_views.views, (routed[0], steps, "sampler", None, None), {})] if routed else [],
@@ -135,12 +137,15 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
                             (sequences_default, (first, steps), {})],
         nav.COMPARE.url: [
             (compare.config_diff, (runs,), {}),
+            (pairs.has_partners, (runs,), {}),
             (dashboard.run_and_step_tables, (runs,), dict(cap=cap, clip=clip, steps=steps)),
             (compare.routing_rates, (runs,), dict(steps=steps)),
             (distributions.drift_histograms, (runs,), dict(n_bins=80, steps=steps)),
         ] if len(runs) > 1 else [],
         nav.FINDINGS.url: [
-            (findings.findings_table, (runs,), dict(steps=steps, cap=cap, clip=clip)),
+            (findings.findings_table, (runs,), dict(steps=steps, cap=cap, clip=clip, baselines=[])),
+            (pairs.trainer_self_table, (runs,), dict(steps=steps)),
+            (pairs.replay_table, (runs,), dict(steps=steps)),
             (corrections.compare_methods, ([first], [(m, dict(corrections.METHODS[m].defaults))
                                                      for m in ("icepop", "geo_rs", "seq_rs")]),
              dict(steps=steps, thin=True)),
