@@ -74,8 +74,10 @@ def _with_second_run(source: Path, target: Path, version: str) -> None:
         "SELECT table_name FROM duckdb_columns() WHERE column_name = 'run_id' AND NOT internal AND table_name IN "
         "(SELECT table_name FROM duckdb_tables()) AND table_name <> 'run_ids' ORDER BY table_name").fetchall()]
     con.execute("BEGIN TRANSACTION")
-    for t in tables:
-        con.execute(f"INSERT INTO {t} SELECT * REPLACE ('bench-b' AS run) FROM {t} WHERE run = 'bench' AND step < 10")
+    stepped = {t for (t,) in con.execute("SELECT table_name FROM duckdb_columns() WHERE column_name = 'step'").fetchall()}
+    for t in tables:  # a table without steps (expert_placement, probe) is copied whole
+        first = " AND step < 10" if t in stepped else ""
+        con.execute(f"INSERT INTO {t} SELECT * REPLACE ('bench-b' AS run) FROM {t} WHERE run = 'bench'{first}")
     # token and routing rows hold run codes (schema.RUN_IDS)
     con.execute("INSERT INTO run_ids SELECT max(run_id) + 1, 'bench-b' FROM run_ids")
     for t in coded:
