@@ -33,6 +33,7 @@ import torch
 from analysis.record.checks import check_sums
 from analysis.record.residual import residual_sums
 from analysis.record.fulldist import topk_sums, topk_sums_torch, weight_diff
+from analysis.record.margins import margin_tables
 from analysis.record.token_sample import Kept, SamplePlan
 from analysis.summaries import fulldist, kernel
 from analysis.summaries import schema as S
@@ -69,6 +70,7 @@ class StepTensors:
     topk: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # [B, T, J] ids, log-probs
     #                                                       of the sampler, then the trainer (log-probs float64)
     segments: torch.Tensor | None = None  # [B, T] int64 turn index (0 at padding), for the residual counts
+    margins: dict[str, torch.Tensor | None] | None = None  # side -> [B, T, L] router margins (record/margins.py)
 
     @property
     def device(self) -> torch.device:
@@ -406,6 +408,10 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | No
     if routing is not None:
         tables["summary_layer"] = routing.layer_rows
         tables[EXPERT_LOAD] = routing.expert_load
+        if x.margins and routing.layer_rows["layer"]:  # the router-margin sums (schema.MARGIN_SUMS, summary_margin)
+            layer_cols, tables["summary_margin"] = margin_tables(x.s, x.t, x.mask, x.sampler_experts,
+                                                                 x.trainer_experts, x.margins)
+            tables["summary_layer"] = tables["summary_layer"] | layer_cols
     return tables
 
 

@@ -10,6 +10,7 @@ import math
 from typing import Sequence
 
 from analysis.summaries import schema as S
+from analysis.summaries.margins import margin_mean_sql
 from analysis.summaries.sql import clamp_log_ratio_sql, clamp_sql, ratio_sql
 
 # METRICS.md v2 token columns, in the order the tables return them
@@ -275,11 +276,14 @@ LAYER_LOAD_SQL = """
     GROUP BY run, step, layer"""
 
 
-def layer_counts_sql(where: str, weights: bool = True) -> str:
+def layer_counts_sql(where: str, weights: bool = True, margins: bool = False) -> str:
     """Per (run, step, layer): merged routing counts, the overlap numerator Σ|E_s ∩ E_t|/k, the weight sums (null
-    without weights; weights=False: the database has no such columns, opened read-only), and load_max_vio."""
+    without weights; weights=False: the database has no such columns, opened read-only), and load_max_vio; the
+    margin sums (MARGIN_SUMS) too with margins=True."""
     w = (", ".join(f"{S.merge_sql('summary_layer', c)} AS {c}" for c in S.WEIGHT_SUM_NAMES) if weights else
          ", ".join(f"NULL::{c.sql_type} AS {c.name}" for c in S.WEIGHT_SUMS))
+    if margins:
+        w += ", " + ", ".join(f"{S.merge_sql('summary_layer', c)} AS {c}" for c in S.MARGIN_SUM_NAMES)
     return f"""
     WITH c AS (SELECT run, step, layer, min(k) AS k, sum(n_rows)::BIGINT AS n_rows, sum(n_both)::BIGINT AS n_both,
                       sum(n_flip)::BIGINT AS n_flip, sum(n_top1)::BIGINT AS n_top1,
@@ -290,11 +294,12 @@ def layer_counts_sql(where: str, weights: bool = True) -> str:
     FROM c LEFT JOIN l USING (run, step, layer)"""
 
 
-def routing_by_layer_sql(where: str, weights: bool = True) -> str:
+def routing_by_layer_sql(where: str, weights: bool = True, margins: bool = True) -> str:
     """by=layer: [run, step, layer, n_tokens, flip_rate, top1_flip_rate, overlap, load_max_vio_*,
-    weight_abs_diff_mean, weight_abs_diff_max]; flip columns over rows with both sides (null for sampler-only
-    layers, n_tokens 0); the weight columns over rows with both sides' weights and equal expert sets (null
-    without any)."""
+    weight_abs_diff_mean, weight_abs_diff_max, margin_mean_sampler, margin_mean_trainer]; flip columns over rows
+    with both sides (null for sampler-only layers, n_tokens 0); the weight columns over rows with both sides'
+    weights and equal expert sets (null without any); the margin means over the rows with that side's margin
+    (margins=False: the database has no margin sums, opened read-only: null)."""
     return f"""
     SELECT run, step, layer, n_both AS n_tokens,
            n_flip::DOUBLE / nullif(n_both, 0) AS flip_rate,
@@ -302,8 +307,9 @@ def routing_by_layer_sql(where: str, weights: bool = True) -> str:
            sum_overlap / nullif(n_both, 0) AS overlap,
            load_max_vio_sampler, load_max_vio_trainer,
            sum_weight_abs_diff / nullif(n_weight_rows, 0) AS weight_abs_diff_mean,
-           CASE WHEN n_weight_rows > 0 THEN max_weight_abs_diff END AS weight_abs_diff_max
-    FROM ({layer_counts_sql(where, weights)}) ORDER BY run, step, layer"""
+           CASE WHEN n_weight_rows > 0 THEN max_weight_abs_diff END AS weight_abs_diff_max,
+           {margin_mean_sql(margins)}
+    FROM ({layer_counts_sql(where, weights, margins)}) ORDER BY run, step, layer"""
 
 
 def routing_pooled_sql(keys: Sequence[str], where: str, token_flips: bool) -> str:

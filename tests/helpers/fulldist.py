@@ -99,7 +99,7 @@ def weight_reference(step: dict) -> dict[int, tuple[float, float]]:
 
 def sequence_lines(step: dict, step_no: int, run: str = "r") -> list[str]:
     """The step as sequence JSON Lines (SCHEMA.md family 2): one line per sequence with its trained positions (the
-    mask of helpers.logger.make_step is a prefix), every per-token array the logger got, top-k and weights too."""
+    mask of helpers.logger.make_step is a prefix), every per-token array the logger got, top-k, weights and margins too."""
     mask = _np(step["mask"]).astype(bool)
     ids = _np(step["sample_ids"])
     lines = []
@@ -112,7 +112,8 @@ def sequence_lines(step: dict, step_no: int, run: str = "r") -> list[str]:
                           ("trainer_experts", "trainer_experts"), ("sampler_weights", "sampler_weights"),
                           ("trainer_weights", "trainer_weights"), ("sampler_topk_ids", "sampler_topk_ids"),
                           ("sampler_topk_logprobs", "sampler_topk_logprobs"), ("trainer_topk_ids", "trainer_topk_ids"),
-                          ("trainer_topk_logprobs", "trainer_topk_logprobs")):
+                          ("trainer_topk_logprobs", "trainer_topk_logprobs"), ("sampler_margins", "sampler_margins"),
+                          ("trainer_margins", "trainer_margins")):
             if key in step:
                 v = _np(step[key])[b, :n]
                 obj[name] = v.astype(np.float64).tolist() if v.dtype.kind == "f" else v.astype(np.int64).tolist()

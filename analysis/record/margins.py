@@ -1,0 +1,93 @@
+"""Router margins in DriftLogger: their checks, and the step's margin sums (METRICS.md v3 "Routing margins").
+
+A margin is the k-th minus the (k+1)-th router probability of a (token, layer) row: how close the router was to
+picking another expert (summaries/margins.py). RouterCapture computes it from the router logits it hooks; an
+engine that reports its router's scores can give the sampler's. Per step the logger writes, per layer, the count
+and Σ of each side's margins (summary_layer, schema.MARGIN_SUMS), and per (layer, side, margin bin) the rows with
+both sides' experts, their flips and Σ |Δ| (summary_margin), reduced with torch on the tensors' device. Margins
+are rounded to fp32 first (they are stored so), and the sums read that value, as ingest's SQL does.
+"""
+from __future__ import annotations
+
+import torch
+
+from analysis.summaries import schema as S
+from analysis.summaries.margins import N_MARGIN_BINS
+
+CHUNK = 1 << 16  # trained tokens per chunk: bounds the [c, L, K] sorts
+
+
+def checked_margins(margins, experts: torch.Tensor | None, mask: torch.Tensor, name: str,
+                    side: str) -> torch.Tensor | None:
+    """A [B, T, L] margin tensor, checked: it needs its side's experts ([B, T, L, K]: one margin per routing
+    layer), floating point, in [0, 1] at the trained positions (the padding may hold anything)."""
+    if margins is None:
+        return None
+    if experts is None:
+        raise ValueError(f"{name}: given without {side} (a margin belongs to that side's routing)")
+    m = margins if isinstance(margins, torch.Tensor) else torch.as_tensor(margins)
+    m = m.to(mask.device)
+    if not m.is_floating_point():
+        raise ValueError(f"{name}: expected floating-point margins, got dtype {m.dtype}")
+    want = tuple(experts.shape[:3])
+    if tuple(m.shape) != want:
+        raise ValueError(f"{name}: expected shape {list(want)} (B, T, L of {side}), got {list(m.shape)}")
+    bad = ~((m >= 0) & (m <= 1)).all(-1) & mask  # NaN fails both
+    if bad.any():
+        b, p = (int(i) for i in bad.nonzero()[0])
+        layer = int((~((m[b, p] >= 0) & (m[b, p] <= 1))).nonzero()[0])
+        raise ValueError(f"{name}[{b}, {p}, {layer}] = {float(m[b, p, layer])!r}: a router margin (k-th minus "
+                         "(k+1)-th expert probability) is in [0, 1] (mask the token out if it is padding)")
+    return m
+
+
+def margin_tables(s: torch.Tensor, t: torch.Tensor, mask: torch.Tensor, sampler_experts: torch.Tensor,
+                  trainer_experts: torch.Tensor | None, margins: dict[str, torch.Tensor | None]
+                  ) -> tuple[dict[str, list], dict[str, list]]:
+    """(the MARGIN_SUMS columns of the step's L summary_layer rows, its summary_margin rows as columns) over the
+    trained positions; `margins`: side -> [B, T, L] margins or None. s, t: [B, T] float64 log-probs."""
+    B, T, L, K = sampler_experts.shape
+    dev = mask.device
+    flat = mask.reshape(-1).nonzero().squeeze(1)
+    abs_d = (t - s).abs().reshape(-1)
+    edges = torch.tensor(S.MARGIN_EDGES[1:-1], dtype=torch.float64, device=dev)
+    se_all = sampler_experts.reshape(B * T, L, K)
+    te_all = trainer_experts.reshape(B * T, L, K) if trainer_experts is not None else None
+    sides = {side: m.reshape(B * T, L) for side, m in margins.items() if m is not None}
+    sums = {side: torch.zeros(L, dtype=torch.float64, device=dev) for side in sides}
+    cells = {side: torch.zeros(3, L * N_MARGIN_BINS, dtype=torch.float64, device=dev) for side in sides}
+    layer_base = torch.arange(L, device=dev) * N_MARGIN_BINS
+    for lo in range(0, len(flat), CHUNK):
+        rows = flat[lo:lo + CHUNK]
+        flip = None
+        if te_all is not None:  # sets differ: the sorted lists differ
+            flip = (se_all[rows].sort(-1).values != te_all[rows].sort(-1).values).any(-1).to(torch.float64)
+        d = abs_d[rows][:, None].expand(-1, L)
+        for side, m_all in sides.items():
+            m = m_all[rows].to(torch.float32).to(torch.float64)  # [c, L], as stored
+            sums[side] += m.sum(0)
+            if flip is None:
+                continue
+            idx = (layer_base + torch.bucketize(m, edges, right=True)).reshape(-1)
+            n = L * N_MARGIN_BINS
+            cells[side][0] += torch.bincount(idx, minlength=n).to(torch.float64)
+            cells[side][1] += torch.bincount(idx, weights=flip.reshape(-1), minlength=n)
+            cells[side][2] += torch.bincount(idx, weights=d.reshape(-1), minlength=n)
+    n_rows = len(flat)
+    layer_cols: dict[str, list] = {}
+    for side in S.MARGIN_SIDES:
+        have = side in sides
+        layer_cols[f"n_margin_{side}"] = [n_rows if have else 0] * L
+        layer_cols[f"sum_margin_{side}"] = sums[side].tolist() if have else [0.0] * L
+    out: dict[str, list] = {"layer": [], "side": [], "margin_bin": [], "n_rows": [], "n_flip": [], "sum_abs_d": []}
+    if te_all is not None:
+        for side in sides:
+            c = cells[side].cpu()
+            for j in c[0].nonzero().squeeze(1).tolist():
+                out["layer"].append(j // N_MARGIN_BINS)
+                out["side"].append(side)
+                out["margin_bin"].append(j % N_MARGIN_BINS)
+                out["n_rows"].append(int(c[0, j]))
+                out["n_flip"].append(int(c[1, j]))
+                out["sum_abs_d"].append(float(c[2, j]))
+    return layer_cols, out
