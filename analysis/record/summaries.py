@@ -32,7 +32,7 @@ import torch
 
 from analysis.record.checks import check_sums
 from analysis.record.residual import residual_sums
-from analysis.record.fulldist import topk_sums, topk_sums_torch, weight_diff
+from analysis.record.fulldist import seq_topk_columns, topk_sums, topk_sums_torch, weight_diff
 from analysis.record.margins import margin_tables
 from analysis.record.token_sample import Kept, SamplePlan
 from analysis.summaries import fulldist, kernel
@@ -400,9 +400,13 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | No
         sums = check_sums(x.s, x.t, x.mask, lambda name, shape: space.get(name, shape, torch.float64, dev))
         tables["summary_step"] |= {k: [v] for k, v in sums.items()}
         tables["summary_step"] |= {k: [v] for k, v in residual_sums(x.s, x.t, x.mask, x.segments).items()}
-        if x.topk is not None:  # the full-distribution sums (schema.TOPK_SUMS)
-            sums = topk_sums(*x.topk, x.mask, pool=_pool()) if engine == "kernel" else topk_sums_torch(*x.topk, x.mask)
+        if x.topk is not None:  # the full-distribution sums (schema.TOPK_SUMS), per sequence and the step's total
+            per_row = np.zeros((B, fulldist.N_SUMS))
+            sums = topk_sums(*x.topk, x.mask, pool=_pool(), per_row=per_row) if engine == "kernel" else \
+                topk_sums_torch(*x.topk, x.mask, per_row=per_row)
             tables["summary_step"] |= {k: [v] for k, v in sums.items()}
+            tables["summary_seq"] |= seq_topk_columns(per_row, x.samples.cpu().numpy(),
+                                                      np.asarray(tables["summary_seq"]["sample"]))
     if tables["summary_seq"]:
         tables["summary_seq"] |= seq_logprob_sums(x, np.asarray(tables["summary_seq"]["sample"]))
     if routing is not None:
