@@ -48,14 +48,23 @@ def _np(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def topk_reference(step: dict) -> dict[str, float]:
-    """The topk_* and top1_agree columns (means over the trained positions) of one logged step."""
+def topk_reference(step: dict, rows=None) -> dict[str, float]:
+    """The topk_* and top1_agree columns (means over the trained positions) of one logged step; `rows`: only the
+    positions of these rows (sequences)."""
+    cols = topk_terms(step, rows)
+    return {c: math.fsum(v) / len(v) for c, v in cols.items()}
+
+
+def topk_terms(step: dict, rows=None) -> dict[str, list[float]]:
+    """Each trained position's terms of the topk_* and top1_agree columns (of the rows `rows`, default all)."""
     mask = _np(step["mask"]).astype(bool)
     si, sl, ti, tl = (_np(step[k]) for k in ("sampler_topk_ids", "sampler_topk_logprobs", "trainer_topk_ids",
                                              "trainer_topk_logprobs"))
     cols = {c: [] for c in ("topk_overlap", "top1_agree", "topk_mass_sampler", "topk_mass_trainer",
                             "topk_kl_shared", "topk_tv_lower", "topk_tv_upper")}
     for b, p in zip(*np.nonzero(mask)):
+        if rows is not None and b not in rows:
+            continue
         s = {int(i): float(v) for i, v in zip(si[b, p], sl[b, p])}
         t = {int(i): float(v) for i, v in zip(ti[b, p], tl[b, p])}
         shared = set(s) & set(t)
@@ -75,7 +84,7 @@ def topk_reference(step: dict) -> dict[str, float]:
         cols["topk_kl_shared"].append(kl)
         cols["topk_tv_lower"].append(0.5 * l1 + 0.5 * abs(ms - mt))
         cols["topk_tv_upper"].append(0.5 * l1 + 0.5 * (1 - ms) + 0.5 * (1 - mt))
-    return {c: math.fsum(v) / len(v) for c, v in cols.items()}
+    return cols
 
 
 def weight_reference(step: dict) -> dict[int, tuple[float, float]]:

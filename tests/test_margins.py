@@ -1,0 +1,217 @@
+"""METRICS.md v3 router margins: margin_mean_sampler / _trainer (by=layer) and flip_rate_by_margin, from
+DriftLogger's summaries at token_sample 1.0, 0.1 and 0.0 and from sequence JSON Lines, against brute-force
+references (tests/helpers/margins.py) at rel 1e-12; RouterCapture's margins from router logits; refusals."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torch import nn
+
+from analysis.ingest import ingest_paths
+from analysis.metrics.routing import flip_rate_by_margin, flip_rate_by_margin_rows, routing_metrics
+from analysis.record.capture import RouterCapture, response_margins
+from analysis.record.logger import DriftLogger
+from analysis.store import Store
+from analysis.summaries.margins import margin_bin
+
+from helpers.fulldist import sequence_lines
+from helpers.logger import make_step
+from helpers.margins import EDGES, add_margins, by_margin, margin_means
+
+STEPS = (2, 5)
+
+
+def steps(sides=("sampler", "trainer")) -> dict[int, dict]:
+    return {n: add_margins(make_step(B=10, T=14, L=3, K=2, E=5, seed=n), seed=n, sides=sides) for n in STEPS}
+
+
+def close(got, want, what):
+    assert got is not None and math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-300), (what, got, want)
+
+
+def check(store: Store, data: dict[int, dict], side: str = "sampler", rows: bool = True) -> None:
+    """rows: the store holds every routing and token row (then the drill-down from rows agrees too)."""
+    want = by_margin(list(data.values()), side)
+    frames = [flip_rate_by_margin(store, ["r"])] + ([flip_rate_by_margin_rows(store, ["r"])] if rows else [])
+    for df in frames:
+        assert df["margin_bin"].to_list() == list(want), (df, want)
+        assert set(df["side"]) == {side}
+        for row in df.to_dicts():
+            n, rate, abs_d = want[row["margin_bin"]]
+            assert row["n_tokens"] == n
+            close(row["flip_rate"], rate, ("flip_rate", row["margin_bin"]))
+            close(row["log_ratio_abs_mean"], abs_d, ("abs_d", row["margin_bin"]))
+            assert (row["margin_lo"], row["margin_hi"]) == (EDGES[row["margin_bin"]], EDGES[row["margin_bin"] + 1])
+    layers = {(r["step"], r["layer"]): r for r in routing_metrics(store, ["r"], by="layer").to_dicts()}
+    for n, d in data.items():
+        means = margin_means(d)
+        for layer in range(3):
+            for s in ("sampler", "trainer"):
+                got = layers[(n, layer)][f"margin_mean_{s}"]
+                if (layer, s) in means:
+                    close(got, means[(layer, s)], (n, layer, s))
+                else:
+                    assert got is None, (n, layer, s, got)
+    # one step only: the bins add up that step's rows
+    one = flip_rate_by_margin(store, ["r"], steps=(5, 5))
+    assert one["n_tokens"].sum() == int(data[5]["mask"].sum()) * 3
+
+
+@pytest.mark.parametrize("token_sample", [1.0, 0.1, 0.0])
+def test_logger_margins_equal_reference(tmp_path, token_sample):
+    data = steps()
+    log = DriftLogger(tmp_path / "logs", "r", token_sample=token_sample, worst_sequences=1, top_tokens=3)
+    for n, d in data.items():
+        log.log_step(n, **d)
+    store = Store(tmp_path / "db.duckdb")
+    assert {o.status for o in ingest_paths(store, [tmp_path / "logs"])} == {"loaded"}
+    check(store, data, rows=token_sample == 1.0)
+    if token_sample == 1.0:  # the stored margins are the inputs (fp32 in, fp32 stored)
+        row = store.sql("SELECT sampler_margin, trainer_margin FROM routing WHERE step = 2 AND sample = 103 "
+                        "AND pos = 1 AND layer = 2").to_dicts()[0]
+        assert row["sampler_margin"] == float(data[2]["sampler_margins"][1, 1, 2])
+        assert row["trainer_margin"] == float(data[2]["trainer_margins"][1, 1, 2])
+
+
+def test_sequence_jsonl_margins_equal_reference(tmp_path):
+    data = steps()
+    path = tmp_path / "seqs.jsonl"
+    path.write_text("\n".join(line for n, d in data.items() for line in sequence_lines(d, n)) + "\n")
+    store = Store(tmp_path / "db.duckdb")
+    outcomes = ingest_paths(store, [path])
+    assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
+    check(store, data)
+
+
+def test_trainer_margins_alone_bin_by_the_trainer(tmp_path):
+    """RouterCapture records the trainer's side: flip_rate_by_margin then bins by the trainer's margin."""
+    data = steps(sides=("trainer",))
+    log = DriftLogger(tmp_path / "logs", "r", token_sample=0.0)
+    for n, d in data.items():
+        log.log_step(n, **d)
+    store = Store(tmp_path / "db.duckdb")
+    assert {o.status for o in ingest_paths(store, [tmp_path / "logs"])} == {"loaded"}
+    check(store, data, side="trainer", rows=False)
+
+
+def test_runs_without_margins(tmp_path):
+    data = {2: make_step(B=6, T=9, seed=2)}
+    DriftLogger(tmp_path / "logs", "r", token_sample=1.0).log_step(2, **data[2])
+    store = Store(tmp_path / "db.duckdb")
+    assert {o.status for o in ingest_paths(store, [tmp_path / "logs"])} == {"loaded"}
+    assert flip_rate_by_margin(store, ["r"]).is_empty()
+    assert flip_rate_by_margin_rows(store, ["r"]).is_empty()
+    layers = routing_metrics(store, ["r"], by="layer")
+    assert layers["margin_mean_sampler"].is_null().all() and layers["margin_mean_trainer"].is_null().all()
+
+
+def test_margin_bins_on_the_edges():
+    """Bins [E_b, E_b+1), the last closed; fp32(1e-4) lies below 1e-4."""
+    m = np.array([0.0, 9.9e-5, 1e-4, 1e-3, 0.00999, 0.01, 0.1, 0.5, 1.0, float(np.float32(1e-4))])
+    assert margin_bin(m).tolist() == [0, 0, 1, 2, 2, 3, 4, 4, 4, 0]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(sampler_margins=d["sampler_margins"] * 0 + 1.5), r"sampler_margins\[0, 0, 0\] = 1.5"),
+    (lambda d: d["trainer_margins"].__setitem__((1, 2, 1), float("nan")), r"trainer_margins\[1, 2, 1\] = nan"),
+    (lambda d: d.update(sampler_margins=d["sampler_margins"][..., :2]), "expected shape"),
+    (lambda d: d.pop("trainer_experts"), "trainer_margins: given without trainer_experts"),
+    (lambda d: d.update(sampler_margins=(d["sampler_margins"] * 0).long()), "floating-point"),
+])
+def test_logger_refuses_bad_margins(tmp_path, change, message):
+    d = steps()[2]
+    change(d)
+    with pytest.raises(ValueError, match=message):
+        DriftLogger(tmp_path / "logs", "r").log_step(2, **d)
+    assert not list((tmp_path / "logs" / "r").glob("*.parquet"))  # nothing written
+
+
+def test_padding_margins_are_not_checked(tmp_path):
+    d = steps()[2]
+    pad = ~d["mask"].bool()
+    d["sampler_margins"][pad] = float("nan")
+    DriftLogger(tmp_path / "logs", "r").log_step(2, **d)
+
+
+@pytest.mark.parametrize("extra, rule", [
+    ({"sampler_margins": [[0.5, 0.5]] * 3}, "shape"),
+    ({"trainer_margins": [[0.1, 0.2, 1.5]] * 3}, "in [0, 1]"),
+    ({"sampler_margins": "x"}, "not numbers"),
+])
+def test_jsonl_refusals_name_the_line_and_rule(tmp_path, extra, rule):
+    obj = {"run": "r", "step": 1, "sample": 0, "sampler_logprobs": [-0.5, -1.0, -0.1],
+           "trainer_logprobs": [-0.4, -1.1, -0.1], "sampler_experts": [[[0, 1]] * 3] * 3,
+           "trainer_experts": [[[1, 0]] * 3] * 3} | extra
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(obj) + "\n")
+    store = Store(tmp_path / "db.duckdb")
+    (o,) = ingest_paths(store, [path])
+    assert o.status == "refused" and "line 1" in o.line() and rule in o.line(), o.line()
+    assert store.scalar("SELECT count(*) FROM routing") == 0
+
+
+def test_parquet_margin_without_trainer_experts_refused(tmp_path):
+    """A routing Parquet file's trainer margin without the trainer's experts names the file, row and column."""
+    t = pa.table({"run": ["r"] * 2, "step": [1, 1], "sample": [0, 0], "pos": [0, 0], "layer": [0, 1],
+                  "sampler_experts": [[0, 1], [2, 3]], "trainer_experts": [[0, 1], None],
+                  "trainer_margin": pa.array([0.3, 0.2], pa.float32())})
+    tok = pa.table({"run": ["r"], "step": [1], "sample": [0], "pos": [0], "sampler_logprob": [-0.5],
+                    "trainer_logprob": [-0.4]})
+    pq.write_table(tok, tmp_path / "tokens.parquet")
+    pq.write_table(t, tmp_path / "routing.parquet")
+    store = Store(tmp_path / "db.duckdb")
+    outcomes = {o.name: o for o in ingest_paths(store, [tmp_path / "tokens.parquet", tmp_path / "routing.parquet"])}
+    bad = outcomes["routing.parquet"]
+    assert bad.status == "refused" and "row 2" in bad.line() and "trainer_margin" in bad.line(), bad.line()
+
+
+class _Block(nn.Module):
+    def __init__(self, experts: int, k: int):
+        super().__init__()
+        self.gate = nn.Linear(4, experts, bias=False)
+        self.experts = nn.ModuleList(nn.Identity() for _ in range(experts))
+        self.top_k = k
+
+    def forward(self, h):
+        self.gate(h)
+        return h
+
+
+class _Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(20, 4)
+        self.blocks = nn.ModuleList([_Block(6, 2), _Block(6, 2)])
+
+    def forward(self, input_ids):
+        h = self.embed(input_ids)
+        for b in self.blocks:
+            h = b(h)
+        return h
+
+
+def test_router_capture_margins_from_logits():
+    """RouterCapture's margin: the k-th minus the (k+1)-th probability of the fp32 softmax of the logits it hooks,
+    computed here with numpy from the same logits."""
+    model = _Model()
+    ids = torch.randint(0, 20, (3, 5), generator=torch.Generator().manual_seed(1))
+    with RouterCapture(model) as cap:
+        model(input_ids=ids)
+    got = cap.margins()
+    assert got.shape == (3, 5, 2) and got.dtype == torch.float32
+    h = model.embed(ids).detach().numpy().astype(np.float64)
+    for layer, block in enumerate(model.blocks):
+        logits = (h @ block.gate.weight.detach().numpy().T.astype(np.float64)).astype(np.float32)
+        z = logits.astype(np.float64) - logits.max(-1, keepdims=True)
+        p = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+        srt = -np.sort(-p, axis=-1)
+        np.testing.assert_allclose(got[:, :, layer].numpy(), srt[..., 1] - srt[..., 2], rtol=0, atol=2e-6)
+    resp = response_margins(got, 2, 3)  # response token j's routing: position 1 + j
+    assert torch.equal(resp, got[:, 1:4])
