@@ -190,7 +190,7 @@ class DriftLogger:
                                               "trainer_experts")}
         x.margins = margins if any(v is not None for v in margins.values()) else None
         if self.lake is not None and (x.topk is not None or x.sampler_weights is not None or x.margins):
-            raise ValueError("layout='lake' does not carry top-k log-probs, routing weights or router margins: "
+            raise ValueError("layout='lake' does not carry top-k log-probs or routing weights, nor router margins: "
                              "log them with layout='folder'")
         if self.lake is not None:  # full rows, no summaries: those come from summarize
             rows = x.mask.reshape(-1).nonzero().squeeze(1)
