@@ -11,24 +11,10 @@ from analysis.store import Store
 
 from helpers import browser as bu
 from helpers.apptest import app_env, open_app, open_tab, texts
-from helpers.fulldist import add_fulldist
 from helpers.logger import make_step
-from helpers.margins import add_margins
+from helpers.margins import margin_logs
 
 pytestmark = pytest.mark.slow  # whole pages in AppTest
-
-TAGS = ["code", "math", "chat", "code", "math", "code", "math", "chat"]
-
-
-def margin_logs(folder) -> None:
-    """Run "full": margins of both sides, top-k lists and tags; run "plain": routing only."""
-    log = DriftLogger(folder, "full", token_sample=0.1)
-    plain = DriftLogger(folder, "plain", token_sample=0.1)
-    for step in (1, 2, 3):
-        data = add_margins(add_fulldist(make_step(B=8, T=10, seed=step), seed=step), seed=step)
-        log.log_step(step, tags=TAGS, **data)
-        plain.log_step(step, **make_step(B=8, T=10, seed=step))
-
 
 @pytest.fixture
 def db(tmp_path, monkeypatch):

@@ -65,3 +65,22 @@ def by_margin(steps: list[dict], side: str) -> dict[int, tuple[int, float, float
                 rows.setdefault(_bin(float(m[b, p, layer])), []).append((flip, abs(float(t[b, p]) - float(s[b, p]))))
     return {k: (len(v), sum(f for f, _ in v) / len(v), math.fsum(d for _, d in v) / len(v))
             for k, v in sorted(rows.items())}
+
+
+TAGS = ["code", "math", "chat", "code", "math", "code", "math", "chat"]
+
+
+def margin_logs(folder, plain: bool = True) -> None:
+    """DriftLogger logs of run "full" (margins of both sides, top-k lists, tags; 3 steps of 8 sequences) and,
+    with `plain`, run "plain" (routing only), for the page tests."""
+    from analysis.record.logger import DriftLogger
+    from helpers.fulldist import add_fulldist
+    from helpers.logger import make_step
+
+    log = DriftLogger(folder, "full", token_sample=0.1)
+    other = DriftLogger(folder, "plain", token_sample=0.1) if plain else None
+    for step in (1, 2, 3):
+        data = add_margins(add_fulldist(make_step(B=8, T=10, seed=step), seed=step), seed=step)
+        log.log_step(step, tags=TAGS, **data)
+        if other is not None:
+            other.log_step(step, **make_step(B=8, T=10, seed=step))
