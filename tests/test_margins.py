@@ -215,3 +215,41 @@ def test_router_capture_margins_from_logits():
         np.testing.assert_allclose(got[:, :, layer].numpy(), srt[..., 1] - srt[..., 2], rtol=0, atol=2e-6)
     resp = response_margins(got, 2, 3)  # response token j's routing: position 1 + j
     assert torch.equal(resp, got[:, 1:4])
+
+
+def test_database_made_before_the_margins(tmp_path):
+    """A database without the routing margin columns, MARGIN_SUMS, summary_margin and summary_seq's top-k sums opens
+    read-only with the new columns null and the margin table empty, and when opened for writing gains them and
+    loads a logged step with margins, whose columns then equal the reference."""
+    from analysis import schema
+    from analysis.metrics.buckets import full_distribution_by
+    from analysis.summaries import schema as S
+    DriftLogger(tmp_path / "old", "old", token_sample=1.0).log_step(1, **make_step(B=4, T=6))
+    store = Store(tmp_path / "db.duckdb")
+    ingest_paths(store, [tmp_path / "old"])
+    for c in S.MARGIN_SUM_NAMES:
+        store.sql(f"ALTER TABLE summary_layer DROP COLUMN {c}")
+    for c in S.TOPK_SUM_NAMES:
+        store.sql(f"ALTER TABLE summary_seq DROP COLUMN {c}")
+    store.sql("DROP VIEW routing")
+    for c in ("sampler_margin", "trainer_margin"):
+        store.sql(f"ALTER TABLE {schema.ROUTING_STORE} DROP COLUMN {c}")
+    store.sql(schema.routing_view().replace(", x.sampler_margin", ", NULL::FLOAT AS sampler_margin")
+              .replace(", x.trainer_margin", ", NULL::FLOAT AS trainer_margin"))
+    store.sql("DROP TABLE summary_margin")
+    store.close()
+    ro = Store(tmp_path / "db.duckdb", read_only=True)
+    assert not ro.has_margin_sums and not ro.has_seq_topk_sums
+    layers = routing_metrics(ro, ["old"], by="layer")
+    assert layers["margin_mean_sampler"].null_count() == layers.height == 3
+    assert flip_rate_by_margin(ro, ["old"]).is_empty()
+    assert full_distribution_by(ro, ["old"], "length").is_empty()
+    ro.close()
+    rw = Store(tmp_path / "db.duckdb")
+    assert rw.has_margin_sums and rw.has_seq_topk_sums
+    data = {n: d for n, d in steps().items()}
+    log = DriftLogger(tmp_path / "new", "r", token_sample=1.0)
+    for n, d in data.items():
+        log.log_step(n, **d)
+    assert {o.status for o in ingest_paths(rw, [tmp_path / "new"])} == {"loaded"}
+    check(rw, data)
