@@ -253,3 +253,17 @@ def test_database_made_before_the_margins(tmp_path):
         log.log_step(n, **d)
     assert {o.status for o in ingest_paths(rw, [tmp_path / "new"])} == {"loaded"}
     check(rw, data)
+
+
+def test_delete_run_removes_its_margin_rows(tmp_path):
+    data = steps()
+    for run in ("a", "b"):
+        log = DriftLogger(tmp_path / "logs", run, token_sample=0.1)
+        for n, d in data.items():
+            log.log_step(n, **d)
+    store = Store(tmp_path / "db.duckdb")
+    assert {o.status for o in ingest_paths(store, [tmp_path / "logs"])} == {"loaded"}
+    store.delete_run("a")
+    assert store.scalar("SELECT count(*) FROM summary_margin WHERE run = 'a'") == 0
+    assert store.scalar("SELECT count(*) FROM summary_margin WHERE run = 'b'") > 0
+    assert flip_rate_by_margin(store, ["a"]).is_empty() and not flip_rate_by_margin(store, ["b"]).is_empty()
