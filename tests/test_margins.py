@@ -267,3 +267,43 @@ def test_delete_run_removes_its_margin_rows(tmp_path):
     assert store.scalar("SELECT count(*) FROM summary_margin WHERE run = 'a'") == 0
     assert store.scalar("SELECT count(*) FROM summary_margin WHERE run = 'b'") > 0
     assert flip_rate_by_margin(store, ["a"]).is_empty() and not flip_rate_by_margin(store, ["b"]).is_empty()
+
+
+def test_sampler_routing_alone_gives_means_but_no_bins(tmp_path):
+    """Without the trainer's experts there is no flip to count: the margin means come, the bins do not."""
+    d = add_margins(make_step(B=6, T=9, L=3, seed=3, routing="sampler"), seed=3, sides=("sampler",))
+    DriftLogger(tmp_path / "logs", "r", token_sample=0.0).log_step(3, **d)
+    store = Store(tmp_path / "db.duckdb")
+    assert {o.status for o in ingest_paths(store, [tmp_path / "logs"])} == {"loaded"}
+    assert flip_rate_by_margin(store, ["r"]).is_empty()
+    layers = {r["layer"]: r for r in routing_metrics(store, ["r"], by="layer").to_dicts()}
+    for (layer, side), want in margin_means(d).items():
+        close(layers[layer]["margin_mean_sampler"], want, layer)
+        assert layers[layer]["margin_mean_trainer"] is None
+
+
+def test_lake_with_margins_equals_direct_ingest(tmp_path):
+    """A lake whose routing files carry margins: `summarize` (in process) merges summary_margin and the margin sums
+    of its rank files into what ingesting every row directly gives."""
+    import polars as pl
+    from analysis.lake import partial
+    from analysis.lake.engines import run_local
+    from analysis.lake.layout import list_partitions
+    from helpers import lake as lu
+
+    tokens, routing = lu.make_rows(steps=(0, 3))
+    rng = np.random.default_rng(4)
+    n = routing.height
+    margins = (10.0 ** (-6.0 * rng.random(n))).astype(np.float32)
+    trainer = pl.when(pl.col("trainer_experts").is_not_null()).then(pl.Series(margins[::-1].copy()))
+    routing = routing.with_columns(sampler_margin=pl.Series(margins), trainer_margin=trainer.cast(pl.Float32))
+    lake = lu.write_lake(tmp_path / "lake", tokens, routing)
+    store = Store(tmp_path / "direct.duckdb")
+    assert [o.status for o in ingest_paths(store, lu.write_flat(tmp_path / "flat", tokens, routing))] == \
+        ["loaded", "loaded"]
+    direct = partial.summary_tables(store)
+    assert direct["summary_margin"].num_rows > 0
+    results = list(run_local(str(lake), list_partitions(str(lake)).partitions))
+    assert [r.refused for r in results if r.refused] == []
+    merged = {t: partial.merge(t, [r.tables[t] for r in results]) for t in ("summary_margin", "summary_layer")}
+    lu.assert_same_summaries(merged, {t: direct[t] for t in merged})
