@@ -307,3 +307,18 @@ def test_lake_with_margins_equals_direct_ingest(tmp_path):
     assert [r.refused for r in results if r.refused] == []
     merged = {t: partial.merge(t, [r.tables[t] for r in results]) for t in ("summary_margin", "summary_layer")}
     lu.assert_same_summaries(merged, {t: direct[t] for t in merged})
+
+
+@pytest.mark.parametrize("sides", [("sampler", "trainer"), ("trainer",)])
+def test_kernel_and_torch_margin_tables_agree(sides):
+    """The numba pass (CPU) and the torch ops (accelerators) give the same rows: counts exactly, sums at 1e-12."""
+    from analysis.record.margins import margin_tables
+    d = add_margins(make_step(B=10, T=14, L=3, K=2, E=5, seed=7), seed=7, sides=sides)
+    args = (d["sampler_logprobs"].double(), d["trainer_logprobs"].double(), d["mask"].bool(), d["sampler_experts"],
+            d["trainer_experts"], {s: d.get(f"{s}_margins") for s in ("sampler", "trainer")})
+    (lk, rk), (lt, rt) = margin_tables(*args, engine="kernel"), margin_tables(*args, engine="torch")
+    assert lk.keys() == lt.keys() and rk.keys() == rt.keys() and len(rk["layer"]) > 0
+    for cols_k, cols_t in ((lk, lt), (rk, rt)):
+        for c in cols_k:
+            for a, b in zip(cols_k[c], cols_t[c], strict=True):
+                assert a == b if not isinstance(a, float) else math.isclose(a, b, rel_tol=1e-12), (c, a, b)

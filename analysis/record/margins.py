@@ -9,10 +9,11 @@ are rounded to fp32 first (they are stored so), and the sums read that value, as
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from analysis.summaries import schema as S
-from analysis.summaries.margins import N_MARGIN_BINS
+from analysis.summaries.margins import N_MARGIN_BINS, margin_pass
 
 CHUNK = 1 << 16  # trained tokens per chunk: bounds the [c, L, K] sorts
 
@@ -42,18 +43,37 @@ def checked_margins(margins, experts: torch.Tensor | None, mask: torch.Tensor, n
 
 
 def margin_tables(s: torch.Tensor, t: torch.Tensor, mask: torch.Tensor, sampler_experts: torch.Tensor,
-                  trainer_experts: torch.Tensor | None, margins: dict[str, torch.Tensor | None]
-                  ) -> tuple[dict[str, list], dict[str, list]]:
+                  trainer_experts: torch.Tensor | None, margins: dict[str, torch.Tensor | None],
+                  engine: str = "auto") -> tuple[dict[str, list], dict[str, list]]:
     """(the MARGIN_SUMS columns of the step's L summary_layer rows, its summary_margin rows as columns) over the
-    trained positions; `margins`: side -> [B, T, L] margins or None. s, t: [B, T] float64 log-probs."""
+    trained positions; `margins`: side -> [B, T, L] margins or None. s, t: [B, T] float64 log-probs. engine:
+    "kernel" is one numba pass (summaries/margins.margin_pass, CPU tensors; a sort per row as torch ops cost
+    ~3x the rest of such a step), "torch" torch ops on the tensors' device; "auto" the kernel on the CPU."""
     B, T, L, K = sampler_experts.shape
     dev = mask.device
+    sides = {side: m.reshape(B * T, L) for side, m in margins.items() if m is not None}
+    if engine == "kernel" or (engine == "auto" and dev.type == "cpu"):
+        sums_np = np.zeros((2, L))
+        cells_np = np.zeros((2, 3, L, N_MARGIN_BINS))
+        empty = np.zeros((0, 0), np.float32)
+
+        def fp32(side):
+            return sides[side].to(torch.float32).contiguous().numpy() if side in sides else empty
+        margin_pass(_ints(sampler_experts.reshape(B * T, L, K)),
+                    _ints(trainer_experts.reshape(B * T, L, K) if trainer_experts is not None else
+                          sampler_experts.reshape(B * T, L, K)),
+                    fp32("sampler"), fp32("trainer"), (t - s).abs().reshape(-1).contiguous().numpy(),
+                    mask.reshape(-1).contiguous().numpy(), trainer_experts is not None, "sampler" in sides,
+                    "trainer" in sides, np.asarray(S.MARGIN_EDGES[1:-1]), sums_np, cells_np)
+        sums = {side: torch.from_numpy(sums_np[j]) for j, side in enumerate(S.MARGIN_SIDES) if side in sides}
+        cells = {side: torch.from_numpy(cells_np[j].reshape(3, L * N_MARGIN_BINS))
+                 for j, side in enumerate(S.MARGIN_SIDES) if side in sides}
+        return _tables(int(mask.sum()), L, sides, sums, cells, trainer_experts is not None)
     flat = mask.reshape(-1).nonzero().squeeze(1)
     abs_d = (t - s).abs().reshape(-1)
     edges = torch.tensor(S.MARGIN_EDGES[1:-1], dtype=torch.float64, device=dev)
     se_all = sampler_experts.reshape(B * T, L, K)
     te_all = trainer_experts.reshape(B * T, L, K) if trainer_experts is not None else None
-    sides = {side: m.reshape(B * T, L) for side, m in margins.items() if m is not None}
     sums = {side: torch.zeros(L, dtype=torch.float64, device=dev) for side in sides}
     cells = {side: torch.zeros(3, L * N_MARGIN_BINS, dtype=torch.float64, device=dev) for side in sides}
     layer_base = torch.arange(L, device=dev) * N_MARGIN_BINS
@@ -73,14 +93,23 @@ def margin_tables(s: torch.Tensor, t: torch.Tensor, mask: torch.Tensor, sampler_
             cells[side][0] += torch.bincount(idx, minlength=n).to(torch.float64)
             cells[side][1] += torch.bincount(idx, weights=flip.reshape(-1), minlength=n)
             cells[side][2] += torch.bincount(idx, weights=d.reshape(-1), minlength=n)
-    n_rows = len(flat)
+    return _tables(len(flat), L, sides, sums, cells, te_all is not None)
+
+
+def _ints(e: torch.Tensor) -> np.ndarray:
+    return e.contiguous().numpy()
+
+
+def _tables(n_rows: int, L: int, sides: dict, sums: dict[str, torch.Tensor], cells: dict[str, torch.Tensor],
+            both: bool) -> tuple[dict[str, list], dict[str, list]]:
+    """The summary_layer margin columns and the summary_margin rows of per-side sums [L] and cells [3, L · bins]."""
     layer_cols: dict[str, list] = {}
     for side in S.MARGIN_SIDES:
         have = side in sides
         layer_cols[f"n_margin_{side}"] = [n_rows if have else 0] * L
         layer_cols[f"sum_margin_{side}"] = sums[side].tolist() if have else [0.0] * L
     out: dict[str, list] = {"layer": [], "side": [], "margin_bin": [], "n_rows": [], "n_flip": [], "sum_abs_d": []}
-    if te_all is not None:
+    if both:
         for side in sides:
             c = cells[side].cpu()
             for j in c[0].nonzero().squeeze(1).tolist():
