@@ -322,3 +322,26 @@ def test_kernel_and_torch_margin_tables_agree(sides):
         for c in cols_k:
             for a, b in zip(cols_k[c], cols_t[c], strict=True):
                 assert a == b if not isinstance(a, float) else math.isclose(a, b, rel_tol=1e-12), (c, a, b)
+
+
+def test_kernel_threads_agree_with_torch():
+    """A step large enough that the CPU pass shares its pieces among threads gives the torch ops' rows."""
+    from concurrent.futures import ThreadPoolExecutor
+    from analysis.record.margins import margin_tables
+    g = torch.Generator().manual_seed(9)
+    B, T, L, K, E = 120, 600, 3, 2, 5
+    s = -torch.rand(B, T, generator=g, dtype=torch.float64) * 5
+    t = (s + 0.1 * torch.randn(B, T, generator=g, dtype=torch.float64)).clamp(max=0.0)
+    mask = torch.rand(B, T, generator=g) < 0.8
+    se = torch.argsort(torch.rand(B, T, L, E, generator=g), -1)[..., :K]
+    te = torch.where(torch.rand(B, T, L, 1, generator=g) < 0.3, torch.argsort(torch.rand(B, T, L, E, generator=g),
+                                                                               -1)[..., :K], se.flip(-1))
+    margins = {side: (10.0 ** (-6 * torch.rand(B, T, L, generator=g))).float() for side in ("sampler", "trainer")}
+    args = (s, t, mask, se, te, margins)
+    with ThreadPoolExecutor(2) as pool:
+        lk, rk = margin_tables(*args, engine="kernel", pool=pool)
+    lt, rt = margin_tables(*args, engine="torch")
+    for cols_k, cols_t in ((lk, lt), (rk, rt)):
+        for c in cols_k:
+            for a, b in zip(cols_k[c], cols_t[c], strict=True):
+                assert a == b if not isinstance(a, float) else math.isclose(a, b, rel_tol=1e-12), (c, a, b)

@@ -9,6 +9,8 @@ are rounded to fp32 first (they are stored so), and the sums read that value, as
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
@@ -16,6 +18,7 @@ from analysis.summaries import schema as S
 from analysis.summaries.margins import N_MARGIN_BINS, margin_pass
 
 CHUNK = 1 << 16  # trained tokens per chunk: bounds the [c, L, K] sorts
+PIECE = 1 << 15  # positions a thread of the CPU pass takes at a time
 
 
 def checked_margins(margins, experts: torch.Tensor | None, mask: torch.Tensor, name: str,
@@ -33,7 +36,10 @@ def checked_margins(margins, experts: torch.Tensor | None, mask: torch.Tensor, n
     want = tuple(experts.shape[:3])
     if tuple(m.shape) != want:
         raise ValueError(f"{name}: expected shape {list(want)} (B, T, L of {side}), got {list(m.shape)}")
-    bad = ~((m >= 0) & (m <= 1)).all(-1) & mask  # NaN fails both
+    lo, hi = torch.aminmax(m) if m.numel() else (torch.zeros(()), torch.zeros(()))  # one pass; NaN fails both
+    if bool(lo >= 0) and bool(hi <= 1):
+        return m
+    bad = ~((m >= 0) & (m <= 1)).all(-1) & mask  # the padding may hold anything
     if bad.any():
         b, p = (int(i) for i in bad.nonzero()[0])
         layer = int((~((m[b, p] >= 0) & (m[b, p] <= 1))).nonzero()[0])
@@ -44,27 +50,44 @@ def checked_margins(margins, experts: torch.Tensor | None, mask: torch.Tensor, n
 
 def margin_tables(s: torch.Tensor, t: torch.Tensor, mask: torch.Tensor, sampler_experts: torch.Tensor,
                   trainer_experts: torch.Tensor | None, margins: dict[str, torch.Tensor | None],
-                  engine: str = "auto") -> tuple[dict[str, list], dict[str, list]]:
+                  engine: str = "auto", pool=None) -> tuple[dict[str, list], dict[str, list]]:
     """(the MARGIN_SUMS columns of the step's L summary_layer rows, its summary_margin rows as columns) over the
     trained positions; `margins`: side -> [B, T, L] margins or None. s, t: [B, T] float64 log-probs. engine:
     "kernel" is one numba pass (summaries/margins.margin_pass, CPU tensors; a sort per row as torch ops cost
-    ~3x the rest of such a step), "torch" torch ops on the tensors' device; "auto" the kernel on the CPU."""
+    ~3x the rest of such a step), "torch" torch ops on the tensors' device; "auto" the kernel on the CPU.
+    pool: an executor whose threads take pieces of the kernel's positions too (torch.get_num_threads() in all)."""
     B, T, L, K = sampler_experts.shape
     dev = mask.device
     sides = {side: m.reshape(B * T, L) for side, m in margins.items() if m is not None}
     if engine == "kernel" or (engine == "auto" and dev.type == "cpu"):
-        sums_np = np.zeros((2, L))
-        cells_np = np.zeros((2, 3, L, N_MARGIN_BINS))
         empty = np.zeros((0, 0), np.float32)
 
         def fp32(side):
             return sides[side].to(torch.float32).contiguous().numpy() if side in sides else empty
-        margin_pass(_ints(sampler_experts.reshape(B * T, L, K)),
-                    _ints(trainer_experts.reshape(B * T, L, K) if trainer_experts is not None else
-                          sampler_experts.reshape(B * T, L, K)),
-                    fp32("sampler"), fp32("trainer"), (t - s).abs().reshape(-1).contiguous().numpy(),
-                    mask.reshape(-1).contiguous().numpy(), trainer_experts is not None, "sampler" in sides,
-                    "trainer" in sides, np.asarray(S.MARGIN_EDGES[1:-1]), sums_np, cells_np)
+        args = (_ints(sampler_experts.reshape(B * T, L, K)),
+                _ints(trainer_experts.reshape(B * T, L, K) if trainer_experts is not None else
+                      sampler_experts.reshape(B * T, L, K)),
+                fp32("sampler"), fp32("trainer"), (t - s).abs().reshape(-1).contiguous().numpy(),
+                mask.reshape(-1).contiguous().numpy())
+        flags = (trainer_experts is not None, "sampler" in sides, "trainer" in sides, np.asarray(S.MARGIN_EDGES[1:-1]))
+        pieces = iter(range(0, B * T, PIECE))
+        taking = threading.Lock()
+
+        def work() -> tuple[np.ndarray, np.ndarray]:
+            out = np.zeros((2, L)), np.zeros((2, 3, L, N_MARGIN_BINS))
+            while True:
+                with taking:
+                    lo = next(pieces, None)
+                if lo is None:
+                    return out
+                margin_pass(*(a[lo:lo + PIECE] for a in args), *flags, *out)
+        threads = min(torch.get_num_threads(), max(1, B * T * L // (2 * PIECE))) if pool is not None else 1
+        done = [pool.submit(work) for _ in range(threads - 1)]
+        sums_np, cells_np = work()
+        for f in done:
+            a, b = f.result()
+            sums_np += a
+            cells_np += b
         sums = {side: torch.from_numpy(sums_np[j]) for j, side in enumerate(S.MARGIN_SIDES) if side in sides}
         cells = {side: torch.from_numpy(cells_np[j].reshape(3, L * N_MARGIN_BINS))
                  for j, side in enumerate(S.MARGIN_SIDES) if side in sides}

@@ -414,7 +414,7 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | No
         tables[EXPERT_LOAD] = routing.expert_load
         if x.margins and routing.layer_rows["layer"]:  # the router-margin sums (schema.MARGIN_SUMS, summary_margin)
             layer_cols, tables["summary_margin"] = margin_tables(x.s, x.t, x.mask, x.sampler_experts,
-                                                                 x.trainer_experts, x.margins)
+                                                                 x.trainer_experts, x.margins, pool=_pool())
             tables["summary_layer"] = tables["summary_layer"] | layer_cols
     return tables
 
