@@ -345,3 +345,24 @@ def test_kernel_threads_agree_with_torch():
         for c in cols_k:
             for a, b in zip(cols_k[c], cols_t[c], strict=True):
                 assert a == b if not isinstance(a, float) else math.isclose(a, b, rel_tol=1e-12), (c, a, b)
+
+
+@pytest.mark.parametrize("column, value, rule", [
+    ("margin_bin", 5, "margin_bin must be in [0, 5)"),
+    ("side", "engine", "unknown side 'engine'"),
+    ("n_flip", -1, "a count must be >= 0"),
+])
+def test_summary_file_margin_rows_are_checked(tmp_path, column, value, rule):
+    """A summary file's summary_margin rows break a rule: the file is refused whole, naming the table, the row and
+    the column; nothing of it is stored."""
+    from analysis.ingest import summary_files
+    row = {"layer": [0, 1], "side": ["sampler", "sampler"], "margin_bin": [0, 4], "n_rows": [3, 2],
+           "n_flip": [1, 0], "sum_abs_d": [0.5, 0.25]}
+    row[column] = [row[column][0], value]
+    table = summary_files.build("r", 1, {"summary_margin": row})
+    pq.write_table(table.replace_schema_metadata({summary_files.SUMMARY_KEY: summary_files.FORMAT_VERSION}),
+                   tmp_path / "summary-step000001.parquet")
+    store = Store(tmp_path / "db.duckdb")
+    (o,) = ingest_paths(store, [tmp_path / "summary-step000001.parquet"])
+    assert o.status == "refused" and "summary_margin" in o.line() and column in o.line() and rule in o.line(), o.line()
+    assert store.scalar("SELECT count(*) FROM summary_margin") == 0
