@@ -366,3 +366,23 @@ def test_summary_file_margin_rows_are_checked(tmp_path, column, value, rule):
     (o,) = ingest_paths(store, [tmp_path / "summary-step000001.parquet"])
     assert o.status == "refused" and "summary_margin" in o.line() and column in o.line() and rule in o.line(), o.line()
     assert store.scalar("SELECT count(*) FROM summary_margin") == 0
+
+
+def test_csv_routing_margins_read_as_floats(tmp_path):
+    """A CSV routing file whose first margins are written "0" and "1" still reads "0.25" later (floats whatever the
+    first rows look like), and the margin means equal the values."""
+    (tmp_path / "tokens.csv").write_text("run,step,sample,pos,sampler_logprob,trainer_logprob\n"
+                                         "r,1,0,0,-0.5,-0.4\nr,1,0,1,-1.0,-1.2\n")
+    (tmp_path / "routing.csv").write_text(
+        "run,step,sample,pos,layer,sampler_experts,trainer_experts,trainer_margin\n"
+        'r,1,0,0,0,"[0, 1]","[0, 1]",0\nr,1,0,1,0,"[0, 1]","[0, 2]",1\n'
+        'r,1,0,0,1,"[2, 1]","[1, 2]",0.25\nr,1,0,1,1,"[3, 1]","[1, 3]",0.5\n')
+    store = Store(tmp_path / "db.duckdb")
+    outcomes = ingest_paths(store, [tmp_path / "tokens.csv", tmp_path / "routing.csv"])
+    assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
+    layers = routing_metrics(store, ["r"], by="layer").sort("layer")
+    assert layers["margin_mean_trainer"].to_list() == [0.5, 0.375]
+    df = flip_rate_by_margin(store, ["r"])  # layer 0: 0 (no flip), 1 (flip); layer 1: 0.25, 0.5 (no flips)
+    assert df["side"].unique().to_list() == ["trainer"] and df["margin_bin"].to_list() == [0, 4]
+    assert df["n_tokens"].to_list() == [1, 3] and df["flip_rate"].to_list() == [0.0, 1 / 3]
+    close(df["log_ratio_abs_mean"][1], (0.2 + 0.1 + 0.2) / 3, "abs_d")
