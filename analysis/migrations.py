@@ -91,6 +91,8 @@ ADDED_COLUMNS = (
     (schema.TOKEN_STORE_FULL, "advantage", "DOUBLE"),
     (schema.TOKEN_STORE_FULL, "segment", "INTEGER"),
     (schema.TOKEN_STORE_FULL, "sampling_support", "INTEGER"),
+    (schema.ROUTING_STORE, "sampler_margin", "FLOAT"),  # router margins (the packed tables never hold them)
+    (schema.ROUTING_STORE, "trainer_margin", "FLOAT"),
 )
 
 

@@ -37,13 +37,15 @@ def list_column(values: np.ndarray) -> pa.ListArray:
 
 def routing_columns(keys: dict[str, Any], sampler: np.ndarray, trainer: np.ndarray | None = None,
                     sampler_weights: np.ndarray | None = None,
-                    trainer_weights: np.ndarray | None = None) -> dict[str, Any]:
+                    trainer_weights: np.ndarray | None = None, sampler_margin: np.ndarray | None = None,
+                    trainer_margin: np.ndarray | None = None) -> dict[str, Any]:
     """Columns of the routing rows of n tokens.
 
     keys: per-token columns (n values each): numpy arrays, or Arrow arrays for values a validator has yet to
     check; each is repeated once per layer. sampler, trainer: [n, L, K] expert ids (trainer optional: the
     column is then left out); sampler_weights, trainer_weights: optional [n, L, K] combine weights (float32 for
-    the stored fp32). Adds `layer` (0..L-1 per token).
+    the stored fp32); sampler_margin, trainer_margin: optional [n, L] router margins (stored as fp32). Adds
+    `layer` (0..L-1 per token).
 
     >>> cols = routing_columns({"pos": np.array([5, 6])}, np.array([[[1, 2], [3, 4]], [[5, 6], [7, 0]]]))
     >>> cols["pos"].tolist(), cols["layer"].tolist(), cols["sampler_experts"].to_pylist()
@@ -63,4 +65,7 @@ def routing_columns(keys: dict[str, Any], sampler: np.ndarray, trainer: np.ndarr
     for name, w in (("sampler_weights", sampler_weights), ("trainer_weights", trainer_weights)):
         if w is not None:
             cols[name] = list_column(w.reshape(n * layers, k))
+    for name, m in (("sampler_margin", sampler_margin), ("trainer_margin", trainer_margin)):
+        if m is not None:
+            cols[name] = pa.array(np.ascontiguousarray(m, dtype=np.float32).reshape(n * layers))
     return cols

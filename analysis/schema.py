@@ -44,6 +44,8 @@ ROUTING = (
     Column("trainer_experts", "INTEGER[]", False, "trainer top-k expert ids (NULL: sampler side only)"),
     Column("sampler_weights", "FLOAT[]", False, "sampler router combine weights, in sampler_experts' order (fp32)"),
     Column("trainer_weights", "FLOAT[]", False, "trainer router combine weights, in trainer_experts' order (fp32)"),
+    Column("sampler_margin", "FLOAT", False, "sampler router margin: k-th minus (k+1)-th probability (fp32)"),
+    Column("trainer_margin", "FLOAT", False, "trainer router margin, the same"),
 )
 
 # The J most likely tokens of each side at a position (METRICS.md v3 "Full distribution"): one row per token that
@@ -161,7 +163,7 @@ SAMPLER_EXPERTS_SQL = ("CASE WHEN x.sampler_packed IS NULL THEN x.sampler_expert
 # FIXED_COMPRESSION).
 ROUTING_PACKED_STORE = "routing_rows_packed"
 ROUTING_PACKED_LOOSE = "routing_rows_packed_unordered"  # the same rows of a file not in key order (KEY_RUN)
-ROUTING_WIDE_ONLY = ("sampler_experts", "sampler_weights", "trainer_weights")
+ROUTING_WIDE_ONLY = ("sampler_experts", "sampler_weights", "trainer_weights", "sampler_margin", "trainer_margin")
 
 
 def routing_packed(columns) -> bool:

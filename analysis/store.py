@@ -329,6 +329,18 @@ class Store:
         """Whether summary_layer has the routing-weight sums (summaries/schema.py WEIGHT_SUMS), as has_check_sums."""
         return self._has_columns("summary_layer", summary_schema.WEIGHT_SUM_NAMES)
 
+    @property
+    def has_margin_sums(self) -> bool:
+        """Whether summary_layer has the router-margin sums (summaries/schema.py MARGIN_SUMS) and the table
+        summary_margin exists, as has_check_sums."""
+        return (self._has_columns("summary_layer", summary_schema.MARGIN_SUM_NAMES)
+                and self._has_columns("summary_margin", ["margin_bin"]))
+
+    @property
+    def has_seq_topk_sums(self) -> bool:
+        """Whether summary_seq has the full-distribution sums per sequence (TOPK_SUMS), as has_check_sums."""
+        return self._has_columns("summary_seq", summary_schema.TOPK_SUM_NAMES)
+
     def has_columns(self, table: str, names: Sequence[str]) -> bool:
         """Whether `table` (or view) has every column of `names`: a database made before SCHEMA.md gained them,
         opened read-only, has not."""

@@ -131,6 +131,16 @@ if token_tab.open:
             plot.show(routing_charts.flip_mismatch(flips["mismatch"], colors), key="routing_flip_mismatch")
             st.caption("Mean |Δ| and kl_k3 of tokens with at least one flipped layer against tokens without. A "
                        "large gap says routing replay (R3) would remove much of the mismatch.")
+        by_margin = S.cached(routing.flip_rate_by_margin, both, steps=sel.steps)
+        if not by_margin.is_empty():
+            st.markdown("**Flips happen where the router is undecided**: flip rate and mean |Δ| by router margin")
+            plot.show(routing_charts.flip_by_margin(by_margin, colors), key="routing_flip_margin")
+            sides = sorted(set(by_margin["side"].to_list()))
+            st.caption(f"**flip_rate_by_margin**: {glossary.describe('flip_rate_by_margin')}. Binned by the "
+                       f"{' and '.join(sides)}'s margin.")
+        else:
+            st.caption("Log router margins (`RouterCapture.margins()`, `log_step(trainer_margins=...)`) to see "
+                       "flip rate by margin.")
 
 if load_tab.open:
     with load_tab:

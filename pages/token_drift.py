@@ -149,3 +149,26 @@ if full_tab and full_tab[0].open:
                    "of each side at every position. "
                    + " ".join(f"**{m}**: {glossary.describe(m)}." for m in dashboard.FULL_DISTRIBUTION[1:])
                    + (f" Without top-k log-probs (not shown): {', '.join(without)}." if without else ""))
+        with S.guard("group the full-distribution columns"):
+            st.markdown("**By response length and by tag**, with the sampled-token kl_k3 and mean |Δ| beside them")
+            dims = ["length"] + (["tag"] if S.cached(buckets.run_tags, sel.runs) else [])
+            c1, c2 = st.columns([2, 3])
+            S.keep_choice("tokens_full_dim", dims)
+            by = c1.radio("Group sequences by", dims, key="tokens_full_dim", horizontal=True,
+                          format_func=lambda d: glossary.DIMENSIONS[d][0])
+            shown = ["topk_overlap", "top1_agree", "topk_kl_shared", "topk_tv_upper", "kl_k3", "log_ratio_abs_mean"]
+            S.keep_choice("tokens_full_metric", shown)
+            metric = c2.selectbox("Metric", shown, key="tokens_full_metric")
+            grouped = S.cached(buckets.full_distribution_by, sel.runs, by, steps=sel.steps)
+            grouped = grouped.filter(grouped["n_topk"] > 0)
+            if grouped.is_empty():
+                st.info("No sequences with top-k lists to group in this range.")
+            else:
+                plot.show(charts.bucket_chart(grouped, metric, colors, glossary.DIMENSIONS[by][0], bars=by == "tag"),
+                          key="tokens_full_by")
+                table = grouped.select("run", "label", "n_sequences", "n_tokens", "kl_k3", "log_ratio_abs_mean",
+                                       *dashboard.FULL_DISTRIBUTION[1:])
+                st.dataframe(table, hide_index=True, key="tokens_full_by_table",
+                             column_config=S.number_columns(table))
+                st.caption(f"**{metric}**: {glossary.describe(metric)}. From the per-sequence summaries: every "
+                           "token, whatever the token sample.")

@@ -36,7 +36,7 @@ def test_full_distribution_tab_and_weight_heatmap(monkeypatch, db):
     assert [t.label for t in at.tabs][-1] == "Full distribution"
     open_tab(at, "tokens_tab", "Full distribution")
     assert not at.exception and not at.error, (at.exception, at.error)
-    assert bu.app_charts(at) == 2  # agreement curves, divergence curves (kl_k3 beside the top-k columns)
+    assert bu.app_charts(at) == 3  # agreement curves, divergence curves (kl_k3 beside the top-k columns), by length
     captions = texts(at.caption)
     assert "**topk_kl_shared**" in captions and "**topk_tv_upper**" in captions
     assert "Without top-k log-probs (not shown): plain." in captions

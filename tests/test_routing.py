@@ -21,7 +21,8 @@ from helpers.reference import (
 )
 
 LAYER_COLUMNS = ["run", "step", "layer", "n_tokens", "flip_rate", "top1_flip_rate", "overlap",
-                 "load_max_vio_sampler", "load_max_vio_trainer", "weight_abs_diff_mean", "weight_abs_diff_max"]
+                 "load_max_vio_sampler", "load_max_vio_trainer", "weight_abs_diff_mean", "weight_abs_diff_max",
+                 "margin_mean_sampler", "margin_mean_trainer"]
 
 
 def test_by_layer_matches_reference(metrics_data):

@@ -58,6 +58,10 @@ METRIC_HELP: dict[str, str] = {
     "topk_tv_upper": "an upper bound on the full-vocabulary total variation distance, from the two top-J lists",
     "weight_abs_diff_mean": "mean over tokens whose expert sets agree of Σ_k |w_s − w_t|: how far the router's "
                             "combine weights differ even where the experts are the same",
+    "flip_rate_by_margin": "flip rate and mean |Δ| of the (token, layer) rows by their router margin (the k-th "
+                           "minus the (k+1)-th expert probability): flips concentrate where the margin is near 0",
+    "margin_mean_sampler": "mean router margin of the sampler (k-th minus (k+1)-th expert probability)",
+    "margin_mean_trainer": "mean router margin of the trainer",
     "flip_rate": "share of tokens at a layer whose top-k expert set differs between sampler and trainer",
     "top1_flip_rate": "share of tokens whose highest-ranked expert differs",
     "overlap": "mean |E_s ∩ E_t| / k: how many of the k experts agree (1 = identical sets)",

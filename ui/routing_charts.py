@@ -100,3 +100,27 @@ def flip_grid(df: pl.DataFrame) -> go.Figure:
     fig.update_yaxes(dtick=1 if len(ys) <= 32 else None)
     return layout(fig, x="position in the response", y="MoE layer", legend=False,
                    height=max(220, min(600, 60 + 20 * len(ys))))
+
+
+def flip_by_margin(df: pl.DataFrame, colors: dict[str, str]) -> go.Figure:
+    """[run, side, margin_bin, label, n_tokens, flip_rate, log_ratio_abs_mean] (metrics.routing.
+    flip_rate_by_margin) → two panels over the margin bins: the flip rate and mean |Δ| of the (token, layer) rows."""
+    fig = make_subplots(rows=1, cols=2)
+    for i, metric in enumerate(("flip_rate", "log_ratio_abs_mean")):
+        for run in ordered_runs(df, colors):
+            part = df.filter(pl.col("run") == run).sort("margin_bin")
+            side = part["side"][0] if part.height else ""
+            fig.add_trace(go.Bar(x=part["label"].to_list(), y=part[metric].to_list(), name=run, legendgroup=run,
+                                 showlegend=i == 0, marker=dict(color=colors.get(run)),
+                                 customdata=part["n_tokens"].to_list(),
+                                 hovertemplate=f"{run}<br>{side} margin %{{x}}<br>{metric} "
+                                               f"%{{y:{hover_format(metric)}}}<br>(token, layer) rows "
+                                               "%{customdata:,}<extra></extra>"), row=1, col=i + 1)
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(tickformat=share_tickformat(largest_abs(df["flip_rate"].to_list()) if df.height else None),
+                     row=1, col=1)
+    fig = layout(fig)
+    fig.update_xaxes(title_text="router margin (flip rate)", row=1, col=1)
+    fig.update_xaxes(title_text="router margin (mean |Δ|)", row=1, col=2)
+    return fig

@@ -117,31 +117,45 @@ class FileRows:
 
 
 class TopkSums:
-    """schema.TOPK_SUMS per (run, step) of a file's top-k rows, summed batch by batch (any order): the summary_step
-    rows (n_tokens 0) that carry the file's full-distribution columns."""
+    """schema.TOPK_SUMS per (run, step, sample) of a file's top-k rows, summed batch by batch (any order): the
+    summary_seq rows and, their totals per step, the summary_step rows (n_tokens 0 both) that carry the file's
+    full-distribution columns."""
 
     def __init__(self):
-        self._sums: dict[tuple[str, int], np.ndarray] = {}
+        self._sums: dict[tuple[str, int, int], np.ndarray] = {}
 
     def add(self, data: pa.Table, mats: dict[str, np.ndarray], runs=None) -> None:
         names, index = runs if runs is not None else run_codes(data.column("run"))
         step = data.column("step").to_numpy()
-        keys, group = np.unique(np.stack([np.asarray(index), step]), axis=1, return_inverse=True)
+        sample = data.column("sample").to_numpy()
+        keys, group = np.unique(np.stack([np.asarray(index), step, sample]), axis=1, return_inverse=True)
         sums = fulldist.topk_sums(mats["sampler_topk_ids"], mats["sampler_topk_logprobs"], mats["trainer_topk_ids"],
                                   mats["trainer_topk_logprobs"], group.reshape(-1).astype(np.int64), keys.shape[1])
         run_names = names.to_pylist()
         for g in range(keys.shape[1]):
-            key = (run_names[int(keys[0, g])], int(keys[1, g]))
+            key = (run_names[int(keys[0, g])], int(keys[1, g]), int(keys[2, g]))
             self._sums[key] = self._sums.get(key, 0.0) + sums[g]
+
+    def seq_rows(self, fid: int) -> pa.Table | None:
+        """The summary_seq rows (one per sequence), with file_id `fid`; None without top-k rows."""
+        return self._table(sorted(self._sums), [self._sums[k] for k in sorted(self._sums)], fid, sample=True)
 
     def rows(self, fid: int) -> pa.Table | None:
         """The summary_step rows, with file_id `fid`; None without top-k rows."""
-        if not self._sums:
+        steps: dict[tuple[str, int], np.ndarray] = {}
+        for k in sorted(self._sums):  # in key order: a step's sequences added in one order
+            steps[k[:2]] = steps.get(k[:2], 0.0) + self._sums[k]
+        return self._table(sorted(steps), [steps[k] for k in sorted(steps)], fid)
+
+    @staticmethod
+    def _table(keys: list[tuple], sums: list[np.ndarray], fid: int, sample: bool = False) -> pa.Table | None:
+        if not keys:
             return None
-        keys = sorted(self._sums)
-        v = np.array([self._sums[k] for k in keys])
-        cols = {"run": pa.array([k[0] for k in keys], pa.string()), "step": pa.array([k[1] for k in keys], pa.int64()),
-                "n_tokens": pa.array(np.zeros(len(keys), np.int64))}
+        v = np.array(sums)
+        cols = {"run": pa.array([k[0] for k in keys], pa.string()), "step": pa.array([k[1] for k in keys], pa.int64())}
+        if sample:
+            cols["sample"] = pa.array([k[2] for k in keys], pa.int64())
+        cols["n_tokens"] = pa.array(np.zeros(len(keys), np.int64))
         for j, name in enumerate(S.TOPK_SUM_NAMES):
             cols[name] = pa.array(np.rint(v[:, j]).astype(np.int64) if name.startswith("n_") else v[:, j])
         return with_file_id(pa.table(cols), fid)

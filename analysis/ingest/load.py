@@ -354,6 +354,7 @@ def _summarise(tx: Transaction, name: str, fid: int, rows: dict[str, int], state
             summaries.add_seams(w, fid)
     if rows["topk"] and (topk := state.topk.rows(fid)) is not None:  # full-distribution sums (schema.TOPK_SUMS)
         tx.append("summary_step", topk)
+        tx.append("summary_seq", state.topk.seq_rows(fid))  # per sequence: the columns per tag and length
     if rows["routing"]:
         if not state.counts.merged:
             w.regroup_expert_load(fid)  # a file out of order appended partial counts: one row per key now

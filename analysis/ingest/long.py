@@ -83,7 +83,7 @@ CSV_BLOCK_BYTES = 16 * 1024 * 1024  # what Arrow's CSV reader parses at once (on
 # The schema's float columns, read as floats whatever their first rows look like: Arrow's CSV reader takes a
 # column's type from the file's first block (CSV_BLOCK_BYTES), so a log-prob column whose first rows were written
 # "0" or "-1" was read as integers and its first "-0.5" refused the file.
-CSV_FLOATS = sorted({c.name for cols in schema.TABLES.values() for c in cols if c.sql_type == "DOUBLE"})
+CSV_FLOATS = sorted({c.name for cols in schema.TABLES.values() for c in cols if c.sql_type in ("DOUBLE", "FLOAT")})
 _CSV_CONVERSION = re.compile(r"CSV column #(\d+): CSV conversion error to (\w+): invalid value '(.*)'")
 
 

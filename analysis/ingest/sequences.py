@@ -195,7 +195,8 @@ def _array(name: str, where: str, col: str, values: list, fix: str) -> pa.Array:
 
 
 def _add_routing(name, where, line_no, obj, n, keep, base, chunk: _Chunk) -> None:
-    for key, side in (("sampler_weights", "sampler_experts"), ("trainer_weights", "trainer_experts")):
+    for key, side in (("sampler_weights", "sampler_experts"), ("trainer_weights", "trainer_experts"),
+                      ("sampler_margins", "sampler_experts"), ("trainer_margins", "trainer_experts")):
         if obj.get(key) is not None and obj.get(side) is None:
             raise MissingColumn(name, where, f"'{key}' given without '{side}'",
                                 "a weight belongs to the expert at its rank: give both")
@@ -237,11 +238,25 @@ def _add_routing(name, where, line_no, obj, n, keep, base, chunk: _Chunk) -> Non
         raise LengthMismatch(name, where, f"trainer_experts has [layers, k] = {list(T.shape[1:])}, "
                              f"sampler_experts has {list(S.shape[1:])}", "both sides need the same layers and k")
     m, L, _ = S.shape
+    for key in ("sampler_margins", "trainer_margins"):  # [token][layer]: the router margin (validator: in [0, 1])
+        v = obj.get(key)
+        if v is None:
+            continue
+        try:
+            arr = np.asarray(v, dtype=np.float64)
+        except (ValueError, TypeError):
+            raise WrongType(name, where, f"'{key}' is ragged or not numbers",
+                            "index it [token][layer], one margin per routing layer") from None
+        if arr.shape != (n, L):
+            raise LengthMismatch(name, where, f"'{key}' has shape {list(arr.shape)}, expected {[n, L]}",
+                                 "one margin per response token and routing layer")
+        sides[key] = arr[keep]
     if not m * L:
         return
     # the line's run, step and sample are still unchecked JSON values: Arrow arrays, cast by the validator
     keys = {c: pa.array([base[c]] * m) for c in ("run", "step", "sample")} | {"pos": keep}
-    chunk.rt.append(routing_columns(keys, S, T, sides.get("sampler_weights"), sides.get("trainer_weights")))
+    chunk.rt.append(routing_columns(keys, S, T, sides.get("sampler_weights"), sides.get("trainer_weights"),
+                                    sides.get("sampler_margins"), sides.get("trainer_margins")))
     chunk.rt_where.extend((line_no, int(j)) for j in np.repeat(keep, L))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from analysis.schema import ROUTING_STORE, RUN_IDS
 from analysis.summaries import schema as S
+from analysis.summaries.margins import margin_bin_sql
 from analysis.summaries.residual import residual_sums_sql
 from analysis.summaries.sql import (bucket_params, bucket_sql, check_sums_sql, edge_params, seq_sums_sql,
                                    token_sums_sql, token_terms_sql, with_bin_sql)
@@ -195,15 +196,21 @@ def add_routing(writer, file_id: int, routed_tokens: str | None = None) -> None:
             SELECT run, step, sample, 0, count_if(n_fl > 0), $fid FROM _summary_flip
             GROUP BY run, step, sample""", {"fid": file_id})
         weights = _weight_sums_sql(writer, file_id)
+        margins = margin_sums_sql(writer, file_id)
         writer.execute(f"""INSERT INTO summary_layer (run, step, layer, k, n_rows, n_both, n_flip, n_top1, sum_common,
-                              n_first_flip, {', '.join(S.WEIGHT_SUM_NAMES)}, file_id)
+                              n_first_flip, {', '.join(S.WEIGHT_SUM_NAMES)}, {', '.join(S.MARGIN_SUM_NAMES)}, file_id)
             WITH c AS ({layer_counts}),
                  ff AS (SELECT run, step, first_flip AS layer, count(*) AS n_first_flip FROM _summary_flip
                         WHERE first_flip IS NOT NULL GROUP BY ALL),
-                 wt AS ({weights})
+                 wt AS ({weights}),
+                 mg AS ({margins or _no_margins()})
             SELECT c.run, c.step, c.layer, c.k, c.n_rows, c.n_both, c.n_flip, c.n_top1, coalesce(c.sum_common, 0),
-                   coalesce(ff.n_first_flip, 0), {', '.join('wt.' + n for n in S.WEIGHT_SUM_NAMES)}, $fid
-            FROM c LEFT JOIN ff USING (run, step, layer) LEFT JOIN wt USING (run, step, layer)""", {"fid": file_id})
+                   coalesce(ff.n_first_flip, 0), {', '.join('wt.' + n for n in S.WEIGHT_SUM_NAMES)},
+                   {', '.join('mg.' + n for n in S.MARGIN_SUM_NAMES)}, $fid
+            FROM c LEFT JOIN ff USING (run, step, layer) LEFT JOIN wt USING (run, step, layer)
+                   LEFT JOIN mg USING (run, step, layer)""", {"fid": file_id})
+        if margins:
+            add_margin_bins(writer, file_id)
     finally:
         writer.execute("DROP TABLE _summary_flip")
 
@@ -226,6 +233,40 @@ def _weight_sums_sql(writer, file_id: int) -> str:
                      WHERE file_id = $fid AND flip = false AND sampler_weights IS NOT NULL
                        AND trainer_weights IS NOT NULL) w_
                GROUP BY run, step, layer"""
+
+
+def margin_sums_sql(writer, file_id: int) -> str | None:
+    """SELECT run, step, layer and schema.MARGIN_SUMS of file `file_id`'s routing rows (count and Σ of each side's
+    router margin, the stored fp32 widened); None where the file has no margins (probed first on the one stored
+    table that holds them: schema.ROUTING_STORE)."""
+    if not writer.execute(f"SELECT 1 FROM {ROUTING_STORE} WHERE file_id = ? AND (sampler_margin IS NOT NULL "
+                          "OR trainer_margin IS NOT NULL) LIMIT 1", [file_id]).fetchall():
+        return None
+    return """SELECT run, step, layer, count(sampler_margin)::BIGINT AS n_margin_sampler,
+                     fsum(sampler_margin::DOUBLE) AS sum_margin_sampler,
+                     count(trainer_margin)::BIGINT AS n_margin_trainer, fsum(trainer_margin::DOUBLE) AS sum_margin_trainer
+              FROM routing WHERE file_id = $fid AND (sampler_margin IS NOT NULL OR trainer_margin IS NOT NULL)
+              GROUP BY run, step, layer"""
+
+
+def _no_margins() -> str:
+    return "SELECT NULL::VARCHAR AS run, NULL::BIGINT AS step, NULL::INTEGER AS layer, " + ", ".join(
+        f"NULL::{c.sql_type} AS {c.name}" for c in S.MARGIN_SUMS) + " WHERE false"
+
+
+def add_margin_bins(writer, file_id: int) -> None:
+    """summary_margin rows of file `file_id` (after add_routing made _summary_flip, its routed tokens' |Δ|): per
+    (step, layer, side, margin bin) the rows with both sides' experts and that side's margin, their flips and
+    Σ |Δ| of their tokens (summaries/margins.py)."""
+    sides = " UNION ALL ".join(
+        f"SELECT run, step, sample, pos, layer, flip, '{side}' AS side, {margin_bin_sql(side + '_margin')} AS margin_bin "
+        f"FROM routing WHERE file_id = $fid AND flip IS NOT NULL AND {side}_margin IS NOT NULL"
+        for side in S.MARGIN_SIDES)
+    writer.execute(f"""INSERT INTO summary_margin (run, step, layer, side, margin_bin, n_rows, n_flip, sum_abs_d,
+                                                   file_id)
+        SELECT r.run, r.step, r.layer, r.side, r.margin_bin, count(*), count_if(r.flip), fsum(f.abs_d), $fid
+        FROM ({sides}) r JOIN _summary_flip f USING (run, step, sample, pos)
+        GROUP BY r.run, r.step, r.layer, r.side, r.margin_bin""", {"fid": file_id})
 
 
 def unsummarised_files(cur) -> list[int]:

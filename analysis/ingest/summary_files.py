@@ -185,13 +185,15 @@ def _check(name: str, table: str, c: S.Col, col: pa.ChunkedArray, row) -> None:
     if (c.name.startswith("n_") or c.name in ("step", "sum_common", "sum_flipped_layers", "sample",
                                               "response_length")) and (values < 0).any():
         refuse(values < 0, "a count must be >= 0, got {v}")
-    limit = {"band": S.N_BANDS, "bin": S.N_BINS}.get(c.name)
+    limit = {"band": S.N_BANDS, "bin": S.N_BINS, "margin_bin": len(S.MARGIN_EDGES) - 1}.get(c.name)
     if limit is not None and ((values < 0) | (values >= limit)).any():
         refuse((values < 0) | (values >= limit),
                f"{c.name} must be in [0, {limit}) (the global edges of summaries/schema.py), got {{v}}")
     if c.name == "dim" and not np.isin(values, S.BUCKET_DIMENSIONS).all():
         refuse(~np.isin(values, S.BUCKET_DIMENSIONS),
                f"unknown bucket dimension {{v!r}} (known: {', '.join(S.BUCKET_DIMENSIONS)})")
+    if c.name == "side" and not np.isin(values, S.MARGIN_SIDES).all():
+        refuse(~np.isin(values, S.MARGIN_SIDES), f"unknown side {{v!r}} (known: {', '.join(S.MARGIN_SIDES)})")
     if c.name == "token_sample" and ((values < 0) | (values > 1)).any():
         refuse((values < 0) | (values > 1), "a share must be in [0, 1], got {v}")
 

@@ -19,7 +19,7 @@ from analysis.ingest.errors import BadExperts, BadValue, LengthMismatch, Missing
 
 ARROW_TYPES = {
     "VARCHAR": pa.string(), "BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(),
-    "INTEGER[]": pa.list_(pa.int32()), "DOUBLE[]": pa.list_(pa.float64()), "FLOAT[]": pa.list_(pa.float32()),
+    "INTEGER[]": pa.list_(pa.int32()), "DOUBLE[]": pa.list_(pa.float64()), "FLOAT[]": pa.list_(pa.float32()), "FLOAT": pa.float32(),
 }
 FIX_COLUMNS = "see SCHEMA.md for the column names"
 
@@ -291,6 +291,7 @@ def _check_routing(file: str, batch: Batch, out: dict) -> "RoutingMatrices":
                 raise LengthMismatch(file, f"{batch.where(i)}, column '{name}'",
                                      f"{int(wl[i])} weights for {int(el[i])} experts",
                                      f"give one weight per id of {side}, in the same order")
+    _check_margins(file, batch, out, n)
     if same.any():  # stored once (schema.ROUTING_STORE); the `routing` view shows the trainer's list again
         # only the lists that differ are kept, in buffers of their own: the batch's full buffer of trainer ids
         # (~16 MB per 491,520 rows, top-8) is not held while the batch waits for DuckDB
@@ -306,6 +307,31 @@ def _check_routing(file: str, batch: Batch, out: dict) -> "RoutingMatrices":
     out["top1_flip"] = pa.array(top1, mask=mask)
     out["n_common"] = pa.array(common, mask=mask)
     return RoutingMatrices(S, T, rows)
+
+
+def _check_margins(file: str, batch: Batch, out: dict, n: int) -> None:
+    """Router margins (METRICS.md v3): a difference of two probabilities, so in [0, 1] (a null: none recorded),
+    and only beside that side's experts."""
+    for name, side in (("sampler_margin", "sampler_experts"), ("trainer_margin", "trainer_experts")):
+        if name not in out or out[name].null_count == n:
+            continue
+        m = out[name]
+        has = ~np.asarray(m.is_null())
+        v = pc.fill_null(m, 0.0).to_numpy(zero_copy_only=False)
+        bad = has & ~((v >= 0) & (v <= 1))
+        if bad.any():
+            i = _first(bad)
+            raise BadValue(file, f"{batch.where(i)}, column '{name}'", f"a router margin (k-th minus (k+1)-th "
+                           f"expert probability) is in [0, 1], got {float(v[i])!r}",
+                           "give the margin of the softmax probabilities, or null where there is none")
+        ids = out.get(side) if side != "sampler_experts" else None
+        if ids is not None and (bad := has & np.asarray(ids.is_null())).any():
+            i = _first(bad)
+            raise MissingColumn(file, f"{batch.where(i)}, column '{name}'", f"a margin without {side}",
+                                "a margin belongs to that side's routing: give both")
+        if side == "trainer_experts" and "trainer_experts" not in out:
+            raise MissingColumn(file, f"column '{name}'", "trainer margins without trainer_experts",
+                                "a margin belongs to that side's routing: give both")
 
 
 @dataclass

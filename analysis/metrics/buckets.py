@@ -134,6 +134,43 @@ def mismatch_by_tokens(store: Store, runs: list[str], dimension: str, cap: float
     return _with_edges(df, dimension, metrics)
 
 
+def full_distribution_by(store: Store, runs: list[str], dimension: str,
+                         steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """METRICS.md v3 "Full distribution" columns per (run, bucket) of the sequences' response length ("length":
+    1 + max pos, on the power-of-two buckets of `mismatch_by`) or tag ("tag": sequences.tag; bucket = its rank,
+    label = the tag), with kl_k3 and log_ratio_abs_mean of the same sequences' sampled tokens beside them.
+    From the per-sequence summaries (summary_seq's TOPK_SUMS and TOKEN_SUMS): every token, whatever the token
+    sample. Returns [run, bucket, label, n_sequences, n_tokens, kl_k3, log_ratio_abs_mean, n_topk, topk_*];
+    the topk_* columns are null in buckets without top-k lists; empty where the database has no such sums or
+    (tag) no tags."""
+    from analysis.summaries.finalise import TOPK_COLUMNS, topk_by_sql
+    if dimension not in SEQUENCE_DIMENSIONS:
+        raise ValueError(f"dimension must be one of {', '.join(SEQUENCE_DIMENSIONS)}, got {dimension!r}")
+    runs = check_runs(runs)
+    cols = ["run", "bucket", "label", "n_sequences", "n_tokens", "kl_k3", "log_ratio_abs_mean", "n_topk",
+            *TOPK_COLUMNS]
+    types = {"run": pl.String, "bucket": pl.Int64, "label": pl.String, "n_sequences": pl.Int64,
+             "n_tokens": pl.Int64, "n_topk": pl.Int64}
+    empty = pl.DataFrame(schema={c: types.get(c, pl.Float64) for c in cols})
+    if not store.has_seq_topk_sums or (dimension == "tag" and not store.has_columns("sequences", ["tag"])):
+        return empty
+    where, params = run_filter(runs, steps)
+    tag_where, tag_params = run_filter(runs, steps, prefix="tq_")
+    df = store.sql(topk_by_sql(dimension, where, tag_where if dimension == "tag" else None),
+                   params | (tag_params if dimension == "tag" else {}))
+    if df.is_empty():
+        return empty
+    if dimension == "tag":
+        rank = {t: i for i, t in enumerate(sorted(set(df["bucket"].to_list())))}
+        df = df.with_columns(label=pl.col("bucket").cast(pl.String),
+                             bucket=pl.col("bucket").replace_strict(rank, return_dtype=pl.Int64))
+    else:
+        df = df.with_columns(bucket=pl.col("bucket").cast(pl.Int64))
+        df = df.with_columns(label=pl.Series([_label("length", *bucket_edges("length", int(b)))
+                                              for b in df["bucket"].to_list()], dtype=pl.String))
+    return df.sort("run", "bucket").select(cols)
+
+
 def _check(dimension: str, cap: float, clip: float, metrics: Sequence[str] | None) -> list[str] | None:
     if dimension not in DIMENSIONS:
         raise ValueError(f"dimension must be one of {', '.join(DIMENSIONS)}, got {dimension!r}")

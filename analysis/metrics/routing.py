@@ -11,6 +11,7 @@ import polars as pl
 
 from analysis.store import Store
 from analysis.summaries import finalise as F
+from analysis.summaries import margins as M
 from analysis.summaries.sql import check_runs, run_filter
 
 
@@ -43,7 +44,8 @@ def routing_metrics(store: Store, runs: list[str], by: str = "layer",
     runs = check_runs(runs)
     where, params = run_filter(runs, steps)
     if by == "layer":
-        return store.sql(F.routing_by_layer_sql(where, weights=store.has_weight_sums), params)
+        return store.sql(F.routing_by_layer_sql(where, weights=store.has_weight_sums,
+                                                margins=store.has_margin_sums), params)
     keys = ["run", "step"] if by == "step" else ["run"]
     return store.sql(F.routing_pooled_sql(keys, where, token_flips), params)
 
@@ -128,3 +130,53 @@ def flip_mismatch(store: Store, runs: list[str], steps: tuple[int, int] | None =
     an empty group gives no row.
     """
     return flip_views(store, runs, steps, views=("mismatch",))["mismatch"]
+
+
+def flip_rate_by_margin(store: Store, runs: list[str], steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """METRICS.md v3 flip_rate_by_margin: per (run, margin bin) of the (token, layer) rows with both sides'
+    experts and a router margin, flip_rate = share of rows with E_s ≠ E_t and log_ratio_abs_mean = mean |Δ| of
+    their tokens (a token counts once per layer), by the sampler's margin where the run recorded it, else by
+    the trainer's (`side` says which; summaries/margins.py). From the summaries (summary_margin): exact whatever
+    the token sample. Returns summaries/margins.BY_MARGIN_COLUMNS, a row per non-empty bin; empty without
+    margins."""
+    runs = check_runs(runs)
+    if not store.has_margin_sums:
+        return _by_margin_frame(pl.DataFrame(schema=_BY_MARGIN_SCHEMA))
+    where, params = run_filter(runs, steps)
+    return _by_margin_frame(store.sql(M.by_margin_sql(where), params))
+
+
+def flip_rate_by_margin_rows(store: Store, runs: list[str], steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """`flip_rate_by_margin` from the routing rows joined with their token rows (the drill-down path; exact for
+    every token only where the rows are complete, e.g. not for a DriftLogger token sample)."""
+    runs = check_runs(runs)
+    if not store.has_columns("routing", ["sampler_margin", "trainer_margin"]):
+        return _by_margin_frame(pl.DataFrame(schema=_BY_MARGIN_SCHEMA))
+    where, params = run_filter(runs, steps, alias="r")
+    side = "CASE WHEN bool_or(sampler_margin IS NOT NULL) OVER (PARTITION BY run) THEN 'sampler' ELSE 'trainer' END"
+    return _by_margin_frame(store.sql(f"""
+        WITH r AS (SELECT r.run, r.step, r.sample, r.pos, r.flip, r.sampler_margin, r.trainer_margin
+                   FROM routing r WHERE {where} AND r.flip IS NOT NULL
+                     AND (r.sampler_margin IS NOT NULL OR r.trainer_margin IS NOT NULL)),
+             s AS (SELECT *, {side} AS side FROM r),
+             b AS (SELECT run, step, sample, pos, flip, side,
+                          CASE WHEN side = 'sampler' THEN sampler_margin ELSE trainer_margin END AS m FROM s)
+        SELECT b.run, b.side, {M.margin_bin_sql('b.m')}::BIGINT AS margin_bin, count(*) AS n_tokens,
+               count_if(b.flip)::DOUBLE / count(*) AS flip_rate,
+               fsum(abs(t.trainer_logprob - t.sampler_logprob)) / count(*) AS log_ratio_abs_mean
+        FROM b JOIN tokens t USING (run, step, sample, pos) WHERE b.m IS NOT NULL
+        GROUP BY ALL ORDER BY b.run, margin_bin""", params))
+
+
+_BY_MARGIN_SCHEMA = {"run": pl.String, "side": pl.String, "margin_bin": pl.Int64, "n_tokens": pl.Int64,
+                     "flip_rate": pl.Float64, "log_ratio_abs_mean": pl.Float64}
+
+
+def _by_margin_frame(df: pl.DataFrame) -> pl.DataFrame:
+    """The bins' edges and label added: [run, side, margin_bin, margin_lo, margin_hi, label, n_tokens, ...]."""
+    from analysis.summaries.schema import MARGIN_EDGES
+    b = df["margin_bin"].cast(pl.Int64)
+    df = df.with_columns(margin_bin=b, margin_lo=b.map_elements(lambda i: MARGIN_EDGES[i], pl.Float64),
+                         margin_hi=b.map_elements(lambda i: MARGIN_EDGES[i + 1], pl.Float64),
+                         label=b.map_elements(M.margin_label, pl.String))
+    return df.select(*M.BY_MARGIN_COLUMNS[:5], "label", *M.BY_MARGIN_COLUMNS[5:])

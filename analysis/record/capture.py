@@ -4,6 +4,7 @@
     with RouterCapture(model) as cap:             # Mixtral / Qwen2-MoE / Qwen3-MoE style: finds `*.gate`
         logits = model(input_ids).logits          # (B, T, V)
     experts = response_experts(cap.experts(), prompt_len, response_len)   # (B, R, L, K)
+    margins = response_margins(cap.margins(), prompt_len, response_len)   # (B, R, L) router margins
 
 Routing of response token j is the router's choice at position P + j - 1, the last input position
 before it (SCHEMA.md), hence `response_experts`.
@@ -61,6 +62,9 @@ class RouterCapture:
         self._active: list[torch.Tensor | None] | None = None
         self._shape: tuple[int, int] | None = None
         self.forwards: list[torch.Tensor] = []  # one (B, T, L, K) int64 tensor per forward of `model`
+        # one (B, T, L) fp32 tensor of router margins per forward (None where a router gave ids without logits)
+        self.margin_forwards: list[torch.Tensor | None] = []
+        self._active_margins: list[torch.Tensor | None] = []
 
     # -- hooks -------------------------------------------------------------------------------------
     def __enter__(self) -> "RouterCapture":
@@ -80,11 +84,13 @@ class RouterCapture:
 
     def clear(self) -> None:
         self.forwards.clear()
+        self.margin_forwards.clear()
 
     def _start(self, module, args, kwargs):
         x = kwargs.get("input_ids", kwargs.get("inputs_embeds", args[0] if args else None))
         self._shape = tuple(x.shape[:2]) if isinstance(x, torch.Tensor) and x.ndim >= 2 else None
         self._active = [None] * len(self._modules)
+        self._active_margins = [None] * len(self._modules)
 
     def _finish(self, module, args, kwargs, output):
         active, self._active = self._active, None
@@ -95,6 +101,8 @@ class RouterCapture:
                                f"computed without calling it?); hook a module that is called, e.g. "
                                f"names=[{parent!r}] if it returns the chosen expert ids")
         self.forwards.append(torch.stack(active, dim=2))  # (B, T, L, K)
+        margins = self._active_margins
+        self.margin_forwards.append(torch.stack(margins, dim=2) if all(m is not None for m in margins) else None)
 
     def _make_hook(self, i: int):
         def hook(module, args, output):
@@ -124,11 +132,14 @@ class RouterCapture:
             # fp32 softmax then top-k, as the HF MoE blocks do: the ranking the model itself uses
             ids = torch.topk(torch.softmax(logits.detach().float(), dim=-1), k, dim=-1).indices
         ids = ids.detach().to(device="cpu", dtype=torch.int64)
+        margin = router_margin(logits, ids.shape[-1]) if logits is not None else None
         if ids.ndim == 2:  # (B*T, K): routers see flattened tokens
             if self._shape is None or ids.shape[0] != self._shape[0] * self._shape[1]:
                 raise RuntimeError(f"RouterCapture: {self.layer_names[i]} saw {ids.shape[0]} tokens; cannot "
                                    f"reshape to the forward's (batch, tokens) = {self._shape}")
             ids = ids.reshape(*self._shape, ids.shape[-1])
+        if margin is not None and margin.numel() == ids.shape[0] * ids.shape[1]:
+            self._active_margins[i] = margin.reshape(ids.shape[:2])
         if ids.ndim != 3:
             raise RuntimeError(f"RouterCapture: {self.layer_names[i]} gave ids of shape {list(ids.shape)}, "
                                "expected (tokens, k) or (batch, tokens, k)")
@@ -148,6 +159,30 @@ class RouterCapture:
             raise RuntimeError(f"RouterCapture: forwards with different batch sizes {sorted(batch)}; read "
                                "`.forwards` one by one (or call .clear() between micro-batches)")
         return torch.cat(self.forwards, dim=1)
+
+    def margins(self) -> torch.Tensor:
+        """(B, T, L) fp32 router margins of every input position (`router_margin`), joined over forwards as
+        `experts()`: for DriftLogger.log_step(trainer_margins=...). Needs every hooked router to return its
+        logits (a module that returns only expert ids has no scores to take a margin of)."""
+        self.experts()  # the same checks: a forward recorded, one batch size
+        if any(m is None for m in self.margin_forwards):
+            raise RuntimeError("RouterCapture: a hooked module returned expert ids without router logits (or has "
+                               "no (k+1)-th expert): no margin; hook the router (gate) that returns the logits")
+        return torch.cat(self.margin_forwards, dim=1)
+
+
+def router_margin(logits: torch.Tensor, k: int) -> torch.Tensor | None:
+    """METRICS.md v3 router margin of each token: the k-th minus the (k+1)-th largest probability of the fp32
+    softmax of its router logits (..., E), as fp32 on the CPU; None where the router has no (k+1)-th expert."""
+    if logits.shape[-1] <= k:
+        return None
+    top = torch.topk(torch.softmax(logits.detach().float(), dim=-1), k + 1, dim=-1).values
+    return (top[..., k - 1] - top[..., k]).to("cpu")
+
+
+def response_margins(margins: torch.Tensor, prompt_lengths: int | torch.Tensor, response_length: int) -> torch.Tensor:
+    """(B, R, L) router margins of each response token from `RouterCapture.margins()`, as `response_experts`."""
+    return response_experts(margins[..., None], prompt_lengths, response_length)[..., 0]
 
 
 def gather_positions(experts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

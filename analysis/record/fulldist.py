@@ -27,13 +27,16 @@ def _row(v: list[float]) -> dict[str, float | int]:
 
 
 def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp: torch.Tensor,
-              mask: torch.Tensor, pool=None) -> dict[str, float | int]:
+              mask: torch.Tensor, pool=None, per_row: np.ndarray | None = None) -> dict[str, float | int]:
     """TOPK_SUMS over the mask==True positions of [B, T, J] top-J ids and log-probs of both sides (checked by
     the caller, except on the CPU, where this pass checks them as it reads them: a ValueError naming the
     position and the rule): the numba pass on the CPU (`pool`: an executor for the other threads), torch ops
-    elsewhere."""
+    elsewhere. per_row: a [B, N_SUMS] float64 array that receives each row's (sequence's) sums, in the same
+    pass; the step's sums are then their total."""
     if mask.device.type != "cpu":
-        return topk_sums_torch(s_ids, s_lp, t_ids, t_lp, mask)
+        return topk_sums_torch(s_ids, s_lp, t_ids, t_lp, mask, per_row=per_row)
+    T = mask.shape[1]
+    n_groups = mask.shape[0] if per_row is not None else 1
     J = s_ids.shape[-1]
     n = mask.numel()
     flat = [v.reshape(n, J) for v in (s_ids, s_lp, t_ids, t_lp)]
@@ -44,7 +47,7 @@ def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp
     broken = []  # per chunk that has one, the first position breaking a rule of the lists
 
     def work() -> np.ndarray:
-        out = np.zeros((1, fulldist.N_SUMS))
+        out = np.zeros((n_groups, fulldist.N_SUMS))
         ps = torch.empty(CPU_CHUNK, J, dtype=torch.float64)
         pt = torch.empty_like(ps)
         while True:
@@ -56,6 +59,8 @@ def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp
             a_id, a, b_id, b = (v[lo:hi] for v in flat)
             e_s, e_t = ps[:hi - lo].copy_(a).exp_(), pt[:hi - lo].copy_(b).exp_()
             group = valid[lo:hi].to(torch.int64).sub_(1).numpy()  # 0 where trained, −1 at padding
+            if per_row is not None:  # the position's row where trained
+                group = np.where(group >= 0, np.arange(lo, hi) // T, -1)
             bad = fulldist.group_sums(a_id.numpy(), _np_floats(a), b_id.numpy(), _np_floats(b), e_s.numpy(),
                                       e_t.numpy(), group, out)
             if bad >= 0:
@@ -68,6 +73,9 @@ def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp
     if broken:
         b, p = divmod(min(broken), mask.shape[1])
         raise ValueError(position_problem(b, p, s_ids, s_lp, t_ids, t_lp))
+    if per_row is not None:
+        per_row[:] = total
+        total = total.sum(0, keepdims=True)
     return _row(total[0].tolist())
 
 
@@ -96,15 +104,17 @@ def _np_floats(v: torch.Tensor) -> np.ndarray:
 
 
 def topk_sums_torch(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp: torch.Tensor,
-              mask: torch.Tensor) -> dict[str, float | int]:
+              mask: torch.Tensor, per_row: np.ndarray | None = None) -> dict[str, float | int]:
     """TOPK_SUMS over the mask==True positions of [B, T, J] top-J ids and log-probs of both sides (J the same on
-    both; ids distinct within a position; log-probs finite, checked by the caller)."""
+    both; ids distinct within a position; log-probs finite, checked by the caller); per_row as `topk_sums`."""
     J = s_ids.shape[-1]
     rows = mask.reshape(-1).nonzero().squeeze(1)
     a_ids, b_ids = s_ids.reshape(-1, J), t_ids.reshape(-1, J)
     a_lp, b_lp = s_lp.reshape(-1, J), t_lp.reshape(-1, J)
     f64 = torch.float64
     acc = torch.zeros(len(TOPK_SUM_NAMES) - 1, dtype=f64, device=mask.device)
+    rows_acc = torch.zeros(mask.shape[0], len(TOPK_SUM_NAMES), dtype=f64, device=mask.device) \
+        if per_row is not None else None
     for lo in range(0, len(rows), CHUNK):
         r = rows[lo:lo + CHUNK]
         a_id, b_id = a_ids[r], b_ids[r]
@@ -127,7 +137,23 @@ def topk_sums_torch(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor
         acc += torch.stack([n_i.sum().to(f64) / J, agree.sum().to(f64), ps.sum(), pt.sum(), kl.sum(),
                             0.5 * l1.sum() + 0.5 * (ms - mt).abs().sum(),
                             0.5 * l1.sum() + 0.5 * (1.0 - ms).sum() + 0.5 * (1.0 - mt).sum()])
+        if rows_acc is not None:  # the same terms per position, added to the position's row
+            terms = torch.stack([torch.ones_like(ms), n_i.to(f64) / J, agree.squeeze(1).to(f64), ps.sum(1),
+                                 pt.sum(1), kl, 0.5 * l1 + 0.5 * (ms - mt).abs(),
+                                 0.5 * l1 + 0.5 * (1.0 - ms) + 0.5 * (1.0 - mt)], 1)
+            rows_acc.index_add_(0, r // mask.shape[1], terms)
+    if rows_acc is not None:
+        per_row[:] = rows_acc.cpu().numpy()
     return _row([float(len(rows))] + acc.tolist())
+
+
+def seq_topk_columns(per_row: np.ndarray, row_samples: np.ndarray, samples: np.ndarray) -> dict[str, np.ndarray]:
+    """summary_seq's TOPK_SUMS columns for the sequences `samples` from the [B, N_SUMS] sums of `topk_sums`'
+    per_row, row b holding sequence row_samples[b]."""
+    order = np.argsort(row_samples, kind="stable")
+    v = per_row[order[np.searchsorted(row_samples[order], samples)]]
+    return {name: np.rint(v[:, j]).astype(np.int64) if name.startswith("n_") else v[:, j]
+            for j, name in enumerate(TOPK_SUM_NAMES)}
 
 
 def weight_diff(se: torch.Tensor, te: torch.Tensor, sw: torch.Tensor, tw: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ import torch
 from analysis.ingest import summary_files
 from analysis.record.checks import Warner, stale, step_sums
 from analysis.record.context import Context, checked_context
+from analysis.record.margins import checked_margins
 from analysis.record.summaries import SUMMARISED_KEY, SUMMARISED_VALUE, StepTensors, Workspace, summarise
 from analysis.record.token_sample import TOP_TOKENS, WORST_SEQUENCES, SamplePlan, select, step_generator
 from analysis.routing_rows import list_column, routing_columns
@@ -147,7 +148,7 @@ class DriftLogger:
                  sample_ids=None, *, rewards=None, advantages=None, prompts=None, responses=None, tags=None,
                  segment_ids=None, sampling_support=None, sampler_weights=None, trainer_weights=None,
                  sampler_topk_ids=None, sampler_topk_logprobs=None, trainer_topk_ids=None,
-                 trainer_topk_logprobs=None) -> dict[str, Path]:
+                 trainer_topk_logprobs=None, sampler_margins=None, trainer_margins=None) -> dict[str, Path]:
         """Summarise the mask==1 tokens of one step and write the sampled ones; returns the paths written.
 
         Args:
@@ -171,6 +172,8 @@ class DriftLogger:
             sampler_topk_ids, sampler_topk_logprobs, trainer_topk_ids, trainer_topk_logprobs: optional [B, T, J]
                 the J most likely token ids of each position and their log-probs, on each side (all four or
                 none; ids distinct within a position); log-probs stored as fp32.
+            sampler_margins, trainer_margins: optional [B, T, L] router margins, the k-th minus the (k+1)-th
+                router probability (RouterCapture.margins()), in [0, 1]; each needs its side's experts; fp32.
         Tensors stay on their device: the summaries are reduced there and only the kept tokens' rows move.
         """
         x = self._checked(step, sampler_logprobs, trainer_logprobs, mask, token_ids, sampler_experts,
@@ -181,9 +184,14 @@ class DriftLogger:
         x.segments = ctx.segments
         x.sampler_weights, x.trainer_weights = _weights(x, sampler_weights, trainer_weights)
         x.topk = _topk(x, sampler_topk_ids, sampler_topk_logprobs, trainer_topk_ids, trainer_topk_logprobs)
-        if self.lake is not None and (x.topk is not None or x.sampler_weights is not None):
-            raise ValueError("layout='lake' does not carry top-k log-probs or routing weights: log them with "
-                             "layout='folder'")
+        margins = {"sampler": checked_margins(sampler_margins, x.sampler_experts, x.mask, "sampler_margins",
+                                              "sampler_experts"),
+                   "trainer": checked_margins(trainer_margins, x.trainer_experts, x.mask, "trainer_margins",
+                                              "trainer_experts")}
+        x.margins = margins if any(v is not None for v in margins.values()) else None
+        if self.lake is not None and (x.topk is not None or x.sampler_weights is not None or x.margins):
+            raise ValueError("layout='lake' does not carry top-k log-probs or routing weights, nor router margins: "
+                             "log them with layout='folder'")
         if self.lake is not None:  # full rows, no summaries: those come from summarize
             rows = x.mask.reshape(-1).nonzero().squeeze(1)
             routing = self._routing_rows(step, x, rows) if x.sampler_experts is not None else None
@@ -314,13 +322,18 @@ class DriftLogger:
         te = x.trainer_experts
         keys = {"step": np.full(len(rows), step, dtype=np.int64), "sample": _host(x.samples[rows // T]),
                 "pos": _host((rows % T).to(torch.int32))}
+        def margins(side):  # [kept tokens, L] fp32 on the host
+            m = (x.margins or {}).get(side)
+            return _host(m.reshape(B * T, L)[rows].to(torch.float32)) if m is not None else None
         cols = routing_columns(keys, experts(x.sampler_experts), experts(te) if te is not None else None,
-                               weights(x.sampler_weights), weights(x.trainer_weights))
+                               weights(x.sampler_weights), weights(x.trainer_weights), margins("sampler"),
+                               margins("trainer"))
         n = len(cols["layer"])
         cols["run"] = pa.repeat(pa.scalar(self.run, pa.string()), n)
         cols.setdefault("trainer_experts", pa.nulls(n, pa.list_(pa.int32())))
         names = ["run", "step", "sample", "pos", "layer", "sampler_experts", "trainer_experts"]
-        return pa.table({c: cols[c] for c in names + [w for w in ("sampler_weights", "trainer_weights") if w in cols]})
+        extra = ("sampler_weights", "trainer_weights", "sampler_margin", "trainer_margin")
+        return pa.table({c: cols[c] for c in names + [w for w in extra if w in cols]})
 
     def _topk_rows(self, step: int, x: StepTensors, rows: torch.Tensor) -> pa.Table:
         """The kept tokens' top-J lists (SCHEMA.md table `topk`): ids int32, log-probs fp32."""

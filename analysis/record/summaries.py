@@ -32,7 +32,8 @@ import torch
 
 from analysis.record.checks import check_sums
 from analysis.record.residual import residual_sums
-from analysis.record.fulldist import topk_sums, topk_sums_torch, weight_diff
+from analysis.record.fulldist import seq_topk_columns, topk_sums, topk_sums_torch, weight_diff
+from analysis.record.margins import margin_tables
 from analysis.record.token_sample import Kept, SamplePlan
 from analysis.summaries import fulldist, kernel
 from analysis.summaries import schema as S
@@ -69,6 +70,7 @@ class StepTensors:
     topk: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # [B, T, J] ids, log-probs
     #                                                       of the sampler, then the trainer (log-probs float64)
     segments: torch.Tensor | None = None  # [B, T] int64 turn index (0 at padding), for the residual counts
+    margins: dict[str, torch.Tensor | None] | None = None  # side -> [B, T, L] router margins (record/margins.py)
 
     @property
     def device(self) -> torch.device:
@@ -398,14 +400,22 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | No
         sums = check_sums(x.s, x.t, x.mask, lambda name, shape: space.get(name, shape, torch.float64, dev))
         tables["summary_step"] |= {k: [v] for k, v in sums.items()}
         tables["summary_step"] |= {k: [v] for k, v in residual_sums(x.s, x.t, x.mask, x.segments).items()}
-        if x.topk is not None:  # the full-distribution sums (schema.TOPK_SUMS)
-            sums = topk_sums(*x.topk, x.mask, pool=_pool()) if engine == "kernel" else topk_sums_torch(*x.topk, x.mask)
+        if x.topk is not None:  # the full-distribution sums (schema.TOPK_SUMS), per sequence and the step's total
+            per_row = np.zeros((B, fulldist.N_SUMS))
+            sums = topk_sums(*x.topk, x.mask, pool=_pool(), per_row=per_row) if engine == "kernel" else \
+                topk_sums_torch(*x.topk, x.mask, per_row=per_row)
             tables["summary_step"] |= {k: [v] for k, v in sums.items()}
+            tables["summary_seq"] |= seq_topk_columns(per_row, x.samples.cpu().numpy(),
+                                                      np.asarray(tables["summary_seq"]["sample"]))
     if tables["summary_seq"]:
         tables["summary_seq"] |= seq_logprob_sums(x, np.asarray(tables["summary_seq"]["sample"]))
     if routing is not None:
         tables["summary_layer"] = routing.layer_rows
         tables[EXPERT_LOAD] = routing.expert_load
+        if x.margins and routing.layer_rows["layer"]:  # the router-margin sums (schema.MARGIN_SUMS, summary_margin)
+            layer_cols, tables["summary_margin"] = margin_tables(x.s, x.t, x.mask, x.sampler_experts,
+                                                                 x.trainer_experts, x.margins, pool=_pool())
+            tables["summary_layer"] = tables["summary_layer"] | layer_cols
     return tables
 
 

@@ -10,7 +10,8 @@ import math
 from typing import Sequence
 
 from analysis.summaries import schema as S
-from analysis.summaries.sql import clamp_log_ratio_sql, clamp_sql, ratio_sql
+from analysis.summaries.margins import margin_mean_sql
+from analysis.summaries.sql import bucket_sql, clamp_log_ratio_sql, clamp_sql, ratio_sql
 
 # METRICS.md v2 token columns, in the order the tables return them
 TOKEN_COLUMNS = (
@@ -133,6 +134,32 @@ def topk_table_sql(keys: Sequence[str], where: str) -> str:
     return f"""SELECT {k}, {topk_sql()} FROM ({merged('summary_step', keys, where,
                                                      without=[c for c in S.columns('summary_step')
                                                               if c not in S.TOPK_SUM_NAMES])}) m"""
+
+
+def topk_by_sql(dimension: str, where: str, tag_where: str | None = None) -> str:
+    """The full-distribution columns (TOPK_COLUMNS, METRICS.md v3) per (run, bucket) of a sequence property, with
+    the sampled-token kl_k3 and log_ratio_abs_mean of the same sequences beside them, from summary_seq (a
+    sequence's rows of every file merged first). dimension "length": bucket_sql('length') of 1 + max pos;
+    "tag": the sequence's tag from `sequences` (rows matching `tag_where`; untagged sequences left out).
+    Returns [run, bucket, n_sequences, n_tokens, kl_k3, log_ratio_abs_mean, n_topk, TOPK_COLUMNS]; the topk
+    columns are null where a bucket's sequences have no top-k lists."""
+    topk = ", ".join(f"{S.merge_sql('summary_seq', c)} AS {c}" for c in S.TOPK_SUM_NAMES)
+    seqs = f"""SELECT run, step, sample, max(max_pos) + 1 AS length, sum(n_tokens)::BIGINT AS n_tokens,
+                      fsum(sum_k3) AS sum_k3, fsum(sum_abs_d) AS sum_abs_d, {topk}
+               FROM summary_seq WHERE {where} GROUP BY run, step, sample HAVING sum(n_tokens) > 0"""
+    if dimension == "length":
+        src = f"SELECT *, {bucket_sql('length')} AS bucket FROM ({seqs}) q_"
+    elif dimension == "tag":
+        src = (f"SELECT q_.*, t_.tag AS bucket FROM ({seqs}) q_ JOIN (SELECT run, step, sample, tag FROM sequences "
+               f"WHERE {tag_where} AND tag IS NOT NULL) t_ USING (run, step, sample)")
+    else:
+        raise ValueError(f"dimension must be 'length' or 'tag', got {dimension!r}")
+    sums = dict(zip(TOPK_COLUMNS, S.TOPK_SUM_NAMES[1:]))
+    cols = ", ".join(f"fsum({v}) / nullif(sum(n_topk), 0) AS {c}" for c, v in sums.items())
+    return f"""SELECT run, bucket, count(*) AS n_sequences, sum(n_tokens)::BIGINT AS n_tokens,
+                      fsum(sum_k3) / sum(n_tokens) AS kl_k3, fsum(sum_abs_d) / sum(n_tokens) AS log_ratio_abs_mean,
+                      coalesce(sum(n_topk), 0)::BIGINT AS n_topk, {cols}
+               FROM ({src}) GROUP BY run, bucket ORDER BY run, bucket"""
 
 
 def token_sql(keys: Sequence[str]) -> str:
@@ -275,11 +302,14 @@ LAYER_LOAD_SQL = """
     GROUP BY run, step, layer"""
 
 
-def layer_counts_sql(where: str, weights: bool = True) -> str:
+def layer_counts_sql(where: str, weights: bool = True, margins: bool = False) -> str:
     """Per (run, step, layer): merged routing counts, the overlap numerator Σ|E_s ∩ E_t|/k, the weight sums (null
-    without weights; weights=False: the database has no such columns, opened read-only), and load_max_vio."""
+    without weights; weights=False: the database has no such columns, opened read-only), and load_max_vio; the
+    margin sums (MARGIN_SUMS) too with margins=True."""
     w = (", ".join(f"{S.merge_sql('summary_layer', c)} AS {c}" for c in S.WEIGHT_SUM_NAMES) if weights else
          ", ".join(f"NULL::{c.sql_type} AS {c.name}" for c in S.WEIGHT_SUMS))
+    if margins:
+        w += ", " + ", ".join(f"{S.merge_sql('summary_layer', c)} AS {c}" for c in S.MARGIN_SUM_NAMES)
     return f"""
     WITH c AS (SELECT run, step, layer, min(k) AS k, sum(n_rows)::BIGINT AS n_rows, sum(n_both)::BIGINT AS n_both,
                       sum(n_flip)::BIGINT AS n_flip, sum(n_top1)::BIGINT AS n_top1,
@@ -290,11 +320,12 @@ def layer_counts_sql(where: str, weights: bool = True) -> str:
     FROM c LEFT JOIN l USING (run, step, layer)"""
 
 
-def routing_by_layer_sql(where: str, weights: bool = True) -> str:
+def routing_by_layer_sql(where: str, weights: bool = True, margins: bool = True) -> str:
     """by=layer: [run, step, layer, n_tokens, flip_rate, top1_flip_rate, overlap, load_max_vio_*,
-    weight_abs_diff_mean, weight_abs_diff_max]; flip columns over rows with both sides (null for sampler-only
-    layers, n_tokens 0); the weight columns over rows with both sides' weights and equal expert sets (null
-    without any)."""
+    weight_abs_diff_mean, weight_abs_diff_max, margin_mean_sampler, margin_mean_trainer]; flip columns over rows
+    with both sides (null for sampler-only layers, n_tokens 0); the weight columns over rows with both sides'
+    weights and equal expert sets (null without any); the margin means over the rows with that side's margin
+    (margins=False: the database has no margin sums, opened read-only: null)."""
     return f"""
     SELECT run, step, layer, n_both AS n_tokens,
            n_flip::DOUBLE / nullif(n_both, 0) AS flip_rate,
@@ -302,8 +333,9 @@ def routing_by_layer_sql(where: str, weights: bool = True) -> str:
            sum_overlap / nullif(n_both, 0) AS overlap,
            load_max_vio_sampler, load_max_vio_trainer,
            sum_weight_abs_diff / nullif(n_weight_rows, 0) AS weight_abs_diff_mean,
-           CASE WHEN n_weight_rows > 0 THEN max_weight_abs_diff END AS weight_abs_diff_max
-    FROM ({layer_counts_sql(where, weights)}) ORDER BY run, step, layer"""
+           CASE WHEN n_weight_rows > 0 THEN max_weight_abs_diff END AS weight_abs_diff_max,
+           {margin_mean_sql(margins)}
+    FROM ({layer_counts_sql(where, weights, margins)}) ORDER BY run, step, layer"""
 
 
 def routing_pooled_sql(keys: Sequence[str], where: str, token_flips: bool) -> str:

@@ -184,7 +184,8 @@ SEQ_SUMS = (
 )
 SEQ_SUM_NAMES = tuple(c.name for c in SEQ_SUMS)
 
-# The full-distribution sums (METRICS.md v3 "Full distribution"), summary_step only: per trained position with the
+# The full-distribution sums (METRICS.md v3 "Full distribution"), summary_step and summary_seq (the latter for the
+# columns per tag and per length bucket, grouped from the sequences as TOKEN_SUMS are): per trained position with the
 # top-J token ids and log-probs of both sides, S_s and S_t those ids, I = S_s ∩ S_t, m_s = Σ_{i∈I} exp(ls_i) and m_t
 # likewise, p̂ the probabilities renormalised over I. Rows without top-k (and rows written before these columns)
 # hold nulls or n_topk = 0; the topk_* columns are means over the n_topk positions, null where there are none.
@@ -209,6 +210,20 @@ WEIGHT_SUMS = (
     Col("max_weight_abs_diff", "DOUBLE", "max d"),
 )
 WEIGHT_SUM_NAMES = tuple(c.name for c in WEIGHT_SUMS)
+
+# The router-margin sums (METRICS.md v3 "Routing margins and weights"), summary_layer only: a margin is the k-th
+# minus the (k+1)-th router probability of a (token, layer) row, stored as fp32 (sums and bins read the fp32 value,
+# widened). Rows written before these columns hold nulls; margin_mean_* are null where a layer has no margins.
+MARGIN_SUMS = (
+    Col("n_margin_sampler", "BIGINT", "rows with the sampler's margin"),
+    Col("sum_margin_sampler", "DOUBLE", "Σ of those margins"),
+    Col("n_margin_trainer", "BIGINT", "rows with the trainer's margin"),
+    Col("sum_margin_trainer", "DOUBLE", "Σ of those margins"),
+)
+MARGIN_SUM_NAMES = tuple(c.name for c in MARGIN_SUMS)
+# Fixed margin bin edges: bin b = [E[b], E[b+1]) for b < 4, the last bin [0.1, 1] closed (summaries/margins.py)
+MARGIN_EDGES = (0.0, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+MARGIN_SIDES = ("sampler", "trainer")
 
 KEY = (Col("run", "VARCHAR", "run name"), Col("step", "BIGINT", "trainer step"))
 FILE = Col("file_id", "INTEGER", "the file (or summary file) that brought the row; delete_run and provenance")
@@ -240,7 +255,17 @@ TABLES: dict[str, tuple[Col, ...]] = {
         Col("n_top1", "BIGINT", "rows whose first-ranked experts differ"),
         Col("sum_common", "BIGINT", "Σ |E_s ∩ E_t| over rows with both sides (overlap = sum_common / (k·n_both))"),
         Col("n_first_flip", "BIGINT", "tokens whose lowest flipped layer is this one"),
-    ) + WEIGHT_SUMS + (FILE,),
+    ) + WEIGHT_SUMS + MARGIN_SUMS + (FILE,),
+    # one row per (run, step, layer, side, margin_bin, file): flips and |Δ| of the (token, layer) rows with both
+    # sides' experts by the margin bin of one side's router margin (flip_rate_by_margin)
+    "summary_margin": KEY + (
+        Col("layer", "INTEGER", "0-based MoE layer"),
+        Col("side", "VARCHAR", "whose margin bins the row: sampler | trainer"),
+        Col("margin_bin", "SMALLINT", "bin of that margin on MARGIN_EDGES"),
+        Col("n_rows", "BIGINT", "(token, layer) rows with both sides' experts and that side's margin"),
+        Col("n_flip", "BIGINT", "of those, rows with E_s ≠ E_t as sets"),
+        Col("sum_abs_d", "DOUBLE", "Σ |Δ| of the rows' tokens (a token counts once per layer)"),
+        FILE),
     # one row per (run, step, sample, file): a sequence's tokens in one file; a sequence's rows merge by
     # GROUP BY (run, step, sample) for the sequence metrics and the length buckets
     "summary_seq": KEY + (
@@ -248,7 +273,7 @@ TABLES: dict[str, tuple[Col, ...]] = {
         Col("max_pos", "INTEGER", "max pos of these tokens (length = 1 + max over the sequence's rows)"),
     ) + TOKEN_SUMS + (
         Col("n_flip_tokens", "BIGINT", "tokens of this sequence with a flip at some layer (routing files)"),
-    ) + SEQ_SUMS + (FILE,),
+    ) + SEQ_SUMS + TOPK_SUMS + (FILE,),
     # one row per (run, step, sample, band, file) with n_tokens > 0: the cap/clip counts of the length buckets
     "summary_seq_band": KEY + (Col("sample", "BIGINT", "sequence id within (run, step)"),) + BAND_SUMS + (FILE,),
     # one row per (run, step, bin, file): Δ histogram on D_EDGES; also every cap/clip/τ threshold count
@@ -322,8 +347,8 @@ def columns(table: str) -> list[str]:
 # Columns added to a table after databases with it were made: a database opened for writing gains them (null in
 # its earlier rows); one opened read-only reads them as null (finalise.token_table_sql, checks=False;
 # Store.has_seq_sums).
-ADDED: dict[str, tuple[Col, ...]] = {"summary_step": CHECK_SUMS + RESIDUAL_SUMS + TOPK_SUMS, "summary_seq": SEQ_SUMS,
-                                    "summary_layer": WEIGHT_SUMS}
+ADDED: dict[str, tuple[Col, ...]] = {"summary_step": CHECK_SUMS + RESIDUAL_SUMS + TOPK_SUMS,
+                                    "summary_seq": SEQ_SUMS + TOPK_SUMS, "summary_layer": WEIGHT_SUMS + MARGIN_SUMS}
 
 
 def ddl() -> list[str]:

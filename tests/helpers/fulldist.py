@@ -48,14 +48,23 @@ def _np(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def topk_reference(step: dict) -> dict[str, float]:
-    """The topk_* and top1_agree columns (means over the trained positions) of one logged step."""
+def topk_reference(step: dict, rows=None) -> dict[str, float]:
+    """The topk_* and top1_agree columns (means over the trained positions) of one logged step; `rows`: only the
+    positions of these rows (sequences)."""
+    cols = topk_terms(step, rows)
+    return {c: math.fsum(v) / len(v) for c, v in cols.items()}
+
+
+def topk_terms(step: dict, rows=None) -> dict[str, list[float]]:
+    """Each trained position's terms of the topk_* and top1_agree columns (of the rows `rows`, default all)."""
     mask = _np(step["mask"]).astype(bool)
     si, sl, ti, tl = (_np(step[k]) for k in ("sampler_topk_ids", "sampler_topk_logprobs", "trainer_topk_ids",
                                              "trainer_topk_logprobs"))
     cols = {c: [] for c in ("topk_overlap", "top1_agree", "topk_mass_sampler", "topk_mass_trainer",
                             "topk_kl_shared", "topk_tv_lower", "topk_tv_upper")}
     for b, p in zip(*np.nonzero(mask)):
+        if rows is not None and b not in rows:
+            continue
         s = {int(i): float(v) for i, v in zip(si[b, p], sl[b, p])}
         t = {int(i): float(v) for i, v in zip(ti[b, p], tl[b, p])}
         shared = set(s) & set(t)
@@ -75,7 +84,7 @@ def topk_reference(step: dict) -> dict[str, float]:
         cols["topk_kl_shared"].append(kl)
         cols["topk_tv_lower"].append(0.5 * l1 + 0.5 * abs(ms - mt))
         cols["topk_tv_upper"].append(0.5 * l1 + 0.5 * (1 - ms) + 0.5 * (1 - mt))
-    return {c: math.fsum(v) / len(v) for c, v in cols.items()}
+    return cols
 
 
 def weight_reference(step: dict) -> dict[int, tuple[float, float]]:
@@ -99,7 +108,7 @@ def weight_reference(step: dict) -> dict[int, tuple[float, float]]:
 
 def sequence_lines(step: dict, step_no: int, run: str = "r") -> list[str]:
     """The step as sequence JSON Lines (SCHEMA.md family 2): one line per sequence with its trained positions (the
-    mask of helpers.logger.make_step is a prefix), every per-token array the logger got, top-k and weights too."""
+    mask of helpers.logger.make_step is a prefix), every per-token array the logger got, top-k, weights and margins too."""
     mask = _np(step["mask"]).astype(bool)
     ids = _np(step["sample_ids"])
     lines = []
@@ -112,7 +121,8 @@ def sequence_lines(step: dict, step_no: int, run: str = "r") -> list[str]:
                           ("trainer_experts", "trainer_experts"), ("sampler_weights", "sampler_weights"),
                           ("trainer_weights", "trainer_weights"), ("sampler_topk_ids", "sampler_topk_ids"),
                           ("sampler_topk_logprobs", "sampler_topk_logprobs"), ("trainer_topk_ids", "trainer_topk_ids"),
-                          ("trainer_topk_logprobs", "trainer_topk_logprobs")):
+                          ("trainer_topk_logprobs", "trainer_topk_logprobs"), ("sampler_margins", "sampler_margins"),
+                          ("trainer_margins", "trainer_margins")):
             if key in step:
                 v = _np(step[key])[b, :n]
                 obj[name] = v.astype(np.float64).tolist() if v.dtype.kind == "f" else v.astype(np.int64).tolist()

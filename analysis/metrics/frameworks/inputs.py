@@ -32,7 +32,8 @@ import polars as pl
 
 from analysis.store import Store
 from analysis.summaries import finalise as F
-from analysis.summaries.schema import BAND_EDGES, CAPS, CLAMP, D_EDGES, SEQ_SUM_NAMES, columns, merge_kind
+from analysis.summaries.schema import (BAND_EDGES, CAPS, CLAMP, D_EDGES, SEQ_SUM_NAMES, TOPK_SUM_NAMES, columns,
+                                      merge_kind)
 from analysis.summaries.sql import clamp_log_ratio_sql, log_cosh_half_sql, run_filter, token_filter
 
 EXTREME_COLUMNS = ("ext_d", "ext_d2", "ext_r_hi", "ext_r_lo", "ext_ri_hi", "ext_ri_lo", "ext_rt")
@@ -207,7 +208,7 @@ def sequence_arrays(store: Store, runs: Sequence[str], steps: tuple[int, int] | 
     have = store.has_seq_sums
     lp = list(SEQ_SUM_NAMES) if logprobs and have else []
     cols = [c for c in columns("summary_seq") if merge_kind(c) != "key"
-            and c not in ("max_pos", "n_flip_tokens") and (c in lp if c in SEQ_SUM_NAMES else
+            and c not in ("max_pos", "n_flip_tokens") and c not in TOPK_SUM_NAMES and (c in lp if c in SEQ_SUM_NAMES else
                                                            only is None or c in only or c in ALWAYS)]
     raw = store.sql(f"SELECT run, step, sample, {', '.join(cols)} FROM summary_seq WHERE {where}", params)
     run, step, sample = _keys(raw, runs)
