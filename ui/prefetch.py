@@ -144,11 +144,11 @@ def default_calls(sel: S.Selection, kinds: dict[str, str], first_page: str | Non
         ] if len(runs) > 1 else [],
         nav.FINDINGS.url: [
             (findings.findings_table, (runs,), dict(steps=steps, cap=cap, clip=clip, baselines=[])),
-            (pairs.trainer_self_table, (runs,), dict(steps=steps)),
-            (pairs.replay_table, (runs,), dict(steps=steps)),
             (corrections.compare_methods, ([first], [(m, dict(corrections.METHODS[m].defaults))
                                                      for m in ("icepop", "geo_rs", "seq_rs")]),
              dict(steps=steps, thin=True)),
+            (pairs.trainer_self_table, (runs,), dict(steps=steps)),  # its "Against partner runs"
+            (pairs.replay_table, (runs,), dict(steps=steps)),
             (sampled.thin_steps, ([first], (steps,)), {}),
             (corrections.log_ratio_quantiles, ([first],), dict(by="step", steps=steps)),
             (waterfall_default, (first, steps), {}),

@@ -13,12 +13,52 @@ import threading
 
 import numpy as np
 import torch
+from numba import njit
 
 from analysis.summaries import schema as S
-from analysis.summaries.margins import N_MARGIN_BINS, margin_pass
+from analysis.summaries.margins import N_MARGIN_BINS
 
 CHUNK = 1 << 16  # trained tokens per chunk: bounds the [c, L, K] sorts
 PIECE = 1 << 15  # positions a thread of the CPU pass takes at a time
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def margin_pass(se, te, sm, tm, abs_d, valid, has_t, has_sm, has_tm, edges, sums, cells):  # pragma: no cover
+    """DriftLogger's margin sums of [N, L, K] expert ids on the CPU in one pass (this module's torch ops
+    elsewhere): per side (0 sampler, 1 trainer) and layer, sums[side, layer] += the margin (fp32 sm / tm [N, L],
+    widened); with the trainer's ids (has_t), cells[side, 0 | 1 | 2, layer, bin] += 1, 𝟙[flip], |Δ| of the
+    position (abs_d [N]) at the margin's bin on the interior `edges`. A flip: some sampler id's count in the
+    trainer's list differs from its count in its own (the expert multisets differ), as fulldist.routing_pass.
+    Positions with valid[i] false are skipped."""
+    N, L, K = se.shape
+    for i in range(N):
+        if not valid[i]:
+            continue
+        d = abs_d[i]
+        for layer in range(L):
+            flip = False
+            if has_t:
+                for a in range(K):
+                    x = se[i, layer, a]
+                    cs = 0
+                    ct = 0
+                    for b in range(K):
+                        cs += se[i, layer, b] == x
+                        ct += te[i, layer, b] == x
+                    flip |= cs != ct
+            for side in range(2):
+                if (side == 0 and not has_sm) or (side == 1 and not has_tm):
+                    continue
+                m = np.float64(sm[i, layer]) if side == 0 else np.float64(tm[i, layer])
+                sums[side, layer] += m
+                if has_t:
+                    b = 0
+                    for e in edges:
+                        b += m >= e
+                    cells[side, 0, layer, b] += 1.0
+                    cells[side, 1, layer, b] += 1.0 if flip else 0.0
+                    cells[side, 2, layer, b] += d
+
 
 
 def checked_margins(margins, experts: torch.Tensor | None, mask: torch.Tensor, name: str,
@@ -53,7 +93,7 @@ def margin_tables(s: torch.Tensor, t: torch.Tensor, mask: torch.Tensor, sampler_
                   engine: str = "auto", pool=None) -> tuple[dict[str, list], dict[str, list]]:
     """(the MARGIN_SUMS columns of the step's L summary_layer rows, its summary_margin rows as columns) over the
     trained positions; `margins`: side -> [B, T, L] margins or None. s, t: [B, T] float64 log-probs. engine:
-    "kernel" is one numba pass (summaries/margins.margin_pass, CPU tensors; a sort per row as torch ops cost
+    "kernel" is one numba pass (margin_pass below, CPU tensors; a sort per row as torch ops cost
     ~3x the rest of such a step), "torch" torch ops on the tensors' device; "auto" the kernel on the CPU.
     pool: an executor whose threads take pieces of the kernel's positions too (torch.get_num_threads() in all)."""
     B, T, L, K = sampler_experts.shape

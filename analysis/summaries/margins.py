@@ -13,7 +13,6 @@ by the trainer's (RouterCapture records the trainer's side), and says which in `
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from analysis.summaries import schema as S
 
@@ -31,44 +30,6 @@ def margin_bin(m: np.ndarray) -> np.ndarray:
     [0, 0, 1, 3, 4, 4]
     """
     return np.searchsorted(np.asarray(_INTERIOR), m, side="right").astype(np.int64)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def margin_pass(se, te, sm, tm, abs_d, valid, has_t, has_sm, has_tm, edges, sums, cells):  # pragma: no cover
-    """DriftLogger's margin sums of [N, L, K] expert ids on the CPU in one pass (record/margins.py's torch ops
-    elsewhere): per side (0 sampler, 1 trainer) and layer, sums[side, layer] += the margin (fp32 sm / tm [N, L],
-    widened); with the trainer's ids (has_t), cells[side, 0 | 1 | 2, layer, bin] += 1, 𝟙[flip], |Δ| of the
-    position (abs_d [N]) at the margin's bin on the interior `edges`. A flip: some sampler id's count in the
-    trainer's list differs from its count in its own (the expert multisets differ), as fulldist.routing_pass.
-    Positions with valid[i] false are skipped."""
-    N, L, K = se.shape
-    for i in range(N):
-        if not valid[i]:
-            continue
-        d = abs_d[i]
-        for layer in range(L):
-            flip = False
-            if has_t:
-                for a in range(K):
-                    x = se[i, layer, a]
-                    cs = 0
-                    ct = 0
-                    for b in range(K):
-                        cs += se[i, layer, b] == x
-                        ct += te[i, layer, b] == x
-                    flip |= cs != ct
-            for side in range(2):
-                if (side == 0 and not has_sm) or (side == 1 and not has_tm):
-                    continue
-                m = np.float64(sm[i, layer]) if side == 0 else np.float64(tm[i, layer])
-                sums[side, layer] += m
-                if has_t:
-                    b = 0
-                    for e in edges:
-                        b += m >= e
-                    cells[side, 0, layer, b] += 1.0
-                    cells[side, 1, layer, b] += 1.0 if flip else 0.0
-                    cells[side, 2, layer, b] += d
 
 
 def margin_bin_sql(col: str) -> str:
