@@ -149,39 +149,64 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def routing_pass(se, te, sw, tw, valid, lo, hi, n_experts, has_t, has_w, load_s, load_t, counts, w_sum, w_max,
+def routing_pass(se, te, sw, tw, valid, lo, hi, has_t, has_w, load_s, load_t, counts, w_sum, w_max,
                  flipped):  # pragma: no cover - compiled
     """DriftLogger's routing summaries of positions [lo, hi) of [N, L, K] expert ids (and weights) on the CPU, the
     torch ops of record/summaries.py `_routing` as one pass: tokens per (layer, expert) into load_s / load_t
-    ([L · n_experts]); per layer into counts [5, L]: rows whose expert multisets differ (a flip; the sorted lists
-    differ), whose first-ranked ids differ, Σ of equal (sampler, trainer) id pairs, tokens whose lowest flipped
-    layer it is, rows weighed (both sides' weights, no flip); the weight sums w_sum / w_max [L] of METRICS.md v3
+    ([L · cap], expert ids below cap); per layer into counts [5, L]: rows whose expert multisets differ (a flip),
+    whose first-ranked ids differ, Σ of equal (sampler, trainer) id pairs, tokens whose lowest flipped layer it
+    is, rows weighed (both sides' weights, no flip); the weight sums w_sum / w_max [L] of METRICS.md v3
     weight_abs_diff (d = Σ_k |w_s(e_k) − w_t(e_k)|, the trainer's weight of e_k found by id); flipped[i] = the
-    token's flipped layers. Positions with valid[i] false are skipped; has_t / has_w false: te / tw unused."""
+    token's flipped layers. Positions with valid[i] false are skipped; has_t / has_w false: te / tw unused.
+
+    Returns (0, 0) when done; (1, i) at the first trained position i with a negative expert id or (has_w) a
+    weight that is not finite, whose sums are then not to be used (checked here, in the pass that reads them
+    anyway, rather than by passes of their own over the [N, L, K] arrays); (2, e) where an id e >= cap was met
+    (the caller runs again with wider tables).
+
+    Each row's ids index a table of the trainer's count of each id less the sampler's (and the trainer's weight
+    of each id), set and cleared per row: 2K steps a row where comparing every pair took K²."""
     L, K = se.shape[1], se.shape[2]
+    cap = load_s.shape[0] // L
+    tally = np.zeros(cap, np.int64)  # per id: the trainer's count less the sampler's, in the row at hand
+    weight = np.zeros(cap)  # per id: Σ of the trainer's weights, in the row at hand
     for i in range(lo, hi):
         if not valid[i]:
             continue
+        low = high = 0
+        ok = True
+        for layer in range(L):
+            for a in range(K):
+                low = min(low, se[i, layer, a], te[i, layer, a])
+                high = max(high, se[i, layer, a], te[i, layer, a])
+                if has_w:
+                    ok &= (abs(sw[i, layer, a]) < np.inf) & (abs(tw[i, layer, a]) < np.inf)
+        if low < 0 or not ok:
+            return 1, i
+        if high >= cap:
+            return 2, high
         n_fl = 0
         first = -1
         for layer in range(L):
-            base = layer * n_experts
+            base = layer * cap
             for a in range(K):
                 load_s[base + se[i, layer, a]] += 1
             if not has_t:
                 continue
-            flip = False
+            for b in range(K):
+                x = te[i, layer, b]
+                load_t[base + x] += 1
+                tally[x] += 1
+                if has_w:
+                    weight[x] += np.float64(tw[i, layer, b])
             common = 0
             for a in range(K):
-                load_t[base + te[i, layer, a]] += 1
-                x = se[i, layer, a]
-                cs = 0
-                ct = 0
-                for b in range(K):
-                    cs += se[i, layer, b] == x
-                    ct += te[i, layer, b] == x
-                flip |= cs != ct
-                common += ct
+                common += tally[se[i, layer, a]]  # the trainer's count of the sampler's a-th id
+            for a in range(K):
+                tally[se[i, layer, a]] -= 1
+            flip = False  # the multisets differ where some id's count differs: one of either side's ids
+            for a in range(K):
+                flip |= (tally[se[i, layer, a]] != 0) | (tally[te[i, layer, a]] != 0)
             counts[2, layer] += common
             if se[i, layer, 0] != te[i, layer, 0]:
                 counts[1, layer] += 1
@@ -193,19 +218,20 @@ def routing_pass(se, te, sw, tw, valid, lo, hi, n_experts, has_t, has_w, load_s,
             elif has_w:
                 d = 0.0
                 for a in range(K):
-                    x = se[i, layer, a]
-                    w = 0.0
-                    for b in range(K):
-                        w += np.float64(tw[i, layer, b]) if te[i, layer, b] == x else 0.0
-                    d += abs(np.float64(sw[i, layer, a]) - w)
+                    d += abs(np.float64(sw[i, layer, a]) - weight[se[i, layer, a]])
                 counts[4, layer] += 1
                 w_sum[layer] += d
                 if d > w_max[layer]:
                     w_max[layer] = d
+            for a in range(K):
+                tally[se[i, layer, a]] = 0
+                tally[te[i, layer, a]] = 0
+                weight[te[i, layer, a]] = 0.0
         if has_t:
             flipped[i] = n_fl
             if first >= 0:
                 counts[3, first] += 1
+    return 0, 0
 
 
 def topk_sums(s_ids: np.ndarray, s_lp: np.ndarray, t_ids: np.ndarray, t_lp: np.ndarray, group: np.ndarray,
