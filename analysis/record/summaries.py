@@ -347,7 +347,33 @@ def _band_rows(dim: str, block: torch.Tensor, offset: int = 0) -> dict:
 
 def seq_logprob_sums(x: StepTensors, samples: np.ndarray) -> dict[str, np.ndarray]:
     """schema.SEQ_SUMS of the sequences `samples` (ids of x.samples): n_lp_tokens, Σ s, Σ t, Σ log cosh(Δ/2)
-    (as kernel.log_cosh_half) and Σ r·t, r = exp(clamp(Δ, ±20)), over each row's trained positions."""
+    (as kernel.log_cosh_half) and Σ r·t, r = exp(clamp(Δ, ±20)), over each row's trained positions (on the CPU
+    by kernel.row_seq_sums, the rows shared with the pool's threads)."""
+    if x.device.type == "cpu":
+        cols = _row_seq_sums_cpu(x)
+    else:
+        cols = _row_seq_sums_torch(x)
+    ids = x.samples.cpu().numpy()
+    order = np.argsort(ids, kind="stable")
+    rows = order[np.searchsorted(ids[order], samples)]
+    return {"n_lp_tokens": cols[0, rows].astype(np.int64)} | dict(zip(S.SEQ_SUM_NAMES[1:], cols[1:, rows]))
+
+
+def _row_seq_sums_cpu(x: StepTensors) -> np.ndarray:
+    """[5, B] per row: the trained token count and schema.SEQ_SUMS, by the kernel (two threads on a large step)."""
+    B = x.mask.shape[0]
+    out = np.zeros((5, B))
+    args = (x.s.numpy(), x.t.numpy(), x.mask.numpy())
+    half = B // 2 if torch.get_num_threads() > 1 and x.mask.numel() >= KERNEL_SPLIT else B
+    other = _pool().submit(kernel.row_seq_sums, *args, half, B, out) if half < B else None
+    kernel.row_seq_sums(*args, 0, half, out)
+    if other is not None:
+        other.result()
+    return out
+
+
+def _row_seq_sums_torch(x: StepTensors) -> np.ndarray:
+    """_row_seq_sums_cpu by torch ops on the tensors' device."""
     m = x.mask
     zero = torch.zeros((), dtype=torch.float64, device=x.device)
     d = torch.where(m, x.t - x.s, zero)  # padding may hold anything
@@ -356,12 +382,8 @@ def seq_logprob_sums(x: StepTensors, samples: np.ndarray) -> dict[str, np.ndarra
                      h + torch.log1p(torch.exp(-2.0 * h)) - math.log(2.0))
     r = torch.exp(d.clamp(-S.CLAMP, S.CLAMP))
     t = torch.where(m, x.t, zero)
-    cols = torch.stack([m.sum(1, dtype=torch.float64), torch.where(m, x.s, zero).sum(1), t.sum(1),
+    return torch.stack([m.sum(1, dtype=torch.float64), torch.where(m, x.s, zero).sum(1), t.sum(1),
                         torch.where(m, js, zero).sum(1), (r * t).sum(1)]).cpu().numpy()
-    ids = x.samples.cpu().numpy()
-    order = np.argsort(ids, kind="stable")
-    rows = order[np.searchsorted(ids[order], samples)]
-    return {"n_lp_tokens": cols[0, rows].astype(np.int64)} | dict(zip(S.SEQ_SUM_NAMES[1:], cols[1:, rows]))
 
 
 def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | None = None,

@@ -74,7 +74,8 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
     n, J = s_ids.shape
     seen = np.zeros(4096, np.int64)
     rank = np.zeros(4096, np.int64)
-    match = np.empty(J, np.int64)
+    on_a = np.empty(J)  # per sampler rank: 1 where its id is shared, else 0
+    diff = np.empty(J)  # per sampler rank: its log-prob less the trainer's of the same id (where shared)
     for i in range(n):
         g = group[i]
         if g < 0:
@@ -84,6 +85,12 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
         t_stamp = 2 * i + 2
         by_slot = not _stamp(t_ids, i, seen, rank, t_stamp)
         if not by_slot and _repeats(t_ids, i):
+            return i
+        ok = True
+        for a in range(J):
+            ok &= ((s_ids[i, a] | t_ids[i, a]) >= 0) & (s_lp[i, a] <= 0) & (t_lp[i, a] <= 0)
+            ok &= (s_lp[i, a] > -np.inf) & (t_lp[i, a] > -np.inf)
+        if not ok:
             return i
         # the trainer's rank of each sampler id (0 where it has none, told apart by `shared`); what follows is
         # free of branches on the data (whether an id is shared is a coin toss in real lists: mispredicted jumps
@@ -96,11 +103,8 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
         mass_t = 0.0
         best_s, best_t = 0, 0
         top_s, top_t = s_lp[i, 0], t_lp[i, 0]
-        bad = False
         for a in range(J):
             x = s_ids[i, a]
-            bad |= (x < 0) | (t_ids[i, a] < 0) | ~(s_lp[i, a] <= 0) | ~(t_lp[i, a] <= 0)
-            bad |= (s_lp[i, a] == -np.inf) | (t_lp[i, a] == -np.inf)
             if by_slot:
                 h = _slot(x)
                 m = rank[h]
@@ -112,8 +116,9 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
                 shared = m > 0
                 m -= 1
             m = m if shared else 0
-            match[a] = m
             on = 1.0 if shared else 0.0
+            on_a[a] = on
+            diff[a] = np.float64(s_lp[i, a]) - np.float64(t_lp[i, m])
             n_i += shared
             p_s, p_t = ps[i, a], pt[i, m]
             ms += on * p_s
@@ -127,16 +132,12 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
             up_t = t_lp[i, a] > top_t
             best_t = a if up_t else best_t
             top_t = t_lp[i, a] if up_t else top_t
-        if bad:
-            return i
         kl = 0.0
         if n_i >= 2:
             shift = math.log(ms / mt)
             inv = 1.0 / ms
             for a in range(J):
-                m = match[a]
-                on = inv if s_ids[i, a] == t_ids[i, m] else 0.0
-                kl += on * ps[i, a] * ((np.float64(s_lp[i, a]) - np.float64(t_lp[i, m])) - shift)
+                kl += (on_a[a] * inv) * ps[i, a] * (diff[a] - shift)
         out[g, 0] += 1.0
         out[g, 1] += n_i / J
         out[g, 2] += 1.0 if s_ids[i, best_s] == t_ids[i, best_t] else 0.0
