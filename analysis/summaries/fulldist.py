@@ -26,6 +26,7 @@ from numba import njit
 
 # the step sums in the order of schema.TOPK_SUMS: n_topk, then the per-position terms
 N_SUMS = 8
+_LOW, _HIGH = (1 << 32) - 1, 1 << 32  # routing_pass's table: the trainer's count of an id, and one of the sampler's
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -165,11 +166,12 @@ def routing_pass(se, te, sw, tw, valid, lo, hi, has_t, has_w, load_s, load_t, co
     anyway, rather than by passes of their own over the [N, L, K] arrays); (2, e) where an id e >= cap was met
     (the caller runs again with wider tables).
 
-    Each row's ids index a table of the trainer's count of each id less the sampler's (and the trainer's weight
-    of each id), set and cleared per row: 2K steps a row where comparing every pair took K²."""
+    Each row's ids index a table of each side's count of each id (and the trainer's weight of each id), set and
+    cleared per row: a few K steps a row where comparing every pair took K²; where neither side repeats an id (ingest
+    refuses repeats), the two sets are equal when all K sampler ids are the trainer's."""
     L, K = se.shape[1], se.shape[2]
     cap = load_s.shape[0] // L
-    tally = np.zeros(cap, np.int64)  # per id: the trainer's count less the sampler's, in the row at hand
+    tally = np.zeros(cap, np.int64)  # per id, in the row at hand: the trainer's count + 2^32 × the sampler's
     weight = np.zeros(cap)  # per id: Σ of the trainer's weights, in the row at hand
     for i in range(lo, hi):
         if not valid[i]:
@@ -194,20 +196,31 @@ def routing_pass(se, te, sw, tw, valid, lo, hi, has_t, has_w, load_s, load_t, co
                 load_s[base + se[i, layer, a]] += 1
             if not has_t:
                 continue
+            rep = 0  # > 0 where a side repeats an id
             for b in range(K):
                 x = te[i, layer, b]
                 load_t[base + x] += 1
+                rep |= tally[x]
                 tally[x] += 1
                 if has_w:
                     weight[x] += np.float64(tw[i, layer, b])
             common = 0
-            for a in range(K):
-                common += tally[se[i, layer, a]]  # the trainer's count of the sampler's a-th id
-            for a in range(K):
-                tally[se[i, layer, a]] -= 1
-            flip = False  # the multisets differ where some id's count differs: one of either side's ids
-            for a in range(K):
-                flip |= (tally[se[i, layer, a]] != 0) | (tally[te[i, layer, a]] != 0)
+            d = 0.0
+            for a in range(K):  # the trainer's count of each sampler id; the sampler's own count in the high bits
+                y = se[i, layer, a]
+                v = tally[y]
+                common += v & _LOW
+                rep |= v >> 32
+                tally[y] = v + _HIGH
+                if has_w:
+                    d += abs(np.float64(sw[i, layer, a]) - weight[y])
+            if rep == 0:  # ids distinct on both sides: the sets are equal where every sampler id is the trainer's
+                flip = common != K
+            else:  # a repeated id: the multisets differ where some id's two counts differ
+                flip = False
+                for a in range(K):
+                    v, u = tally[se[i, layer, a]], tally[te[i, layer, a]]
+                    flip |= ((v & _LOW) != (v >> 32)) | ((u & _LOW) != (u >> 32))
             counts[2, layer] += common
             if se[i, layer, 0] != te[i, layer, 0]:
                 counts[1, layer] += 1
@@ -217,9 +230,6 @@ def routing_pass(se, te, sw, tw, valid, lo, hi, has_t, has_w, load_s, load_t, co
                 if first < 0:
                     first = layer
             elif has_w:
-                d = 0.0
-                for a in range(K):
-                    d += abs(np.float64(sw[i, layer, a]) - weight[se[i, layer, a]])
                 counts[4, layer] += 1
                 w_sum[layer] += d
                 if d > w_max[layer]:
