@@ -2,10 +2,14 @@
 
     python benchmarks/bench_logger.py [--tokens 4000000] [--steps 5] [--repeat 3] [--threads 2] [--no-write]
     python benchmarks/bench_logger.py --fulldist [--tokens 2000000] [--layers 2] [--k 8] ...
+    python benchmarks/bench_logger.py --fulldist --code OTHER_CHECKOUT [--tokens 1000000] [--repeat 2]
 
 --fulldist times instead the METRICS.md v3 inputs (`fulldist_main`): log_step with top-k log-probs (J = 20, and 8)
 and router weights beside the same steps without them, and measures the bytes per token each adds to a DuckDB
-database (a seeded run logged with token_sample = 1 and ingested).
+database (a seeded run logged with token_sample = 1 and ingested). With --code (another checkout, e.g. a
+`git archive main` copy), instead the full configuration (top-k J = 20, routing of both sides with weights) and
+the step without them, each side's logger in a child process of its own (`fulldist_child`; the same seeded step,
+built by this script), the sides alternating: wall and CPU seconds (all threads of the child) of the logging alone.
 
 One synthetic step of B × T fp32 log-probs (B = tokens / 1000 sequences of 1000 positions, lengths uniform in
 [500, 1000], so ~25% padding) is logged repeatedly; the best of `repeat` rounds counts (each round logs `steps`
@@ -28,15 +32,20 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
+import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from harness import ROOT, alternate, module_at, record
+from harness import ROOT, alternate, module_at, record, timed
 
+if "--child-code" in sys.argv:  # fulldist_child: the logger of another checkout
+    sys.path.insert(0, sys.argv[sys.argv.index("--child-code") + 1])
 from analysis.record.logger import DriftLogger
 
 RESULTS = ROOT / "benchmarks" / "RESULTS-logger.md"
@@ -126,8 +135,14 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2, help="--fulldist: MoE layers of the routing")
     ap.add_argument("--k", type=int, default=8, help="--fulldist: experts per token and layer")
     ap.add_argument("--db-tokens", type=int, default=200_000, help="--fulldist: positions per step of the bytes run")
+    ap.add_argument("--code", type=Path, help="--fulldist: another checkout, timed side by side (see above)")
+    ap.add_argument("--child-code", type=Path, help=argparse.SUPPRESS)  # fulldist_child, run by fulldist_compare
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.child_code:
+        return fulldist_child(args)
+    if args.fulldist and args.code:
+        return fulldist_compare(args)
     if args.fulldist:
         return fulldist_main(args)
     data = make_step(args.tokens)
@@ -211,6 +226,61 @@ def db_bytes(step_data: dict, steps: int) -> tuple[int, int]:
         block, used = con.execute("SELECT block_size, used_blocks FROM pragma_database_size()").fetchone()
         con.close()
         return block * used, int(step_data["mask"].sum()) * steps
+
+
+def fulldist_configs(args, data: dict) -> tuple[dict[str, dict], dict[str, float]]:
+    """--code's configurations: (name -> extra log_step arguments, name -> token_sample)."""
+    full = fulldist_inputs(data, 20, args.layers, args.k)
+    every = full["topk"] | full["weights"]
+    configs = {"token_sample=0, no top-k or routing": {},
+               f"token_sample=0, top-k J=20 + routing L={args.layers} K={args.k} + weights": every,
+               f"token_sample=0.001, top-k J=20 + routing L={args.layers} K={args.k} + weights": every}
+    return configs, {name: 0.001 if "0.001" in name else 0.0 for name in configs}
+
+
+def fulldist_child(args) -> None:
+    """One side of --code: every configuration timed once (after a warm step), printed as JSON."""
+    data = make_step(args.tokens)
+    configs, rate = fulldist_configs(args, data)
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, extra in configs.items():
+            time_round(lambda o: DriftLogger(o, "bench", token_sample=rate[name]), data | extra, 1, Path(tmp) / "o")
+            out[name] = time_round(lambda o: DriftLogger(o, "bench", token_sample=rate[name]), data | extra,
+                                   args.steps, Path(tmp) / "o")
+    print(json.dumps({"trained": int(data["mask"].sum()) * args.steps, "runs": out}))
+
+
+def fulldist_compare(args) -> None:
+    """--fulldist --code: this checkout's logger against another's, each round one child per side, alternating."""
+    sides = {"this checkout": ROOT, f"--code {args.code}": args.code.resolve()}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--tokens", str(args.tokens), "--steps", str(args.steps),
+           "--threads", str(args.threads), "--layers", str(args.layers), "--k", str(args.k)]
+    best: dict[str, dict[str, tuple[float, float]]] = {side: {} for side in sides}
+    trained = 0
+    for r in range(args.repeat):
+        for side in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+            child = timed(cmd + ["--child-code", str(sides[side])], cwd=sides[side],
+                          env={"PYTHONPATH": str(sides[side])})
+            res = json.loads(child["stdout"].strip().splitlines()[-1])
+            trained = res["trained"]
+            for name, (wall, cpu) in res["runs"].items():
+                old = best[side].get(name)
+                best[side][name] = (min(wall, old[0]), min(cpu, old[1])) if old else (wall, cpu)
+    this, other = sides
+    lines = []
+    for name in best[this]:
+        lines.append(f"- {name}:")
+        for side in sides:
+            wall, cpu = best[side][name]
+            lines.append(f"  - {side}: {trained / wall / 1e6:.2f}M tokens/s wall, {trained / cpu / 1e6:.2f}M tokens "
+                         f"per CPU-second ({cpu / trained * 1e9:.0f} ns of CPU a token)")
+        ratio = best[other][name][1] / best[this][name][1]
+        lines.append(f"  - this checkout takes {1 / ratio:.2f}x the other's CPU a token")
+    record(RESULTS, "\n".join(lines), RESULTS_INTRO, {"torch": torch.__version__}, write=not args.no_write,
+           note=f"--fulldist --code: torch threads={args.threads}; data: {args.steps} steps × {trained // args.steps:,} "
+                f"trained tokens (fp32 log-probs), best of {args.repeat} rounds per side (a child process per side and "
+                f"round, alternating; numba's cache warm on both sides)")
 
 
 def fulldist_main(args) -> None:

@@ -98,6 +98,21 @@ def position_problem(b: int, p: int, s_ids, s_lp, t_ids, t_lp) -> str:
     return f"top-k lists at [{b}, {p}]: a rule is broken"
 
 
+def routing_problem(b: int, p: int, se, te, sw, tw) -> str:
+    """The message for trained position (b, p), where the CPU routing pass found a negative expert id or a weight
+    that is not finite, as DriftLogger's checks before the pass word them (the first of: the sampler's ids, the
+    trainer's, the sampler's weights, the trainer's)."""
+    for name, e in (("sampler_experts", se), ("trainer_experts", te)):
+        if e is not None:
+            for layer, row in enumerate(e[b, p].tolist()):
+                if min(row, default=0) < 0:
+                    return f"{name}[{b}, {p}, {layer}] = {row}: expert ids are 0-based (>= 0)"
+    for name, w in (("sampler_weights", sw), ("trainer_weights", tw)):
+        if w is not None and not bool(torch.isfinite(w[b, p]).all()):
+            return f"{name}[{b}, {p}]: a weight is not finite (mask the token out if it is padding)"
+    return f"routing at [{b}, {p}]: a rule is broken"
+
+
 def _np_floats(v: torch.Tensor) -> np.ndarray:
     """A float tensor as numpy (bf16 and fp16 widened to fp32, exactly: numpy has no bf16)."""
     return (v if v.dtype in (torch.float32, torch.float64) else v.to(torch.float32)).numpy()

@@ -182,7 +182,7 @@ class DriftLogger:
                               responses=responses, tags=tags, segment_ids=segment_ids,
                               sampling_support=sampling_support)
         x.segments = ctx.segments
-        x.sampler_weights, x.trainer_weights = _weights(x, sampler_weights, trainer_weights)
+        x.sampler_weights, x.trainer_weights = _weights(x, sampler_weights, trainer_weights, x.routing_in_pass)
         x.topk = _topk(x, sampler_topk_ids, sampler_topk_logprobs, trainer_topk_ids, trainer_topk_logprobs)
         margins = {"sampler": checked_margins(sampler_margins, x.sampler_experts, x.mask, "sampler_margins",
                                               "sampler_experts"),
@@ -275,13 +275,17 @@ class DriftLogger:
             se = _tensor(sampler_experts, "sampler_experts", device)
             if se.ndim != 4 or tuple(se.shape[:2]) != (B, T):
                 raise ValueError(f"sampler_experts: expected shape [{B}, {T}, L, K], got {list(se.shape)}")
-            _check_experts(se, m, "sampler_experts")
             if trainer_experts is not None:
                 te = _tensor(trainer_experts, "trainer_experts", device)
                 _expect_shape(te, tuple(se.shape), "trainer_experts")
-                _check_experts(te, m, "trainer_experts")
+        # On the CPU (folder layout) the routing pass of the summaries checks the ids as it reads them, before
+        # anything is written (a pass of their own over [B, T, L, K] cost as much as the routing sums)
+        in_pass = device.type == "cpu" and work is not None
+        for name, e in (("sampler_experts", se), ("trainer_experts", te)):
+            if e is not None and not in_pass:
+                _check_experts(e, m, name)
         return StepTensors(s, t, m, samples, ids, versions["sampler_version"], versions["trainer_version"],
-                           se, te)
+                           se, te, routing_in_pass=in_pass)
 
     def _sequence_rows(self, step: int, x: StepTensors, ctx: Context) -> pa.Table | None:
         """The step's `sequences` rows (lake layout), one per sequence, where the context has per-sequence values."""
@@ -365,9 +369,12 @@ def _check_experts(e: torch.Tensor, mask: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name}[{b}, {p}, {layer}] = {e[b, p, layer].tolist()}: expert ids are 0-based (>= 0)")
 
 
-def _weights(x: StepTensors, sampler_weights, trainer_weights) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def _weights(x: StepTensors, sampler_weights, trainer_weights,
+             in_pass: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The router combine weights [B, T, L, K] in their own float dtype, checked: each side's needs that side's
-    experts, of the same shape, and is finite at the trained positions."""
+    experts, of the same shape, and is finite at the trained positions (`in_pass`, with both sides' weights: left
+    to the summaries' CPU routing pass, which reads them all anyway)."""
+    in_pass = in_pass and sampler_weights is not None and trainer_weights is not None
     out = []
     for name, value, experts, side in (("sampler_weights", sampler_weights, x.sampler_experts, "sampler_experts"),
                                        ("trainer_weights", trainer_weights, x.trainer_experts, "trainer_experts")):
@@ -380,6 +387,9 @@ def _weights(x: StepTensors, sampler_weights, trainer_weights) -> tuple[torch.Te
         if not w.is_floating_point():
             raise ValueError(f"{name}: expected floating-point weights, got dtype {w.dtype}")
         _expect_shape(w, tuple(experts.shape), name)
+        if in_pass:
+            out.append(w)
+            continue
         lo, hi = torch.aminmax(w) if w.numel() else (torch.zeros(()), torch.zeros(()))  # one pass; NaN fails both
         if bool(lo > -math.inf) and bool(hi < math.inf):
             out.append(w)

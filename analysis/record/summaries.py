@@ -32,7 +32,7 @@ import torch
 
 from analysis.record.checks import check_sums
 from analysis.record.residual import residual_sums
-from analysis.record.fulldist import seq_topk_columns, topk_sums, topk_sums_torch, weight_diff
+from analysis.record.fulldist import routing_problem, seq_topk_columns, topk_sums, topk_sums_torch, weight_diff
 from analysis.record.margins import margin_tables
 from analysis.record.token_sample import Kept, SamplePlan
 from analysis.summaries import fulldist, kernel
@@ -71,6 +71,7 @@ class StepTensors:
     #                                                       of the sampler, then the trainer (log-probs float64)
     segments: torch.Tensor | None = None  # [B, T] int64 turn index (0 at padding), for the residual counts
     margins: dict[str, torch.Tensor | None] | None = None  # side -> [B, T, L] router margins (record/margins.py)
+    routing_in_pass: bool = False  # expert ids and weights are left to the CPU routing pass to check
 
     @property
     def device(self) -> torch.device:
@@ -348,7 +349,33 @@ def _band_rows(dim: str, block: torch.Tensor, offset: int = 0) -> dict:
 
 def seq_logprob_sums(x: StepTensors, samples: np.ndarray) -> dict[str, np.ndarray]:
     """schema.SEQ_SUMS of the sequences `samples` (ids of x.samples): n_lp_tokens, Σ s, Σ t, Σ log cosh(Δ/2)
-    (as kernel.log_cosh_half) and Σ r·t, r = exp(clamp(Δ, ±20)), over each row's trained positions."""
+    (as kernel.log_cosh_half) and Σ r·t, r = exp(clamp(Δ, ±20)), over each row's trained positions (on the CPU
+    by kernel.row_seq_sums, the rows shared with the pool's threads)."""
+    if x.device.type == "cpu":
+        cols = _row_seq_sums_cpu(x)
+    else:
+        cols = _row_seq_sums_torch(x)
+    ids = x.samples.cpu().numpy()
+    order = np.argsort(ids, kind="stable")
+    rows = order[np.searchsorted(ids[order], samples)]
+    return {"n_lp_tokens": cols[0, rows].astype(np.int64)} | dict(zip(S.SEQ_SUM_NAMES[1:], cols[1:, rows]))
+
+
+def _row_seq_sums_cpu(x: StepTensors) -> np.ndarray:
+    """[5, B] per row: the trained token count and schema.SEQ_SUMS, by the kernel (two threads on a large step)."""
+    B = x.mask.shape[0]
+    out = np.zeros((5, B))
+    args = (x.s.numpy(), x.t.numpy(), x.mask.numpy())
+    half = B // 2 if torch.get_num_threads() > 1 and x.mask.numel() >= KERNEL_SPLIT else B
+    other = _pool().submit(kernel.row_seq_sums, *args, half, B, out) if half < B else None
+    kernel.row_seq_sums(*args, 0, half, out)
+    if other is not None:
+        other.result()
+    return out
+
+
+def _row_seq_sums_torch(x: StepTensors) -> np.ndarray:
+    """_row_seq_sums_cpu by torch ops on the tensors' device."""
     m = x.mask
     zero = torch.zeros((), dtype=torch.float64, device=x.device)
     d = torch.where(m, x.t - x.s, zero)  # padding may hold anything
@@ -357,12 +384,8 @@ def seq_logprob_sums(x: StepTensors, samples: np.ndarray) -> dict[str, np.ndarra
                      h + torch.log1p(torch.exp(-2.0 * h)) - math.log(2.0))
     r = torch.exp(d.clamp(-S.CLAMP, S.CLAMP))
     t = torch.where(m, x.t, zero)
-    cols = torch.stack([m.sum(1, dtype=torch.float64), torch.where(m, x.s, zero).sum(1), t.sum(1),
+    return torch.stack([m.sum(1, dtype=torch.float64), torch.where(m, x.s, zero).sum(1), t.sum(1),
                         torch.where(m, js, zero).sum(1), (r * t).sum(1)]).cpu().numpy()
-    ids = x.samples.cpu().numpy()
-    order = np.argsort(ids, kind="stable")
-    rows = order[np.searchsorted(ids[order], samples)]
-    return {"n_lp_tokens": cols[0, rows].astype(np.int64)} | dict(zip(S.SEQ_SUM_NAMES[1:], cols[1:, rows]))
 
 
 def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | None = None,
@@ -448,52 +471,70 @@ def _numpy_of(v: torch.Tensor) -> np.ndarray:
     return (v if v.dtype != torch.bfloat16 and v.dtype != torch.float16 else v.to(torch.float32)).numpy()
 
 
+EXPERT_TABLE = 1024  # expert ids the CPU routing pass counts into its tables at first (more: it runs again)
+
+
 def _routing_cpu(x: StepTensors) -> _Routing:
     """`_routing` on the CPU in one numba pass (summaries/fulldist.routing_pass), the positions shared among
     torch.get_num_threads() threads in pieces, each into counts of its own, added after; n_flipped_layers is then
-    the [B, T] grid of flipped layers per position (0 at padding)."""
+    the [B, T] grid of flipped layers per position (0 at padding). The pass also checks the trained positions'
+    expert ids (>= 0) and, where both sides' weights are given, weights (finite): DriftLogger leaves those checks
+    to it on the CPU. Its tables hold EXPERT_TABLE ids per layer, or as many as the largest id needs (a second
+    pass)."""
     B, T, L, K = x.sampler_experts.shape
     N = B * T
     se = x.sampler_experts.reshape(N, L, K)
     te = x.trainer_experts.reshape(N, L, K) if x.trainer_experts is not None else None
     both = te is not None
     weighted = both and x.sampler_weights is not None and x.trainer_weights is not None
-    n_experts = int(se.max()) + 1 if se.numel() else 1
-    if both and te.numel():
-        n_experts = max(n_experts, int(te.max()) + 1)
     args = [_numpy_of(se), _numpy_of(te if both else se),
-            _numpy_of(x.sampler_weights.reshape(N, L, K)) if weighted else np.zeros((0, 0, 0)),
-            _numpy_of(x.trainer_weights.reshape(N, L, K)) if weighted else np.zeros((0, 0, 0)),
+            _numpy_of(x.sampler_weights.reshape(N, L, K)) if weighted else np.zeros((0, 0, 0), np.float32),
+            _numpy_of(x.trainer_weights.reshape(N, L, K)) if weighted else np.zeros((0, 0, 0), np.float32),
             x.mask.reshape(N).numpy()]
-    flipped = np.zeros(N, np.int64)
     piece = max(1, KERNEL_PIECE // max(1, L))
-    pieces = iter(range(0, N, piece))
-    taking = threading.Lock()
-
-    def work() -> tuple:
-        out = (np.zeros(L * n_experts, np.int64), np.zeros(L * n_experts, np.int64), np.zeros((5, L), np.int64),
-               np.zeros(L), np.full(L, -math.inf))
-        while True:
-            with taking:
-                lo = next(pieces, None)
-            if lo is None:
-                return out
-            fulldist.routing_pass(*args, lo, min(N, lo + piece), n_experts, both, weighted, *out, flipped)
     threads = min(torch.get_num_threads(), max(1, N * L // KERNEL_SPLIT))
-    done = [_pool().submit(work) for _ in range(threads - 1)]
-    load_s, load_t, counts, w_sum, w_max = work()
-    for f in done:
-        o = f.result()
-        load_s += o[0]
-        load_t += o[1]
-        counts += o[2]
-        w_sum += o[3]
-        np.maximum(w_max, o[4], out=w_max)
+    cap = EXPERT_TABLE
+    while True:
+        flipped = np.zeros(N, np.int64)
+        pieces = iter(range(0, N, piece))
+        taking = threading.Lock()
+
+        def work() -> tuple:
+            out = (np.zeros(L * cap, np.int64), np.zeros(L * cap, np.int64), np.zeros((5, L), np.int64),
+                   np.zeros(L), np.full(L, -math.inf))
+            while True:
+                with taking:
+                    lo = next(pieces, None)
+                if lo is None:
+                    return out, (0, 0)
+                status = fulldist.routing_pass(*args, lo, min(N, lo + piece), both, weighted, *out, flipped)
+                if status[0]:
+                    return out, status
+        done = [_pool().submit(work) for _ in range(threads - 1)]
+        (load_s, load_t, counts, w_sum, w_max), status = work()
+        statuses = [status]
+        for f in done:
+            o, status = f.result()
+            statuses.append(status)
+            load_s += o[0]
+            load_t += o[1]
+            counts += o[2]
+            w_sum += o[3]
+            np.maximum(w_max, o[4], out=w_max)
+        bad = [i for code, i in statuses if code == 1]
+        if bad:
+            b, p = divmod(min(bad), T)
+            raise ValueError(routing_problem(b, p, x.sampler_experts, x.trainer_experts, x.sampler_weights,
+                                             x.trainer_weights))
+        wider = [e for code, e in statuses if code == 2]
+        if not wider:
+            break
+        cap = max(2 * cap, max(wider) + 1)
     n = int(x.mask.sum())
     load = {"n_sampler": torch.from_numpy(load_s)} | ({"n_trainer": torch.from_numpy(load_t)} if both else {})
     rows = _layer_rows(L, K, n, both, counts[:4].tolist(),
                        (counts[4].tolist(), w_sum.tolist(), w_max.tolist()) if weighted else None)
-    return _Routing(torch.from_numpy(flipped).view(B, T) if both else None, rows, _expert_load(load, L, n_experts))
+    return _Routing(torch.from_numpy(flipped).view(B, T) if both else None, rows, _expert_load(load, L, cap))
 
 
 KERNEL_SPLIT = 1 << 17  # positions per thread below which the kernel runs on one thread

@@ -26,6 +26,7 @@ from numba import njit
 
 # the step sums in the order of schema.TOPK_SUMS: n_topk, then the per-position terms
 N_SUMS = 8
+_LOW, _HIGH = (1 << 32) - 1, 1 << 32  # routing_pass's table: the trainer's count of an id, and one of the sampler's
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -74,7 +75,8 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
     n, J = s_ids.shape
     seen = np.zeros(4096, np.int64)
     rank = np.zeros(4096, np.int64)
-    match = np.empty(J, np.int64)
+    on_a = np.empty(J)  # per sampler rank: 1 where its id is shared, else 0
+    diff = np.empty(J)  # per sampler rank: its log-prob less the trainer's of the same id (where shared)
     for i in range(n):
         g = group[i]
         if g < 0:
@@ -84,6 +86,12 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
         t_stamp = 2 * i + 2
         by_slot = not _stamp(t_ids, i, seen, rank, t_stamp)
         if not by_slot and _repeats(t_ids, i):
+            return i
+        ok = True
+        for a in range(J):
+            ok &= ((s_ids[i, a] | t_ids[i, a]) >= 0) & (s_lp[i, a] <= 0) & (t_lp[i, a] <= 0)
+            ok &= (s_lp[i, a] > -np.inf) & (t_lp[i, a] > -np.inf)
+        if not ok:
             return i
         # the trainer's rank of each sampler id (0 where it has none, told apart by `shared`); what follows is
         # free of branches on the data (whether an id is shared is a coin toss in real lists: mispredicted jumps
@@ -96,11 +104,8 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
         mass_t = 0.0
         best_s, best_t = 0, 0
         top_s, top_t = s_lp[i, 0], t_lp[i, 0]
-        bad = False
         for a in range(J):
             x = s_ids[i, a]
-            bad |= (x < 0) | (t_ids[i, a] < 0) | ~(s_lp[i, a] <= 0) | ~(t_lp[i, a] <= 0)
-            bad |= (s_lp[i, a] == -np.inf) | (t_lp[i, a] == -np.inf)
             if by_slot:
                 h = _slot(x)
                 m = rank[h]
@@ -112,8 +117,9 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
                 shared = m > 0
                 m -= 1
             m = m if shared else 0
-            match[a] = m
             on = 1.0 if shared else 0.0
+            on_a[a] = on
+            diff[a] = np.float64(s_lp[i, a]) - np.float64(t_lp[i, m])
             n_i += shared
             p_s, p_t = ps[i, a], pt[i, m]
             ms += on * p_s
@@ -127,16 +133,12 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
             up_t = t_lp[i, a] > top_t
             best_t = a if up_t else best_t
             top_t = t_lp[i, a] if up_t else top_t
-        if bad:
-            return i
         kl = 0.0
         if n_i >= 2:
             shift = math.log(ms / mt)
             inv = 1.0 / ms
             for a in range(J):
-                m = match[a]
-                on = inv if s_ids[i, a] == t_ids[i, m] else 0.0
-                kl += on * ps[i, a] * ((np.float64(s_lp[i, a]) - np.float64(t_lp[i, m])) - shift)
+                kl += (on_a[a] * inv) * ps[i, a] * (diff[a] - shift)
         out[g, 0] += 1.0
         out[g, 1] += n_i / J
         out[g, 2] += 1.0 if s_ids[i, best_s] == t_ids[i, best_t] else 0.0
@@ -149,39 +151,76 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def routing_pass(se, te, sw, tw, valid, lo, hi, n_experts, has_t, has_w, load_s, load_t, counts, w_sum, w_max,
+def routing_pass(se, te, sw, tw, valid, lo, hi, has_t, has_w, load_s, load_t, counts, w_sum, w_max,
                  flipped):  # pragma: no cover - compiled
     """DriftLogger's routing summaries of positions [lo, hi) of [N, L, K] expert ids (and weights) on the CPU, the
     torch ops of record/summaries.py `_routing` as one pass: tokens per (layer, expert) into load_s / load_t
-    ([L · n_experts]); per layer into counts [5, L]: rows whose expert multisets differ (a flip; the sorted lists
-    differ), whose first-ranked ids differ, Σ of equal (sampler, trainer) id pairs, tokens whose lowest flipped
-    layer it is, rows weighed (both sides' weights, no flip); the weight sums w_sum / w_max [L] of METRICS.md v3
+    ([L · cap], expert ids below cap); per layer into counts [5, L]: rows whose expert multisets differ (a flip),
+    whose first-ranked ids differ, Σ of equal (sampler, trainer) id pairs, tokens whose lowest flipped layer it
+    is, rows weighed (both sides' weights, no flip); the weight sums w_sum / w_max [L] of METRICS.md v3
     weight_abs_diff (d = Σ_k |w_s(e_k) − w_t(e_k)|, the trainer's weight of e_k found by id); flipped[i] = the
-    token's flipped layers. Positions with valid[i] false are skipped; has_t / has_w false: te / tw unused."""
+    token's flipped layers. Positions with valid[i] false are skipped; has_t / has_w false: te / tw unused.
+
+    Returns (0, 0) when done; (1, i) at the first trained position i with a negative expert id or (has_w) a
+    weight that is not finite, whose sums are then not to be used (checked here, in the pass that reads them
+    anyway, rather than by passes of their own over the [N, L, K] arrays); (2, e) where an id e >= cap was met
+    (the caller runs again with wider tables).
+
+    Each row's ids index a table of each side's count of each id (and the trainer's weight of each id), set and
+    cleared per row: a few K steps a row where comparing every pair took K²; where neither side repeats an id (ingest
+    refuses repeats), the two sets are equal when all K sampler ids are the trainer's."""
     L, K = se.shape[1], se.shape[2]
+    cap = load_s.shape[0] // L
+    tally = np.zeros(cap, np.int64)  # per id, in the row at hand: the trainer's count + 2^32 × the sampler's
+    weight = np.zeros(cap)  # per id: Σ of the trainer's weights, in the row at hand
     for i in range(lo, hi):
         if not valid[i]:
             continue
+        low = high = 0
+        ok = True
+        for layer in range(L):
+            for a in range(K):
+                low = min(low, se[i, layer, a], te[i, layer, a])
+                high = max(high, se[i, layer, a], te[i, layer, a])
+                if has_w:
+                    ok &= (abs(sw[i, layer, a]) < np.inf) & (abs(tw[i, layer, a]) < np.inf)
+        if low < 0 or not ok:
+            return 1, i
+        if high >= cap:
+            return 2, high
         n_fl = 0
         first = -1
         for layer in range(L):
-            base = layer * n_experts
+            base = layer * cap
             for a in range(K):
                 load_s[base + se[i, layer, a]] += 1
             if not has_t:
                 continue
-            flip = False
+            rep = 0  # > 0 where a side repeats an id
+            for b in range(K):
+                x = te[i, layer, b]
+                load_t[base + x] += 1
+                rep |= tally[x]
+                tally[x] += 1
+                if has_w:
+                    weight[x] += np.float64(tw[i, layer, b])
             common = 0
-            for a in range(K):
-                load_t[base + te[i, layer, a]] += 1
-                x = se[i, layer, a]
-                cs = 0
-                ct = 0
-                for b in range(K):
-                    cs += se[i, layer, b] == x
-                    ct += te[i, layer, b] == x
-                flip |= cs != ct
-                common += ct
+            d = 0.0
+            for a in range(K):  # the trainer's count of each sampler id; the sampler's own count in the high bits
+                y = se[i, layer, a]
+                v = tally[y]
+                common += v & _LOW
+                rep |= v >> 32
+                tally[y] = v + _HIGH
+                if has_w:
+                    d += abs(np.float64(sw[i, layer, a]) - weight[y])
+            if rep == 0:  # ids distinct on both sides: the sets are equal where every sampler id is the trainer's
+                flip = common != K
+            else:  # a repeated id: the multisets differ where some id's two counts differ
+                flip = False
+                for a in range(K):
+                    v, u = tally[se[i, layer, a]], tally[te[i, layer, a]]
+                    flip |= ((v & _LOW) != (v >> 32)) | ((u & _LOW) != (u >> 32))
             counts[2, layer] += common
             if se[i, layer, 0] != te[i, layer, 0]:
                 counts[1, layer] += 1
@@ -191,21 +230,19 @@ def routing_pass(se, te, sw, tw, valid, lo, hi, n_experts, has_t, has_w, load_s,
                 if first < 0:
                     first = layer
             elif has_w:
-                d = 0.0
-                for a in range(K):
-                    x = se[i, layer, a]
-                    w = 0.0
-                    for b in range(K):
-                        w += np.float64(tw[i, layer, b]) if te[i, layer, b] == x else 0.0
-                    d += abs(np.float64(sw[i, layer, a]) - w)
                 counts[4, layer] += 1
                 w_sum[layer] += d
                 if d > w_max[layer]:
                     w_max[layer] = d
+            for a in range(K):
+                tally[se[i, layer, a]] = 0
+                tally[te[i, layer, a]] = 0
+                weight[te[i, layer, a]] = 0.0
         if has_t:
             flipped[i] = n_fl
             if first >= 0:
                 counts[3, first] += 1
+    return 0, 0
 
 
 def topk_sums(s_ids: np.ndarray, s_lp: np.ndarray, t_ids: np.ndarray, t_lp: np.ndarray, group: np.ndarray,

@@ -634,6 +634,36 @@ def log_cosh_half(d: np.ndarray) -> np.ndarray:
     return out
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def row_seq_sums(s, t, valid, lo, hi, out):  # pragma: no cover - compiled
+    """seq_sums of rows [lo, hi) of [B, T] grids (one sequence per row, valid: trained) into out[:, row], in one
+    pass (DriftLogger on the CPU: torch's dozen passes over the [B, T] float64 grids cost more than the kernel)."""
+    T = s.shape[1]
+    for b in range(lo, hi):
+        n = 0
+        sum_s = sum_t = sum_js = sum_rt = 0.0
+        for p in range(T):
+            if not valid[b, p]:
+                continue
+            sp, tp = np.float64(s[b, p]), np.float64(t[b, p])
+            d = tp - sp
+            x = abs(0.5 * d)
+            if x < 1.0:
+                js = math.log1p(2.0 * math.sinh(0.5 * x) ** 2)
+            else:
+                js = x + math.log1p(math.exp(-2.0 * x)) - math.log(2.0)
+            n += 1
+            sum_s += sp
+            sum_t += tp
+            sum_js += js
+            sum_rt += math.exp(min(max(d, -CLAMP), CLAMP)) * tp
+        out[0, b] = n
+        out[1, b] = sum_s
+        out[2, b] = sum_t
+        out[3, b] = sum_js
+        out[4, b] = sum_rt
+
+
 def seq_sums(s: np.ndarray, t: np.ndarray, seq: np.ndarray, n_seq: int) -> np.ndarray:
     """[5, n_seq] per sequence: the token count and schema.SEQ_SUMS' Σ s, Σ t, Σ log cosh(d/2), Σ r·t
     (r = exp(clamp(d, ±20))) of the tokens (numpy: a few passes; the sums are of one sign, so plain sums keep
