@@ -71,8 +71,8 @@ def waterfall_default(run: str, steps: tuple[int, int] | None) -> None:
 
 def sequences_default(run: str, steps: tuple[int, int] | None) -> None:
     """Sequences as it first shows (pages/sequences.py, no widget touched): the run's first step in the
-    selection, its worst sequences by |ΣΔ| with any reward, and the worst one opened (context, tokens, routing
-    flips). Its arguments follow from the run's steps and the ranking, so they are worked out here."""
+    selection, its worst sequences by |ΣΔ| with any reward, and the worst one opened (context, tokens, its prompt's
+    group, the run's colour scale, routing flips). Its arguments follow from the run's steps and the ranking, so they are worked out here."""
     run_steps = _steps_in(run, steps)
     if not run_steps:
         return
@@ -85,6 +85,8 @@ def sequences_default(run: str, steps: tuple[int, int] | None) -> None:
     if S.cached(drilldown.sequence_context, run, step, sample) is None:
         return
     S.cached(drilldown.sequence_tokens, run, step, sample)
+    S.cached(drilldown.sample_group, run, step, sample)
+    S.cached(drilldown.delta_scale, run)
     if S.cached(dashboard.routing_kinds, [run]).get(run) == "both":
         S.cached(drilldown.sequence_flip_grid, run, step, sample)
 
