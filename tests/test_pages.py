@@ -473,7 +473,6 @@ def test_prefetch_waits_for_the_page_to_finish_and_draw(monkeypatch):
     done: list[tuple[str, float]] = []
     monkeypatch.setattr(S, "_cached_call", lambda module, name, path, version, args, kwargs:
                         done.append((args[0], time.monotonic())))
-    monkeypatch.setattr(prefetch, "_warm_lab_import", lambda: None)
     monkeypatch.setattr(prefetch, "GRACE_S", 0.3)
     app = SimpleNamespace(store=SimpleNamespace(path="x.duckdb", closing=False, resume_thread=lambda: None,
                                                 interrupt_thread=lambda ident: None), version=0)
