@@ -153,8 +153,8 @@ def profile(db: Path) -> list[tuple[str, float]]:
 def switch(db: Path, a: str, b: str, clicks: int, settle: float) -> list[float]:
     """Seconds of each warm switch between pages `a` and `b` (sidebar labels): the per-click cost of the app itself
     once every query is cached (sidebar, page script, Streamlit's run bookkeeping, the browser's drawing). The app
-    opens on `db` with its prefetch on, computes for `settle` seconds (every page's default view, the lab's
-    import), both pages are visited twice untimed, then `clicks` clicks alternate between them."""
+    opens on `db` with its prefetch on, computes for `settle` seconds (every page's default view), both
+    pages are visited twice untimed, then `clicks` clicks alternate between them."""
     from playwright.sync_api import sync_playwright
 
     titles = {label: title for label, title, _ in bu.PAGES}
