@@ -24,6 +24,10 @@ def test_the_app_start_path_does_not_import_torch():
         sys.path.insert(0, '.')
         import ui.prefetch, ui.sidebar, ui.charts, analysis.metrics.dashboard, analysis.findings.ranking, analysis.ingest
         assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('analysis'))
+        # nor numba (~70 MB, ~0.2 s): the live-folder status and a writable database's opening load the ingest
+        # stack only when a folder is followed or a file needs summarising
+        import ui.live, analysis.ingest.summarise
+        assert 'numba' not in sys.modules, sorted(m for m in sys.modules if m.startswith('analysis'))
         """)
     assert out.returncode == 0, out.stderr[-2000:]
 
