@@ -30,9 +30,10 @@ default; `--only scale` on the run-scale one (40M tokens, built when missing: mi
 same run (inputs/miles_dump.py: a miles --dump-details folder, ~655k tokens): miles' own dashboard (radixark/miles at
 MILES_COMMIT, `python -m miles.dashboard.serve --dump-details DIR`, its chart dump/mean_abs_lp_diff; its summary
 cache removed before each start, and kept: both timed) and Driftscope on a database that ingested the same folder
-(ingest timed once); with each server's peak memory. miles needs fastapi and uvicorn, installed apart from the
-shared environment: `pip install --target benchmarks/work/miles-env -r benchmarks/requirements-miles.txt`, and its
-source: `git --git-dir=MIRROR archive MILES_COMMIT miles | tar -x -C benchmarks/work/miles-src` (or a clone).
+(ingest timed once; its Overview's per-step curves drawn); with each server's peak memory. miles needs fastapi and
+uvicorn, installed apart from the shared environment:
+`pip install --target benchmarks/work/miles-env -r benchmarks/requirements-miles.txt`, and its source:
+`git --git-dir=MIRROR archive MILES_COMMIT miles | tar -x -C benchmarks/work/miles-src` (or a clone).
 """
 from __future__ import annotations
 
@@ -314,7 +315,8 @@ def render_fresh(name: str, r: dict) -> str:
         lines.append(f"| {label} | {' '.join(f'{x:.2f}' for x in t)} | {med(t):.2f} | {cell} |")
     fb, fd = med(r["first"]["bare"]), med(r["first"]["driftscope"])
     mb, md = max(r["memory"]["bare"]), max(r["memory"]["driftscope"])
-    lines += ["", f"Server's first page (process start → first page idle; target ≤ {FIRST_TARGET:g}× the bare app's): "
+    lines += ["", "Server's first page (process start → first page idle; target ≤ "
+              f"{FIRST_TARGET:g}× the bare app's): "
               f"bare {fb:.2f} s ({', '.join(f'{x:.2f}' for x in r['first']['bare'])}), Driftscope's Overview "
               f"{fd:.2f} s ({', '.join(f'{x:.2f}' for x in r['first']['driftscope'])}): **{fd / fb:.2f}×**. "
               f"Peak server memory at first view (VmHWM, the server process only): bare {mb:.0f} MB, Driftscope "
@@ -335,6 +337,19 @@ _MILES_CHART_JS = """(key) => {
   const canvas = panel.querySelector("canvas");
   return !panel.querySelector("p.muted") && !!canvas && canvas.width > 0;
 }"""
+
+
+# Driftscope's first chart of per-step mismatch: the Overview's per-step curves, drawn (the page may still be
+# drawing its other elements and charts)
+_CHART_DRAWN_JS = """(key) => {
+  const box = document.querySelector(`.st-key-${key} div.drift-chart`);
+  return !!box && !box.dataset.pending && !!box.querySelector(".main-svg");
+}"""
+
+
+def _wait_chart(key: str):
+    return lambda page, timeout_ms=300_000: page.wait_for_function(_CHART_DRAWN_JS, arg=key, timeout=timeout_ms,
+                                                                   polling=20)
 
 
 def miles_first_chart(browser, dump: Path, cold: bool) -> tuple[float, float]:
@@ -394,7 +409,7 @@ def miles(rounds: int) -> dict:
     out = {"tokens": n_tokens, "ingest": ingest_s, "driftscope": [], "miles cold": [], "miles warm": []}
     with sync_playwright() as p:
         browser = bu.launch_chromium(p)
-        sides = {"driftscope": lambda: server_first(browser, MILES_DB, "app.py", env, _wait_page("Overview")),
+        sides = {"driftscope": lambda: server_first(browser, MILES_DB, "app.py", env, _wait_chart("overview_curves")),
                  "miles cold": lambda: miles_first_chart(browser, dump, cold=True),
                  "miles warm": lambda: miles_first_chart(browser, dump, cold=False)}
         for r in range(rounds):
@@ -411,7 +426,7 @@ def render_miles(r: dict) -> str:
     lines = [f"Server start → first chart of per-step mismatch on the same miles dump ({r['tokens']:,} tokens; "
              f"inputs/miles_dump.py), one tool at a time, alternating; miles at {MILES_COMMIT[:7]} (its "
              f"`{MILES_CHART}` chart; cold: its summary cache removed before the start, warm: kept), Driftscope's "
-             f"Overview idle with its charts drawn, on a database that ingested the folder in {r['ingest']:.2f} s "
+             f"Overview per-step curves drawn, on a database that ingested the folder in {r['ingest']:.2f} s "
              "(once, not in the times):", "",
              "| tool | seconds (each start) | median | peak server memory, MB |", "|---|---|---:|---:|"]
     for name in ("driftscope", "miles cold", "miles warm"):

@@ -377,9 +377,9 @@ def sequence_delta(df: pl.DataFrame, value: str = "delta", scale: float | None =
                    prompt_tokens: int | None = None) -> go.Figure:
     """One sequence along its positions: a bar per token of Δ (or of r, drawn from r = 1), coloured by Δ with full
     colour at |Δ| = `scale` (the run's p99 |Δ| on the page, so noise stays pale and an anomalous block is dark);
-    a grey band spans ±`scale`; drag to zoom, double-click to reset. Where the prompt's token count is known, the prompt is a shaded band left
-    of position 0 (its tokens carry no log-probs). df: [pos, token, token_id, sampler_logprob, trainer_logprob,
-    delta, ratio]."""
+    a grey band spans ±`scale`; drag to zoom, double-click to reset. Where the prompt's token count is known, the
+    prompt is a shaded band left of position 0 (its tokens carry no log-probs). df: [pos, token, token_id,
+    sampler_logprob, trainer_logprob, delta, ratio]."""
     tokens = [("" if t is None else str(t)) for t in (df["token"].to_list() if "token" in df.columns
                                                       else [None] * df.height)]
     ids = df["token_id"].to_list() if "token_id" in df.columns else [None] * df.height

@@ -71,7 +71,8 @@ def waterfall_default(run: str, steps: tuple[int, int] | None) -> None:
 def sequences_default(run: str, steps: tuple[int, int] | None) -> None:
     """Sequences as it first shows (pages/sequences.py, no widget touched): the run's first step in the
     selection, its worst sequences by |ΣΔ| with any reward, and the worst one opened (context, tokens, its prompt's
-    group, the run's colour scale, routing flips). Its arguments follow from the run's steps and the ranking, so they are worked out here."""
+    group, the run's colour scale, routing flips). Its arguments follow from the run's steps and the ranking, so
+    they are worked out here."""
     run_steps = _steps_in(run, steps)
     if not run_steps:
         return

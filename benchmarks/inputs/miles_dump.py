@@ -4,8 +4,8 @@ conventions): per rollout id, rollout_data/{id}.pt (Sample.to_dict() of each sam
 mirror dashboard_columns/rollout_{id}.parquet, and one train shard train_data/{id}_0.pt (dp = tp = 1). Both tools
 read this same folder in bench_pages.py --miles: miles' dashboard serves it as it is, Driftscope ingests it.
 
-Default size: 40 steps × 8 prompts × 8 responses of 128–384 tokens ≈ 655k response tokens. Prompts and responses are
-text; Δ = t − s is noise of sd 0.01 except one planted block (step 23, one response, 24 tokens of Δ ≈ 0.8)."""
+Default size: 40 steps × 8 prompts × 8 responses of 128–384 tokens ≈ 655k response tokens. Prompts and responses
+are text; Δ = t − s is noise of sd 0.01 except one planted block (step 23, one response, 24 tokens of Δ ≈ 0.8)."""
 from __future__ import annotations
 
 import json
