@@ -140,14 +140,18 @@ with S.guard("load the sequence"):
         st.html(sequence_view.legend_html(scale))
         with st.container(border=True):
             st.html(sequence_view.sequence_html(toks, scale))
-    with st.expander("Token by token, as numbers"):
-        table = sequence_view.token_table(toks)
-        st.dataframe(table, hide_index=True, key="seq_token_table", column_config=S.number_columns(table, "%.6g"))
-        st.download_button("Download CSV", data=table.write_csv(), mime="text/csv", key="seq_token_csv",
-                           file_name=f"sequence-step{step}-sample{sample}.csv", on_click="ignore")
-        st.caption("s = sampler log-prob, t = trainer log-prob, Δ = t − s, r = exp(Δ) (clamped to |Δ| ≤ 20); "
-                   "flipped_layers = MoE layers whose expert set differs at this token. Select cells and "
-                   "Ctrl+C to copy.")
+    # drawn only once opened: a closed expander's table is still sent and drawn, a second grid on a fresh open
+    numbers = st.expander("Token by token, as numbers", key="seq_numbers", on_change="rerun")
+    with numbers:
+        if numbers.open:
+            table = sequence_view.token_table(toks)
+            st.dataframe(table, hide_index=True, key="seq_token_table",
+                         column_config=S.number_columns(table, "%.6g"))
+            st.download_button("Download CSV", data=table.write_csv(), mime="text/csv", key="seq_token_csv",
+                               file_name=f"sequence-step{step}-sample{sample}.csv", on_click="ignore")
+            st.caption("s = sampler log-prob, t = trainer log-prob, Δ = t − s, r = exp(Δ) (clamped to |Δ| ≤ 20); "
+                       "flipped_layers = MoE layers whose expert set differs at this token. Select cells and "
+                       "Ctrl+C to copy.")
 
 kinds = S.cached(dashboard.routing_kinds, [run])
 if kinds.get(run) == "both":

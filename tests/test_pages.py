@@ -581,7 +581,8 @@ def test_sequences_show_a_typed_sample_in_context(monkeypatch, context_db):
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["reward"] == f"{q['reward']:.4g}" and metrics["response length"] == str(len(q["s"]))
     assert float(metrics["advantage"]) == pytest.approx(q["advantage"], abs=5e-4)
-    table = frame_with(at, "Δ")
+    at.session_state["seq_numbers"] = True  # the token table is drawn once its expander is opened
+    table = frame_with(at.run(), "Δ")
     assert list(table.columns) == ["pos", "token_id", "token", "s", "t", "Δ", "r", "flipped_layers"]
     assert list(table["s"]) == q["s"] and list(table["t"]) == q["t"] and list(table["token"]) == q["tokens"]
     assert list(table["Δ"]) == pytest.approx([t - s for s, t in zip(q["s"], q["t"])], abs=1e-12)

@@ -116,6 +116,13 @@ def test_the_page_opens_on_the_runs_scale_walks_the_group_and_collapses_empty_bo
     assert "Response 1 of 2 to this prompt at step 1 (samples 2–3)." in [c.value for c in at.caption]
     assert at.button(key="seq_prev").disabled and not at.button(key="seq_next").disabled
     assert app_charts(at) >= 1
+    # the token table is drawn once its expander is opened (a rerun), with the sample's numbers
+    assert not [d for d in at.dataframe if "Δ" in d.value.columns]
+    at.session_state["seq_numbers"] = True
+    at.run()
+    q = next(x for x in seqs if x["step"] == 1 and x["sample"] == 2)
+    table = next(d.value for d in at.dataframe if "Δ" in d.value.columns)
+    np.testing.assert_allclose(table["Δ"], np.asarray(q["t"]) - np.asarray(q["s"]), rtol=0, atol=1e-9)
     at.button(key="seq_next").click().run()
     assert at.session_state["seq_sample"] == 3 and "Sample 3 at step 1" in [h.value for h in at.subheader]
     assert at.button(key="seq_next").disabled and not at.button(key="seq_prev").disabled
