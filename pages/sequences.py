@@ -11,11 +11,11 @@ auth.ensure_routed_through_app()  # before anything draws: every request goes th
 
 st.title("Sequences")
 st.caption("Find the responses whose log-probs disagree most, then read one token by token: each token is shaded "
-           "by Δ = t − s; hover a token for s, t, Δ and r.")
+           "by Δ = t − s, full colour from the run's p99 |Δ|; hover a token for s, t, Δ and r.")
 
 sel = S.selection()
 S.remember("seq_run", "seq_step", "seq_order", "seq_sample", "seq_scale", "seq_reward",
-           "seq_reward_at")  # kept across pages
+           "seq_reward_at", "seq_value")  # kept across pages
 S.require_runs(sel, what="sequences")
 ss = st.session_state
 
@@ -91,6 +91,32 @@ with S.guard("load the sequence"):
         st.stop()
     toks = S.cached(drilldown.sequence_tokens, run, step, sample)
     st.subheader(f"Sample {sample} at step {step}" + (f" · {context['tag']}" if context["tag"] else ""))
+    group = S.cached(drilldown.sample_group, run, step, sample)
+    if len(group) > 1:  # the other responses to the same prompt (a GRPO group)
+        prev, nxt = sequence_view.neighbours(group, sample)
+        g1, g2, g3 = st.columns([1, 1, 6], vertical_alignment="center")
+        g1.button("◀ previous", key="seq_prev", disabled=prev is None, on_click=sequence_view.open_sample,
+                  args=(prev,), help="The previous response to the same prompt at this step.")
+        g2.button("next ▶", key="seq_next", disabled=nxt is None, on_click=sequence_view.open_sample, args=(nxt,),
+                  help="The next response to the same prompt at this step.")
+        g3.caption(f"Response {group.index(sample) + 1} of {len(group)} to this prompt at step {step} "
+                   f"(samples {sequence_view.id_ranges(group)}).")
+    p99 = S.cached(drilldown.delta_scale, run)
+    if ss.get("_seq_scale_for") != run or not ss.get("seq_scale"):  # each run opens on its own spread
+        ss["_seq_scale_for"] = run
+        ss["seq_scale"] = sequence_view.default_scale(p99)
+    if not context["n_token_rows"]:
+        st.info(f"Every token of sample {sample} is in the summaries (the numbers below), but none of its "
+                "token rows was kept: the run logged a sample of its tokens.")
+    else:
+        v1, v2, _ = st.columns([2, 2, 3], vertical_alignment="bottom")
+        S.keep_choice("seq_value", list(charts.SEQUENCE_VALUES))
+        value = v1.radio("Per token", list(charts.SEQUENCE_VALUES), key="seq_value", horizontal=True,
+                         format_func=charts.SEQUENCE_VALUES.get)
+        scale = v2.number_input("|Δ| for full colour", min_value=1e-12, max_value=50.0, step=0.001, format="%.3g",
+                                key="seq_scale", help=sequence_view.scale_help(p99))
+        plot.show(charts.sequence_delta(toks, value, scale, drilldown.prompt_token_count(context["prompt"])),
+                  key="seq_delta_chart")
     left, right = st.columns([2, 3])
     with left:
         m1, m2, m3 = st.columns(3)
@@ -99,31 +125,33 @@ with S.guard("load the sequence"):
         m3.metric("response length", f"{context['response_length']:,}")
         st.caption(f"ΣΔ = {context['seq_log_ratio']:+.4g} · kl_k3 = {context['kl_k3']:.4g} · "
                    f"{context['n_tokens']:,} tokens, {context['n_token_rows']:,} kept as rows")
-        st.markdown("**Prompt**")
-        with st.container(border=True, height=160, key="seq_prompt_box"):
-            st.text(context["prompt"] if context["prompt"] is not None else "(no prompt logged)")
-        st.markdown("**Response**" + (" (the tokens' text joined)" if context["response_from_tokens"] else ""))
-        with st.container(border=True, height=200, key="seq_response_box"):
-            st.text(context["response"] if context["response"] is not None else "(no response text logged)")
+        for label, text, height, key in (("Prompt", context["prompt"], 160, "seq_prompt_box"),
+                                         ("Response", context["response"], 200, "seq_response_box")):
+            if not text:  # nothing logged: one line, not an empty box
+                st.markdown(f"**{label}** · *{'none logged' if text is None else 'empty'}*")
+                continue
+            st.markdown(f"**{label}**" + (" (the tokens' text joined)" if label == "Response"
+                                          and context["response_from_tokens"] else ""))
+            with st.container(border=True, height=sequence_view.box_height(text, height), key=key):
+                st.text(text)
+    if not context["n_token_rows"]:
+        st.stop()
     with right:
-        if not context["n_token_rows"]:
-            st.info(f"Every token of sample {sample} is in the summaries (the numbers on the left), but none of its "
-                    "token rows was kept: the run logged a sample of its tokens.")
-            st.stop()
-        scale = st.slider("|Δ| for full colour", 0.001, 2.0, 0.1, step=0.001, format="%.3f", key="seq_scale",
-                          help="Tokens with |Δ| at or above this get the strongest shade.")
         st.html(sequence_view.legend_html(scale))
         with st.container(border=True):
             st.html(sequence_view.sequence_html(toks, scale))
-    plot.show(charts.sequence_delta(toks), key="seq_delta_chart")
-    with st.expander("Token by token, as numbers"):
-        table = sequence_view.token_table(toks)
-        st.dataframe(table, hide_index=True, key="seq_token_table", column_config=S.number_columns(table, "%.6g"))
-        st.download_button("Download CSV", data=table.write_csv(), mime="text/csv", key="seq_token_csv",
-                           file_name=f"sequence-step{step}-sample{sample}.csv", on_click="ignore")
-        st.caption("s = sampler log-prob, t = trainer log-prob, Δ = t − s, r = exp(Δ) (clamped to |Δ| ≤ 20); "
-                   "flipped_layers = MoE layers whose expert set differs at this token. Select cells and "
-                   "Ctrl+C to copy.")
+    # drawn only once opened: a closed expander's table is still sent and drawn, a second grid on a fresh open
+    numbers = st.expander("Token by token, as numbers", key="seq_numbers", on_change="rerun")
+    with numbers:
+        if numbers.open:
+            table = sequence_view.token_table(toks)
+            st.dataframe(table, hide_index=True, key="seq_token_table",
+                         column_config=S.number_columns(table, "%.6g"))
+            st.download_button("Download CSV", data=table.write_csv(), mime="text/csv", key="seq_token_csv",
+                               file_name=f"sequence-step{step}-sample{sample}.csv", on_click="ignore")
+            st.caption("s = sampler log-prob, t = trainer log-prob, Δ = t − s, r = exp(Δ) (clamped to |Δ| ≤ 20); "
+                       "flipped_layers = MoE layers whose expert set differs at this token. Select cells and "
+                       "Ctrl+C to copy.")
 
 kinds = S.cached(dashboard.routing_kinds, [run])
 if kinds.get(run) == "both":

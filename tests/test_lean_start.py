@@ -1,5 +1,6 @@
 """A loading process leaves pandas, scipy and OpenBLAS's thread pool out of its start (analysis/ingest/lean.py),
-and loads files as before without them."""
+and loads files as before without them; the app opens every page but the Lab, and prefetches every default view,
+without importing torch."""
 from __future__ import annotations
 
 import subprocess
@@ -12,6 +13,7 @@ import pyarrow.parquet as pq
 
 from analysis.ingest import lean
 
+from helpers.apptest import PAGES
 from helpers.ingest import make_logs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,3 +70,36 @@ def test_the_ingest_command_loads_tokens_and_routing_without_pandas_scipy_or_pol
     assert con.execute("SELECT count(*) FROM tokens").fetchall()[0][0] == len(tokens["run"])
     assert con.execute("SELECT count(*) FROM routing").fetchall()[0][0] == len(rows)
     con.close()
+
+
+def test_no_page_but_the_lab_imports_torch_nor_does_the_prefetch(tmp_path):
+    """Each page except the Lab opened in one session (AppTest, the app's own script), then the prefetch of every
+    page's default view run to its end: torch (~1.3 s of a core, ~300 MB) stays out of the server. The Lab page
+    imports it when a run starts."""
+    from helpers.browser import build_fixture_db
+
+    db = tmp_path / "pages.duckdb"
+    build_fixture_db(db, tmp_path / "logs")
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import os, sys
+        sys.path[:0] = ['.', 'tests']
+        os.environ.update(DRIFT_DB={str(db)!r}, DRIFT_NO_DEMO='1', DRIFT_PREFETCH='1', DRIFT_NO_WARM='1')
+        from streamlit.testing.v1 import AppTest, app_test
+        from helpers.apptest import PAGES, NavigationOnly
+        app_test.PagesManager = NavigationOnly
+        at = AppTest.from_file('app.py', default_timeout=120)
+        at.run()
+        for page in PAGES:
+            if page == 'pages/lab.py':
+                continue
+            at.switch_page(page).run()
+            assert not at.exception, (page, at.exception)
+            print(page, 'torch' in sys.modules, flush=True)
+        from ui import prefetch
+        assert prefetch.wait_idle(240), 'the prefetch did not finish'
+        print('after prefetch', 'torch' in sys.modules, flush=True)
+    """)], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith(("pages/", "after prefetch"))]
+    assert len(lines) == len(PAGES), out.stdout  # every page but the Lab, then the prefetch
+    assert all(ln.endswith(" False") for ln in lines), lines

@@ -479,7 +479,6 @@ def test_prefetch_waits_for_the_page_to_finish_and_draw(monkeypatch):
     done: list[tuple[str, float]] = []
     monkeypatch.setattr(S, "_cached_call", lambda module, name, path, version, args, kwargs:
                         done.append((args[0], time.monotonic())))
-    monkeypatch.setattr(prefetch, "_warm_lab_import", lambda: None)
     monkeypatch.setattr(prefetch, "GRACE_S", 0.3)
     app = SimpleNamespace(store=SimpleNamespace(path="x.duckdb", closing=False, resume_thread=lambda: None,
                                                 interrupt_thread=lambda ident: None), version=0)
@@ -588,7 +587,8 @@ def test_sequences_show_a_typed_sample_in_context(monkeypatch, context_db):
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["reward"] == f"{q['reward']:.4g}" and metrics["response length"] == str(len(q["s"]))
     assert float(metrics["advantage"]) == pytest.approx(q["advantage"], abs=5e-4)
-    table = frame_with(at, "Δ")
+    at.session_state["seq_numbers"] = True  # the token table is drawn once its expander is opened
+    table = frame_with(at.run(), "Δ")
     assert list(table.columns) == ["pos", "token_id", "token", "s", "t", "Δ", "r", "flipped_layers"]
     assert list(table["s"]) == q["s"] and list(table["t"]) == q["t"] and list(table["token"]) == q["tokens"]
     assert list(table["Δ"]) == pytest.approx([t - s for s, t in zip(q["s"], q["t"])], abs=1e-12)

@@ -40,7 +40,6 @@ def test_a_page_script_interrupts_the_call_in_flight_and_the_next_waits(monkeypa
     thread (Store.interrupt_thread), nothing else starts until that script finished and GRACE_S passed, then
     "a" is made again and "b" follows."""
     monkeypatch.setattr(prefetch, "GRACE_S", 0.3)
-    monkeypatch.setattr(prefetch, "_warm_lab_import", lambda: None)
     worker = prefetch._Worker()
     done: list[tuple[str, float]] = []
     interrupted = threading.Event()
@@ -82,7 +81,6 @@ def test_a_page_script_interrupts_the_call_in_flight_and_the_next_waits(monkeypa
 def test_a_script_between_calls_interrupts_nothing(monkeypatch):
     """A page script that starts while the worker waits between calls: nothing to interrupt, nothing redone."""
     monkeypatch.setattr(prefetch, "GRACE_S", 0.05)
-    monkeypatch.setattr(prefetch, "_warm_lab_import", lambda: None)
     worker = prefetch._Worker()
     calls: list[str] = []
     monkeypatch.setattr(S, "_cached_call", lambda m, n, p, v, args, kw: calls.append(args[0]))

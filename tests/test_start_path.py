@@ -1,13 +1,11 @@
-"""What the app and the metrics command load at start, and a clean exit when the server stops while the prefetch
-is importing the drift lab (torch)."""
+"""What the app and the metrics command load at start (the pages themselves, prefetch included:
+tests/test_lean_start.py)."""
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,6 +24,10 @@ def test_the_app_start_path_does_not_import_torch():
         sys.path.insert(0, '.')
         import ui.prefetch, ui.sidebar, ui.charts, analysis.metrics.dashboard, analysis.findings.ranking, analysis.ingest
         assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('analysis'))
+        # nor numba (~70 MB, ~0.2 s): the live-folder status and a writable database's opening load the ingest
+        # stack only when a folder is followed or a file needs summarising
+        import ui.live, analysis.ingest.summarise
+        assert 'numba' not in sys.modules, sorted(m for m in sys.modules if m.startswith('analysis'))
         """)
     assert out.returncode == 0, out.stderr[-2000:]
 
@@ -43,34 +45,3 @@ def test_the_metrics_command_imports_only_what_it_uses(tmp_path):
         assert not heavy, heavy
         """)
     assert out.returncode == 0, out.stderr[-2000:]
-
-
-@pytest.mark.slow
-def test_exit_while_the_lab_import_runs_is_clean(tmp_path):
-    """The prefetch worker imports the drift lab (torch, seconds) after the other views. When the process exits
-    during that import (SIGTERM to the server: the main thread returns), the import must complete before the
-    exit handlers run; completed inside them, what torch registers for exit never runs and its weakref
-    finalizers print "Exception ignored ... Traceback" at teardown (tests/test_shutdown.py saw it 4 runs in 5).
-    Here the main thread returns as soon as torch starts loading in the worker."""
-    out = run_python(f"""
-        import os, sys, time, types
-        sys.path.insert(0, '.')
-        os.environ.pop('DRIFT_READ_ONLY', None)
-        from ui import prefetch
-        assert 'torch' not in sys.modules
-        prefetch.GRACE_S = 0.0
-        store = types.SimpleNamespace(path={str(tmp_path / 'x.duckdb')!r}, closing=False)
-        app = types.SimpleNamespace(store=store, version=1)
-        prefetch._worker.submit(app, 1, [])  # no views to compute: straight to the lab import
-        prefetch.page_done()
-        deadline = time.monotonic() + 60
-        while 'torch' not in sys.modules and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert 'torch' in sys.modules
-        lab = sys.modules.get('analysis.lab.run')  # its body defines _run() last
-        assert lab is None or not hasattr(lab, '_run')  # still importing: the main thread returns now
-        print('exiting mid-import', flush=True)
-        """)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "exiting mid-import" in out.stdout
-    assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]

@@ -360,30 +360,49 @@ def extreme_curve(df: pl.DataFrame, colors: dict[str, str]) -> go.Figure:
 
 
 # -- one sequence -------------------------------------------------------------------------------------
-def diverging_colors(values: Sequence[float]) -> list[str]:
+def diverging_colors(values: Sequence[float], scale: float | None = None) -> list[str]:
     """One colour per value on DIVERGING, symmetric around 0 (what cmid=0 gives), computed here: a bar chart
     given numbers as colours draws them, but plotly.js also logs a warning per bar (half a second of console
-    traces for a few hundred tokens in Chromium)."""
-    m = max((abs(v) for v in values), default=0.0)
+    traces for a few hundred tokens in Chromium). Full colour at ±`scale` and beyond (default: the largest |value|)."""
+    m = scale if scale else max((abs(v) for v in values), default=0.0)
     if not m or not math.isfinite(m):
         return plotly.colors.sample_colorscale(DIVERGING, [0.5] * len(values))
-    return plotly.colors.sample_colorscale(DIVERGING, [0.5 + 0.5 * v / m for v in values])
+    return plotly.colors.sample_colorscale(DIVERGING, [0.5 + 0.5 * max(-1.0, min(1.0, v / m)) for v in values])
 
 
-def sequence_delta(df: pl.DataFrame) -> go.Figure:
-    """[pos, token, sampler_logprob, trainer_logprob, delta, ratio] → Δ per position, hover with the token."""
+SEQUENCE_VALUES = {"delta": "Δ = t − s", "ratio": "r = π_trainer / π_sampler"}
+
+
+def sequence_delta(df: pl.DataFrame, value: str = "delta", scale: float | None = None,
+                   prompt_tokens: int | None = None) -> go.Figure:
+    """One sequence along its positions: a bar per token of Δ (or of r, drawn from r = 1), coloured by Δ with full
+    colour at |Δ| = `scale` (the run's p99 |Δ| on the page, so noise stays pale and an anomalous block is dark);
+    a grey band spans ±`scale`; drag to zoom, double-click to reset. Where the prompt's token count is known, the
+    prompt is a shaded band left of position 0 (its tokens carry no log-probs). df: [pos, token, token_id,
+    sampler_logprob, trainer_logprob, delta, ratio]."""
     tokens = [("" if t is None else str(t)) for t in (df["token"].to_list() if "token" in df.columns
                                                       else [None] * df.height)]
     ids = df["token_id"].to_list() if "token_id" in df.columns else [None] * df.height
     labels = [t if t else (f"id {i}" if i is not None else "") for t, i in zip(tokens, ids)]
     deltas = df["delta"].to_list()
+    ratio = value == "ratio"
+    ys = [r - 1.0 for r in df["ratio"].to_list()] if ratio else deltas
     fig = go.Figure(go.Bar(
-        x=df["pos"].to_list(), y=deltas, marker=dict(color=diverging_colors(deltas)),
-        customdata=list(zip(labels, df["sampler_logprob"].to_list(), df["trainer_logprob"].to_list(),
+        x=df["pos"].to_list(), y=ys, base=1.0 if ratio else None,
+        marker=dict(color=diverging_colors(deltas, scale), line=dict(width=0)),
+        customdata=list(zip(labels, df["sampler_logprob"].to_list(), df["trainer_logprob"].to_list(), deltas,
                             df["ratio"].to_list())),
         hovertemplate=("pos %{x}: %{customdata[0]}<br>s %{customdata[1]:.4f}<br>t %{customdata[2]:.4f}"
-                       "<br>Δ %{y:.4f}<br>r %{customdata[3]:.4f}<extra></extra>")))
-    return layout(fig, x="position in the response", y="Δ = t − s", legend=False, height=280)
+                       "<br>Δ %{customdata[3]:.4f}<br>r %{customdata[4]:.4f}<extra></extra>")))
+    if prompt_tokens:
+        fig.add_vrect(x0=-prompt_tokens - 0.5, x1=-0.5, fillcolor="rgba(128,128,128,0.18)", line_width=0,
+                      annotation_text=f"prompt ({prompt_tokens:,} tokens, no log-probs)",
+                      annotation_position="top left", annotation_font_size=11)
+    if scale:  # the run's usual spread: |Δ| ≤ scale, i.e. r within [e^−scale, e^scale]
+        lo, hi = (math.exp(-scale), math.exp(scale)) if ratio else (-scale, scale)
+        fig.add_hrect(y0=lo, y1=hi, fillcolor="rgba(128,128,128,0.10)", line_width=0)
+    fig.update_layout(bargap=0.05)
+    return layout(fig, x="position in the response", y=SEQUENCE_VALUES[value], legend=False, height=280)
 
 
 # -- comparison ---------------------------------------------------------------------------------------

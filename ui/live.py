@@ -25,10 +25,12 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from analysis import settings
-from analysis.ingest import watch
+
+if TYPE_CHECKING:  # the ingest stack (numba) loads only when a folder is followed: start()
+    from analysis.ingest import watch
 
 log = logging.getLogger("driftscope.live")
 
@@ -76,6 +78,7 @@ def start(app, environ: Mapping[str, str] | None = None) -> LiveWatcher | None:
     if not folders:
         return None
     every = interval(environ)
+    from analysis.ingest import watch
     live = LiveWatcher(watch.FolderWatcher(app.store, folders, settle=max(SETTLE_S, every)), every)
 
     def report(outcome) -> None:

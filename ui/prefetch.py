@@ -10,14 +10,13 @@ draws delayed the first page by seconds.
 Calls that are already cached cost nothing. When a page script starts, the call in flight gives way: its query
 is interrupted (in the worker's thread only) and the call is made again once the pages are quiet, so a page never
 shares the cores with a background scan; it computes what it needs that is not cached yet itself.
-When the database can be written, the drift lab's module (torch) is imported last, for the Lab page.
+torch is not imported here: it took ~1.3 s of a core and ~300 MB of the server's memory at every start, for a
+Lab run that most visits never make (the Lab page imports it when a run starts).
 DRIFT_PREFETCH=0 turns this off.
 """
 from __future__ import annotations
 
 import atexit
-import importlib
-import sys
 import threading
 import time
 from typing import Callable
@@ -38,7 +37,7 @@ from analysis.metrics import (
     sampled,
 )
 from analysis.metrics.frameworks import compare as frameworks
-from ui import access, nav, sequence_view
+from ui import nav, sequence_view
 from ui import state as S
 
 Call = tuple[Callable, tuple, dict]
@@ -71,8 +70,9 @@ def waterfall_default(run: str, steps: tuple[int, int] | None) -> None:
 
 def sequences_default(run: str, steps: tuple[int, int] | None) -> None:
     """Sequences as it first shows (pages/sequences.py, no widget touched): the run's first step in the
-    selection, its worst sequences by |ΣΔ| with any reward, and the worst one opened (context, tokens, routing
-    flips). Its arguments follow from the run's steps and the ranking, so they are worked out here."""
+    selection, its worst sequences by |ΣΔ| with any reward, and the worst one opened (context, tokens, its prompt's
+    group, the run's colour scale, routing flips). Its arguments follow from the run's steps and the ranking, so
+    they are worked out here."""
     run_steps = _steps_in(run, steps)
     if not run_steps:
         return
@@ -85,6 +85,8 @@ def sequences_default(run: str, steps: tuple[int, int] | None) -> None:
     if S.cached(drilldown.sequence_context, run, step, sample) is None:
         return
     S.cached(drilldown.sequence_tokens, run, step, sample)
+    S.cached(drilldown.sample_group, run, step, sample)
+    S.cached(drilldown.delta_scale, run)
     if S.cached(dashboard.routing_kinds, [run]).get(run) == "both":
         S.cached(drilldown.sequence_flip_grid, run, step, sample)
 
@@ -267,31 +269,6 @@ class _Worker:
                     gave_way += 1  # again, once the pages are quiet (a result that did come back is cached)
                     continue
                 todo.pop(0)
-            else:
-                if not (self._stopping or app.store.closing):
-                    _warm_lab_import()
-
-
-def _warm_lab_import() -> None:
-    """A lab run imports torch (seconds, once per process): do it early where the lab can be used.
-
-    The import runs in a thread of its own that is not a daemon, and this one waits for it. An import cannot be
-    interrupted, and one still running when the server is stopped (SIGTERM) must finish before the exit
-    handlers run: the interpreter waits for non-daemon threads first. In this daemon worker it would instead
-    finish inside the exit handlers (the worker's stop() waits for it), where what torch registers for exit
-    (weakref finalizers, atexit) is never run and its finalizers print tracebacks at teardown."""
-    if not access.writable() or "analysis.lab.run" in sys.modules or not threading.main_thread().is_alive():
-        return  # no lab here, already imported, or the interpreter is exiting
-
-    def load() -> None:
-        try:
-            importlib.import_module("analysis.lab.run")
-        except Exception:
-            S.log.debug("could not import the drift lab", exc_info=True)
-
-    loader = threading.Thread(target=load, name="driftscope-lab-import", daemon=False)
-    loader.start()
-    loader.join()
 
 
 _worker = _Worker()

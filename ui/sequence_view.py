@@ -11,6 +11,7 @@ import html
 import math
 
 import polars as pl
+import streamlit as st
 
 _VISIBLE = {"\n": "↵", "\t": "⇥", "\r": "␍"}
 # The Sequences page's ranking of a step's sequences (the first is its default) and how many it lists; the
@@ -144,6 +145,53 @@ def id_ranges(ids: list[int], limit: int = 6) -> str:
     if not parts:
         return "none"
     return ", ".join(parts[:limit]) + (f", … ({len(parts) - limit} more ranges)" if len(parts) > limit else "")
+
+
+def neighbours(group: list[int], sample: int) -> tuple[int | None, int | None]:
+    """The sample ids before and after `sample` in its group (ascending ids), None at either end.
+
+    >>> neighbours([2, 5, 9], 5), neighbours([2, 5, 9], 2), neighbours([2, 5, 9], 9)
+    ((2, 9), (None, 5), (5, None))
+    """
+    i = group.index(sample)
+    return (group[i - 1] if i > 0 else None), (group[i + 1] if i + 1 < len(group) else None)
+
+
+def open_sample(sample: int | None) -> None:
+    """A prev/next button's callback: the sample box (and the URL) take that id before the page reruns."""
+    if sample is not None:
+        st.session_state["seq_sample"] = sample
+
+
+FALLBACK_SCALE = 0.1  # |Δ| for full colour when the run's spread is unknown or 0 (an fp32 control run)
+
+
+def default_scale(p99: float | None) -> float:
+    """The colour scale a run's sample view opens on: its p99 |Δ| (drilldown.delta_scale), 3 significant
+    digits; FALLBACK_SCALE where that is unknown or 0 (every token agreeing exactly: nothing to scale to).
+
+    >>> default_scale(0.012345), default_scale(None), default_scale(0.0)
+    (0.0123, 0.1, 0.1)
+    """
+    if not p99 or not math.isfinite(p99) or p99 <= 0:
+        return FALLBACK_SCALE
+    return float(f"{min(p99, 50.0):.3g}")
+
+
+def scale_help(p99: float | None) -> str:
+    known = f"this run's p99 |Δ| is {p99:.3g}" if p99 else "this run's p99 |Δ| is 0 or unknown"
+    return (f"Tokens with |Δ| at or above this get the strongest shade; it opens on the run's own p99 |Δ| ({known}), "
+            "so the usual noise stays pale and a block of unusual tokens stands out.")
+
+
+def box_height(text: str, most: int) -> int | str:
+    """A text box's height: "content" (as tall as its text) for a few short lines, else `most` pixels, scrolled.
+
+    >>> box_height("short", 160), box_height("x\\n" * 20, 160)
+    ('content', 160)
+    """
+    lines = text.count("\n") + 1 + len(text) // 90
+    return "content" if lines <= 5 else most
 
 
 def fmt_number(v) -> str:

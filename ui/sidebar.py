@@ -7,7 +7,6 @@ import streamlit as st
 
 from analysis.metrics.sampled import count_text
 from analysis.summaries.schema import CAPS, CLIPS
-from analysis.ingest import watch
 from ui import access, nav
 from ui import live as L
 from ui.auth import md_escape  # run names and file names are user text
@@ -144,6 +143,7 @@ def _live(app) -> None:
                    + (f" ({len(waiting)} not there yet)" if waiting else "")
                    + ("" if follow else " · **paused**"))
         if runs:
+            from analysis.ingest import watch  # the ingest stack (numba): only where live folders are followed
             df = S.cached(watch.last_files, runs)
             stale = max(30.0, 10 * live.interval)
             for row in df.iter_rows(named=True):

@@ -13,7 +13,6 @@ from __future__ import annotations
 from analysis.schema import ROUTING_STORE, RUN_IDS
 from analysis.summaries import schema as S
 from analysis.summaries.margins import margin_bin_sql
-from analysis.summaries.residual import residual_sums_sql
 from analysis.summaries.sql import (bucket_params, bucket_sql, check_sums_sql, edge_params, seq_sums_sql,
                                    token_sums_sql, token_terms_sql, with_bin_sql)
 
@@ -69,6 +68,9 @@ def add_tokens(writer, file_id: int) -> None:
     Merging partial sums is addition (fsum), so the tables equal a direct aggregation up to summation order.
     Measured on 4M tokens (benchmarks/bench_summary_hook.py): the two sets in one GROUP BY GROUPING SETS take
     ~25% less CPU than two aggregations; adding the histogram as a third set costs more than its own pass."""
+    # imported here, not at the top: numba (~70 MB, ~0.2 s) comes with it, and the app opens its database
+    # through open_store, where no file usually needs summarising
+    from analysis.summaries.residual import residual_sums_sql
     src = ("SELECT run, step, sample, pos, sampler_logprob AS s, trainer_logprob AS t, sampler_entropy, "
            "trainer_version, sampler_version, segment FROM tokens WHERE file_id = $fid")
     terms = token_terms_sql(src)

@@ -2,8 +2,11 @@
 its flip grid."""
 from __future__ import annotations
 
+import json
+
 import polars as pl
 
+from analysis.metrics import quantiles
 from analysis.store import Store
 from analysis.summaries.sql import kl3_sql, ratio_sql
 
@@ -124,3 +127,39 @@ def summarised(store: Store, run: str, step: int, sample: int) -> bool:
     token rows were not kept (DriftLogger token_sample < 1) rather than never logged."""
     return bool(store.rows("SELECT 1 FROM summary_seq WHERE run = ? AND step = ? AND sample = ? AND n_tokens > 0 "
                            "LIMIT 1", [run, int(step), int(sample)]))
+
+
+def delta_scale(store: Store, run: str, p: float = 0.99) -> float | None:
+    """The run's own spread of |Δ|: its p-quantile over every token (0.99: the p99 |Δ|), from the summaries
+    (quantiles.token_abs_quantiles: exact where the token rows allow, else within one histogram bin). The Sequences
+    page shades a token fully from this |Δ| on, so a block of tokens far above the run's usual noise stands out
+    and noise does not. None when the run has no tokens."""
+    q = quantiles.token_abs_quantiles(store, [run], ("run",), None, (p,))
+    return float(q[0, 1]) if q.height else None
+
+
+def sample_group(store: Store, run: str, step: int, sample: int) -> list[int]:
+    """The sample ids of (run, step) that answer the same prompt as `sample` (a GRPO group: one prompt, several
+    responses), ascending, `sample` included; only samples with tokens in the summaries. The logs carry no group
+    id (the `sequences` table has none), so a group is the samples whose stored prompt text is equal. Empty when
+    the sample has no prompt logged."""
+    return [r[0] for r in store.rows("""
+        WITH me AS (SELECT prompt FROM sequences WHERE run = $run AND step = $step AND sample = $sample
+                    AND prompt IS NOT NULL LIMIT 1)
+        SELECT q.sample FROM sequences q JOIN me ON q.prompt = me.prompt
+        WHERE q.run = $run AND q.step = $step
+          AND q.sample IN (SELECT sample FROM summary_seq WHERE run = $run AND step = $step AND n_tokens > 0)
+        GROUP BY q.sample ORDER BY q.sample""", {"run": run, "step": int(step), "sample": int(sample)})]
+
+
+def prompt_token_count(prompt: str | None) -> int | None:
+    """How many tokens the prompt has where the logs kept its token ids (stored as JSON text, `[151644, 872]`:
+    docs/SCHEMA.md, table sequences), else None: a prompt logged as text has no token count without the
+    tokenizer."""
+    if not prompt or not prompt.startswith("["):
+        return None
+    try:
+        ids = json.loads(prompt)
+    except ValueError:
+        return None
+    return len(ids) if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else None

@@ -117,10 +117,11 @@ def free_port() -> int:
 
 @contextmanager
 def streamlit_server(db: Path, env: dict | None = None, timeout: float = 60.0,
-                     log: Path | None = None, procs: list | None = None, app: str = "app.py") -> Iterator[str]:
+                     log: Path | None = None, procs: list | None = None, app: str = "app.py",
+                     poll: float = 0.3) -> Iterator[str]:
     """`streamlit run app.py` (or `app`, relative to the repository) on a free port with DRIFT_DB=db; yields the
-    base URL once /_stcore/health answers. `procs`, if given, receives the server's Popen (a test that signals
-    the server itself)."""
+    base URL once /_stcore/health answers (asked every `poll` seconds). `procs`, if given, receives the server's
+    Popen (a test that signals the server itself, a benchmark that reads its memory)."""
     port = free_port()
     full_env = os.environ | {"DRIFT_DB": str(db), "PYTHONUNBUFFERED": "1"} | (env or {})
     cmd = [sys.executable, "-m", "streamlit", "run", app, "--server.headless", "true",
@@ -144,7 +145,7 @@ def streamlit_server(db: Path, env: dict | None = None, timeout: float = 60.0,
                 pass
             if time.monotonic() > deadline:
                 raise TimeoutError(f"streamlit did not answer on {url} within {timeout:.0f} s")
-            time.sleep(0.3)
+            time.sleep(poll)
         yield url
     finally:
         proc.terminate()
