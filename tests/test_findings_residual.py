@@ -127,7 +127,7 @@ def test_signatures_come_from_the_summaries_where_they_hold_them(db):
         assert_signature(sig[run], want)
     assert {r: sig[r]["lattice_from"] for r in RUNS} == {
         "retok": "summaries", "turns": "summaries", "plain": "summaries", "control": "summaries",
-        "straddle": "token rows", "old": "token rows"}
+        "straddle": "summaries and token rows", "old": "token rows"}
     assert sig["old"]["segments_from"] == "token rows" and sig["plain"]["segments_from"] == "summaries"
     # the control: the summaries count its tiny Δ as on the lattice (0·q); the finding's share leaves them out
     assert store.scalar("SELECT sum(n_lattice) / sum(n_d_nonzero) FROM summary_step WHERE run = 'control'") > 0.5

@@ -44,15 +44,16 @@ def signature_table(store: Store, runs: Sequence[str], q: float = LATTICE_Q,
                     steps: tuple[int, int] | None = None) -> pl.DataFrame:
     """Per run (COLUMNS): n_tokens, kl_k3, first_token_kl_share (NULL when Σ k3 is 0), k3 mean at position 0
     (k3_first) and elsewhere (k3_rest), n_first; n_nonzero (tokens with Δ ≠ 0), lattice_share (of those, on a
-    non-zero multiple of q), q, lattice_from ('summaries' or 'token rows'); the segment counts n_seg_first(_low),
-    n_seg_rest(_low), boundary_low_share, elsewhere_low_share (null without segments) and segments_from."""
+    non-zero multiple of q), q, lattice_from ('summaries', 'summaries and token rows' or 'token rows'); the
+    segment counts n_seg_first(_low), n_seg_rest(_low), boundary_low_share, elsewhere_low_share (null without
+    segments) and segments_from."""
     if not q > 0:
         raise ValueError(f"lattice quantum q: expected a number > 0, got {q!r}")
     runs = list(runs)
     summ = summary_signatures(store, runs, steps)
     rows = {r["run"]: r for r in summ.iter_rows(named=True)}
     lattice = _summary_lattice(store, summ, steps) if float(q) == LATTICE_Q else {}
-    need_lattice = [r for r in rows if lattice.get(r) is None]
+    need_lattice = [r for r in rows if lattice.get(r, (None,))[0] is None]
     need_segments = [r for r, v in rows.items() if not v["covered"]]
     need = sorted(set(need_lattice) | set(need_segments))
     tok = {r["run"]: r for r in token_signatures(store, need, q, steps).iter_rows(named=True)} if need else {}
@@ -60,8 +61,8 @@ def signature_table(store: Store, runs: Sequence[str], q: float = LATTICE_Q,
     for run, v in rows.items():
         row = {k: v.get(k) for k in COLUMNS}
         row["q"] = float(q)
-        if lattice.get(run) is not None:
-            row["n_nonzero"], row["lattice_share"], row["lattice_from"] = v["n_nonzero"], lattice[run], "summaries"
+        if lattice.get(run, (None,))[0] is not None:
+            row["n_nonzero"], (row["lattice_share"], row["lattice_from"]) = v["n_nonzero"], lattice[run]
         else:
             t = tok.get(run) or {}
             row["n_nonzero"], row["lattice_share"], row["lattice_from"] = (t.get("n_nonzero"), t.get("lattice_share"),
@@ -139,8 +140,9 @@ def lattice_from_counts(n_nonzero: int, n_lattice: int, sure: int, maybe: int, f
     return lo / n_nonzero
 
 
-def _summary_lattice(store: Store, summ: pl.DataFrame, steps) -> dict[str, float | None]:
-    """{run: lattice_share from the summaries, or None where they cannot give it exactly}."""
+def _summary_lattice(store: Store, summ: pl.DataFrame, steps) -> dict[str, tuple[float | None, str]]:
+    """{run: (lattice_share, where from)}: from the summaries, with the zero multiples counted over the token rows
+    where the summaries' Δ bins straddle their edge; (None, "") where the summaries cannot give it."""
     runs = [r["run"] for r in summ.iter_rows(named=True) if r["covered"] and r["n_nonzero"]]
     if not runs:
         return {}
@@ -148,9 +150,30 @@ def _summary_lattice(store: Store, summ: pl.DataFrame, steps) -> dict[str, float
     out = {}
     for r in summ.filter(pl.col("run").is_in(runs)).iter_rows(named=True):
         sure, maybe, far, total = zero_multiple_bounds(counts.filter(pl.col("run") == r["run"]))
-        out[r["run"]] = None if total != r["n_tokens"] else lattice_from_counts(
+        share = None if total != r["n_tokens"] else lattice_from_counts(
             r["n_nonzero"], r["n_lattice"], sure, maybe, far)
+        out[r["run"]] = (share, "summaries")
+    open_runs = [r["run"] for r in summ.filter(pl.col("run").is_in(runs)).iter_rows(named=True)
+                 if out[r["run"]][0] is None]
+    if open_runs:  # bins straddle the edge: count the zero multiples themselves (two columns, no window)
+        zeros = _zero_multiples(store, open_runs, steps)
+        for r in summ.filter(pl.col("run").is_in(open_runs)).iter_rows(named=True):
+            if r["run"] in zeros:
+                out[r["run"]] = ((r["n_lattice"] - zeros[r["run"]]) / r["n_nonzero"], "summaries and token rows")
     return out
+
+
+def _zero_multiples(store: Store, runs: Sequence[str], steps) -> dict[str, int]:
+    """{run: tokens with Δ ≠ 0 on the zero multiple of q (|Δ/q| < tol)}: what the summaries' n_lattice counts
+    beside the non-zero multiples, from the token rows; exact where those rows are complete (the caller uses it
+    only for runs whose summaries cover every token)."""
+    where, params = run_filter(list(runs), steps)
+    params |= {"q": LATTICE_Q, "tol": LATTICE_TOL}
+    src = f"SELECT run, sampler_logprob AS s, trainer_logprob AS t FROM tokens WHERE {where}"
+    df = store.sql(f"""SELECT run, count(*) FILTER (WHERE d <> 0 AND abs(d / $q - round(d / $q)) < $tol
+                                                     AND round(d / $q) = 0) AS n
+                       FROM (SELECT run, t - s AS d FROM ({src})) GROUP BY run""", params)
+    return dict(zip(df["run"].to_list(), df["n"].to_list()))
 
 
 def token_signatures(store: Store, runs: Sequence[str], q: float = LATTICE_Q,
