@@ -51,3 +51,11 @@ def app_template_db(tmp_path_factory):
     db = root / "template.duckdb"
     bu.build_fixture_db(db, root / "logs")
     return db
+
+
+@pytest.fixture(scope="session")
+def demo_db(tmp_path_factory):
+    """A database holding every bundled demo run (data/demo), built once per session for the page tests on the
+    demo; they only read it."""
+    from helpers.apptest import demo_database
+    return demo_database(tmp_path_factory.mktemp("demo"))

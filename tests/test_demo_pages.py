@@ -2,14 +2,12 @@
 reward panel is drawn from the runs' rewards, and a sample shows its prompt, response text, reward and advantage."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from helpers import ROOT
-from helpers.apptest import app_env, demo_database, errors, open_app, texts
+from helpers.apptest import app_env, errors, open_app, texts
 
 pytestmark = pytest.mark.slow  # whole pages in AppTest
 
@@ -18,10 +16,6 @@ pytestmark = pytest.mark.slow  # whole pages in AppTest
 def _app_env(monkeypatch):
     app_env(monkeypatch)
 
-
-@pytest.fixture(scope="module")
-def demo_db(tmp_path_factory) -> Path:
-    return demo_database(tmp_path_factory.mktemp("demo"))
 
 
 def test_overview_draws_the_demo_rewards(monkeypatch, demo_db):

@@ -1,11 +1,9 @@
 """The Overview's "Your framework's numbers" tab on the bundled demo runs, headless with AppTest."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from helpers.apptest import app_env, demo_database, errors, open_app, open_tab
+from helpers.apptest import app_env, errors, open_app, open_tab
 
 pytestmark = pytest.mark.slow  # a whole page in AppTest
 
@@ -14,10 +12,6 @@ pytestmark = pytest.mark.slow  # a whole page in AppTest
 def _app_env(monkeypatch):
     app_env(monkeypatch)
 
-
-@pytest.fixture(scope="module")
-def demo_db(tmp_path_factory) -> Path:
-    return demo_database(tmp_path_factory.mktemp("demo"))
 
 
 def test_the_framework_tab_shows_their_metric_names_beside_ours(monkeypatch, demo_db):
