@@ -10,11 +10,11 @@ leave it.
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 import torch
 
+from analysis.record.pieces import in_pieces
 from analysis.summaries import fulldist
 from analysis.summaries.schema import TOPK_SUM_NAMES
 
@@ -41,35 +41,28 @@ def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp
     n = mask.numel()
     flat = [v.reshape(n, J) for v in (s_ids, s_lp, t_ids, t_lp)]
     valid = mask.reshape(n)
-    pieces = iter(range(0, n, CPU_CHUNK))
-    taking = threading.Lock()
-
     broken = []  # per chunk that has one, the first position breaking a rule of the lists
 
-    def work() -> np.ndarray:
-        out = np.zeros((n_groups, fulldist.N_SUMS))
+    def start(_) -> tuple:  # a thread's sums and its buffers for the exponentials
         ps = torch.empty(CPU_CHUNK, J, dtype=torch.float64)
-        pt = torch.empty_like(ps)
-        while True:
-            with taking:
-                lo = next(pieces, None)
-            if lo is None:
-                return out
-            hi = min(n, lo + CPU_CHUNK)
-            a_id, a, b_id, b = (v[lo:hi] for v in flat)
-            e_s, e_t = ps[:hi - lo].copy_(a).exp_(), pt[:hi - lo].copy_(b).exp_()
-            group = valid[lo:hi].to(torch.int64).sub_(1).numpy()  # 0 where trained, −1 at padding
-            if per_row is not None:  # the position's row where trained
-                group = np.where(group >= 0, np.arange(lo, hi) // T, -1)
-            bad = fulldist.group_sums(a_id.numpy(), _np_floats(a), b_id.numpy(), _np_floats(b), e_s.numpy(),
-                                      e_t.numpy(), group, out)
-            if bad >= 0:
-                broken.append(lo + bad)
+        return np.zeros((n_groups, fulldist.N_SUMS)), ps, torch.empty_like(ps)
+
+    def step(state, lo: int, hi: int) -> None:
+        out, ps, pt = state
+        a_id, a, b_id, b = (v[lo:hi] for v in flat)
+        e_s, e_t = ps[:hi - lo].copy_(a).exp_(), pt[:hi - lo].copy_(b).exp_()
+        group = valid[lo:hi].to(torch.int64).sub_(1).numpy()  # 0 where trained, −1 at padding
+        if per_row is not None:  # the position's row where trained
+            group = np.where(group >= 0, np.arange(lo, hi) // T, -1)
+        bad = fulldist.group_sums(a_id.numpy(), _np_floats(a), b_id.numpy(), _np_floats(b), e_s.numpy(),
+                                  e_t.numpy(), group, out)
+        if bad >= 0:
+            broken.append(lo + bad)
     threads = min(torch.get_num_threads(), max(1, n // (4 * CPU_CHUNK))) if pool is not None else 1
-    done = [pool.submit(work) for _ in range(threads - 1)]
-    total = work()
-    for f in done:
-        total += f.result()
+    states = in_pieces(n, CPU_CHUNK, threads, pool, start, step)
+    total = states[0][0]
+    for other, _, _ in states[1:]:
+        total += other
     if broken:
         b, p = divmod(min(broken), mask.shape[1])
         raise ValueError(position_problem(b, p, s_ids, s_lp, t_ids, t_lp))

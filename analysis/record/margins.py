@@ -9,12 +9,11 @@ are rounded to fp32 first (they are stored so), and the sums read that value, as
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import torch
 from numba import njit
 
+from analysis.record.pieces import in_pieces
 from analysis.summaries import schema as S
 from analysis.summaries.margins import N_MARGIN_BINS
 
@@ -110,22 +109,11 @@ def margin_tables(s: torch.Tensor, t: torch.Tensor, mask: torch.Tensor, sampler_
                 fp32("sampler"), fp32("trainer"), (t - s).abs().reshape(-1).contiguous().numpy(),
                 mask.reshape(-1).contiguous().numpy())
         flags = (trainer_experts is not None, "sampler" in sides, "trainer" in sides, np.asarray(S.MARGIN_EDGES[1:-1]))
-        pieces = iter(range(0, B * T, PIECE))
-        taking = threading.Lock()
-
-        def work() -> tuple[np.ndarray, np.ndarray]:
-            out = np.zeros((2, L)), np.zeros((2, 3, L, N_MARGIN_BINS))
-            while True:
-                with taking:
-                    lo = next(pieces, None)
-                if lo is None:
-                    return out
-                margin_pass(*(a[lo:lo + PIECE] for a in args), *flags, *out)
         threads = min(torch.get_num_threads(), max(1, B * T * L // (2 * PIECE))) if pool is not None else 1
-        done = [pool.submit(work) for _ in range(threads - 1)]
-        sums_np, cells_np = work()
-        for f in done:
-            a, b = f.result()
+        outs = in_pieces(B * T, PIECE, threads, pool, lambda i: (np.zeros((2, L)), np.zeros((2, 3, L, N_MARGIN_BINS))),
+                         lambda out, lo, hi: margin_pass(*(a[lo:hi] for a in args), *flags, *out))
+        sums_np, cells_np = outs[0]
+        for a, b in outs[1:]:
             sums_np += a
             cells_np += b
         sums = {side: torch.from_numpy(sums_np[j]) for j, side in enumerate(S.MARGIN_SIDES) if side in sides}

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +33,7 @@ from analysis.record.checks import check_sums
 from analysis.record.residual import residual_sums
 from analysis.record.fulldist import routing_problem, seq_topk_columns, topk_sums, topk_sums_torch, weight_diff
 from analysis.record.margins import margin_tables
+from analysis.record.pieces import in_pieces
 from analysis.record.token_sample import Kept, SamplePlan
 from analysis.summaries import fulldist, kernel
 from analysis.summaries import schema as S
@@ -496,26 +496,18 @@ def _routing_cpu(x: StepTensors) -> _Routing:
     cap = EXPERT_TABLE
     while True:
         flipped = np.zeros(N, np.int64)
-        pieces = iter(range(0, N, piece))
-        taking = threading.Lock()
 
-        def work() -> tuple:
-            out = (np.zeros(L * cap, np.int64), np.zeros(L * cap, np.int64), np.zeros((5, L), np.int64),
-                   np.zeros(L), np.full(L, -math.inf))
-            while True:
-                with taking:
-                    lo = next(pieces, None)
-                if lo is None:
-                    return out, (0, 0)
-                status = fulldist.routing_pass(*args, lo, min(N, lo + piece), both, weighted, *out, flipped)
-                if status[0]:
-                    return out, status
-        done = [_pool().submit(work) for _ in range(threads - 1)]
-        (load_s, load_t, counts, w_sum, w_max), status = work()
-        statuses = [status]
-        for f in done:
-            o, status = f.result()
-            statuses.append(status)
+        def start(_) -> list:  # a thread's counts and sums, then the status that stopped it
+            return [np.zeros(L * cap, np.int64), np.zeros(L * cap, np.int64), np.zeros((5, L), np.int64),
+                    np.zeros(L), np.full(L, -math.inf), (0, 0)]
+
+        def step(state: list, lo: int, hi: int) -> bool:
+            state[5] = fulldist.routing_pass(*args, lo, hi, both, weighted, *state[:5], flipped)
+            return bool(state[5][0])
+        states = in_pieces(N, piece, threads, _pool(), start, step)
+        load_s, load_t, counts, w_sum, w_max, _ = states[0]
+        statuses = [st[5] for st in states]
+        for o in states[1:]:
             load_s += o[0]
             load_t += o[1]
             counts += o[2]
@@ -584,20 +576,10 @@ def _kernel_tables(x: StepTensors, lags: "_Lags | None", flipped: torch.Tensor |
         accs[0].add(**args)
     else:  # one thread is this one, the others the pool's (started once per process)
         rows = max(1, KERNEL_PIECE // T)
-        pieces = iter(range(0, B, rows))
-        taking = threading.Lock()
 
-        def work(acc: kernel.Accumulators) -> None:
-            while True:
-                with taking:
-                    first = next(pieces, None)
-                if first is None:
-                    return
-                acc.add(**args, lo=first * T, hi=min(B, first + rows) * T)
-        done = [_pool().submit(work, acc) for acc in accs[1:]]
-        work(accs[0])
-        for f in done:
-            f.result()
+        def step(acc: kernel.Accumulators, first: int, last: int) -> None:
+            acc.add(**args, lo=first * T, hi=last * T)
+        in_pieces(B, rows, threads, _pool(), lambda i: accs[i], step)
     acc = accs[0]
     for other in accs[1:]:
         acc = acc.merge(other)
