@@ -16,7 +16,7 @@ st.set_page_config(page_title="Driftscope", page_icon=Path(__file__).parent / "u
                    layout="wide", initial_sidebar_state="expanded")
 
 from analysis import settings  # noqa: E402  (set_page_config must come first)
-from ui import auth, nav, prefetch, sidebar  # noqa: E402
+from ui import auth, nav, plot, prefetch, sidebar  # noqa: E402
 from ui import state as S  # noqa: E402
 
 pages = {section: [st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url, default=p is nav.OVERVIEW)
@@ -35,6 +35,8 @@ if bad_setting:
              "environment, then restart the server.", icon=":material/error:")
     st.stop()
 auth.require_login()  # the sign-in screen and st.stop() until the user may see the app
+if nav.BY_URL.get(page.url_path, nav.OVERVIEW).charts:  # plotly.js loads in the browser while the queries run
+    plot.preload()
 
 try:
     sidebar.render()

@@ -56,7 +56,7 @@ if tabs[0].open:
                 S.keep_choices("compare_metrics", options, default)
                 chosen = st.multiselect("Metrics to chart", options, key="compare_metrics")
                 if chosen:
-                    plot.show(charts.run_bars(values, chosen, colors), key="compare_bars")
+                    plot.chart(charts.run_bars, values, chosen, colors, key="compare_bars")
                     st.markdown("\n".join(f"- **{m}**: {glossary.describe(m)}" for m in chosen))
 
 if tabs[1].open:
@@ -66,20 +66,20 @@ if tabs[1].open:
             # Token drift's default binning: one cached pass gives the histogram and the extreme-token curve
             hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=80, steps=sel.steps)
             with left:
-                plot.show(charts.histogram(hists["log_ratio"], colors, "Δ = t − s (signed log axis)",
-                                           log_y=True, signed_log_x=True), key="compare_hist")
+                plot.chart(charts.histogram, hists["log_ratio"], colors, "Δ = t − s (signed log axis)",
+                           log_y=True, signed_log_x=True, key="compare_hist")
             with right:
-                plot.show(charts.extreme_curve(hists["extreme"], colors), key="compare_extreme")
+                plot.chart(charts.extreme_curve, hists["extreme"], colors, key="compare_extreme")
         with S.guard("compute the per-step kl_k3"):
             per_step = S.cached(dashboard.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip,
                                 steps=sel.steps)["step"]
-            plot.show(charts.step_curves(per_step, ["kl_k3", "ess"], colors), key="compare_steps")
+            plot.chart(charts.step_curves, per_step, ["kl_k3", "ess"], colors, key="compare_steps")
 
 if both and tabs[2].open:
     with tabs[2], S.guard("compare the layer profiles"):
         st.markdown("**Routing flip rate per layer**")
         df = S.cached(routing.layer_profile, both, steps=sel.steps)
-        plot.show(routing_charts.layer_profile(df, colors), key="compare_layers")
+        plot.chart(routing_charts.layer_profile, df, colors, key="compare_layers")
 
 if partnered and tabs[-1].open:
     with tabs[-1]:

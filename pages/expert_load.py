@@ -49,11 +49,11 @@ with S.guard("compute the expert load"):
     if imb_tab.open:
         with imb_tab:
             cols = [f"{c}_{side}" for c in ("straggler_step", "rank_imbalance", "load_max_vio_all", "load_cv")]
-            plot.show(charts.step_curves(v["by_step"], cols, {run: S.run_colors().get(run)}), key="load_steps")
+            plot.chart(charts.step_curves, v["by_step"], cols, {run: S.run_colors().get(run)}, key="load_steps")
             st.caption("Per step, the mean over layers (straggler_step: Σ max / Σ mean over layers, the step's "
                        "MoE time against perfect balance).")
             st.markdown("**Layer × expert, tokens over the fair share** (selected steps summed)")
-            plot.show(load_charts.expert_heatmap(v["heatmap"]), key="load_expert_heatmap")
+            plot.chart(load_charts.expert_heatmap, v["heatmap"], key="load_expert_heatmap")
             st.markdown("**Which definition your engine logs**")
             st.table(load_views.DEFINITIONS, border="horizontal", hide_index=True)
 
@@ -63,19 +63,19 @@ with S.guard("compute the expert load"):
                 st.info("No placement: give the number of EP ranks above (or `ep_size` in the run's config, or "
                         "load the engine's placement).", icon=":material/info:")
             else:
-                plot.show(load_charts.rank_heatmap(v["ranks"], v["straggler"]), key="load_rank_heatmap")
+                plot.chart(load_charts.rank_heatmap, v["ranks"], v["straggler"], key="load_rank_heatmap")
                 st.caption("Tokens per EP rank over the mean rank (replicated experts' tokens split evenly), and "
                            "per layer the straggler factor max/mean averaged over steps.")
 
     if hot_tab.open:
         with hot_tab:
             st.markdown("**Hot experts per step and layer** (tokens above twice the fair share)")
-            plot.show(load_charts.hot_counts(v["hot"]), key="load_hot_counts")
+            plot.chart(load_charts.hot_counts, v["hot"], key="load_hot_counts")
             layers = sorted(v["heatmap"]["layer"].unique().to_list())
             S.keep_choice("load_layer", layers)
             layer = st.selectbox("Layer", layers, key="load_layer")
             tl = S.cached(load_views.layer_timeline, run, int(layer), sel.steps, side, int(n_experts) or None)
-            plot.show(load_charts.layer_timeline(tl), key="load_layer_timeline")
+            plot.chart(load_charts.layer_timeline, tl, key="load_layer_timeline")
             left, right = st.columns(2)
             left.markdown("**Most persistent hot experts** (share of steps hot)")
             left.dataframe(v["persistence"].head(20), hide_index=True, width="stretch")
@@ -111,7 +111,7 @@ with S.guard("compute the expert load"):
             else:
                 df, _ = S.cached(rebalance.what_if, run, int(replicas), int(nodes), int(gpus), None, None,
                                  int(window) or None, sel.steps, int(n_experts) or None, side)
-                plot.show(load_charts.what_if(df), key="load_whatif_chart")
+                plot.chart(load_charts.what_if, df, key="load_whatif_chart")
                 st.dataframe(df, hide_index=True, width="stretch")
 
     if domain_tab.open:
@@ -124,5 +124,5 @@ with S.guard("compute the expert load"):
                 layers = sorted(dom["layer"].unique().to_list())
                 S.keep_choice("load_domain_layer", layers)
                 layer = st.selectbox("Layer", layers, key="load_domain_layer")
-                plot.show(load_charts.domain_split(dom, int(layer)), key="load_domain")
+                plot.chart(load_charts.domain_split, dom, int(layer), key="load_domain")
                 st.caption(f"Sampler side, {note}.")

@@ -142,7 +142,7 @@ def waterfall_tab() -> None:
         if terms.is_empty():
             st.info("One of the two ranges has no tokens.")
             return
-        plot.show(findings_charts.waterfall(terms, a, b), key="findings_waterfall")
+        plot.chart(findings_charts.waterfall, terms, a, b, key="findings_waterfall")
         if thin.label():
             st.caption(f"The decomposition reads token rows: on a run this large it is {thin.label()} of each "
                        "range, to stay interactive.")
@@ -182,16 +182,16 @@ def simulator_tab() -> None:
                        "icepop where a threshold lies off the sidebar's C and 1 ± ε values); on a run this large that "
                        f"is {thin.label()}, and the per-run row is over those steps. The other methods count every "
                        "token, from the per-sequence summaries.")
-        plot.show(findings_charts.simulator_curves(per_step, [
+        plot.chart(findings_charts.simulator_curves, per_step, [
             ("masked_token_frac", "masked tokens"), ("masked_seq_frac", "masked sequences"),
-            ("ess_after", "ESS after")]), key="findings_sim_curves")
+            ("ess_after", "ESS after")], key="findings_sim_curves")
         st.dataframe(per_run, hide_index=True, key="findings_sim_table", column_config=S.number_columns(per_run))
         if per_run["masked_reward_mean"].null_count() == per_run.height and \
                 per_run["kept_reward_mean"].null_count() == per_run.height:
             st.caption("This run logged no rewards: the reward columns stay empty.")
         q = S.cached(corrections.log_ratio_quantiles, [run], by="step", steps=sel.steps)
         bands = [(m, corrections.BAND_QUANTITY[m], corrections.band_log_width(m, p)) for m, p in choices]
-        plot.show(findings_charts.noise_vs_bands(q, bands, corrections.QUANTITY_LABELS), key="findings_noise")
+        plot.chart(findings_charts.noise_vs_bands, q, bands, corrections.QUANTITY_LABELS, key="findings_noise")
         st.caption("Measured p50 (solid) and p99 (dotted) of what each method acts on, per step, against how far its "
                    "band reaches from Δ = 0 on its narrower side: a band below the p50 masks ordinary noise "
                    "(verl-omni RFC #280).")
@@ -232,7 +232,7 @@ def gates_tab() -> None:
     with S.guard("check the gates"):
         tables = S.cached(dashboard.run_and_step_tables, sel.runs, cap=sel.cap, clip=sel.clip, steps=sel.steps)
         table = gates.gate_table(tables["run"], tables["step"], sel.runs)
-        plot.show(findings_charts.gates_matrix(table), key="findings_gates_matrix")
+        plot.chart(findings_charts.gates_matrix, table, key="findings_gates_matrix")
         st.dataframe(table, hide_index=True, key="findings_gates",
                      column_config={"passed": st.column_config.CheckboxColumn("pass"),
                                     "value": st.column_config.NumberColumn("value", format="%.4g")})

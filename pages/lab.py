@@ -205,11 +205,11 @@ def origin_tab() -> None:
             st.markdown(f"**Drift starts at layer {first['layer']}, {first['op']}**: mean relative L2 "
                         f"{first['rel_l2_mean']:.3g} against a floor of {first['floor_rel_l2_mean']:.3g} "
                         f"(above the floor: more than {probe.FLOOR_FACTOR:g}× the floor + {probe.FLOOR_ABS:g}).")
-        plot.show(probe_charts.divergence_by_site(table, first), key="probe_sites")
+        plot.chart(probe_charts.divergence_by_site, table, first, key="probe_sites")
         flips = S.cached(probe.first_flips, run)
         if flips.height:
             st.markdown("**First flipped layer per token** (none: its router top-k sets agree in every layer)")
-            plot.show(probe_charts.first_flip_layers(flips), key="probe_first_flip")
+            plot.chart(probe_charts.first_flip_layers, flips, key="probe_first_flip")
         tokens = S.cached(probe.token_deltas, run)
         if tokens.height:
             st.markdown("**One token through the layers** (largest |Δ| first)")
@@ -219,7 +219,7 @@ def origin_tab() -> None:
             pick = st.selectbox("Token", labels, key="probe_token")
             row = tokens.row(labels.index(pick), named=True)
             path = S.cached(probe.token_path, run, row["sample"], row["pos"])
-            plot.show(probe_charts.token_path(path), key="probe_path")
+            plot.chart(probe_charts.token_path, path, key="probe_path")
             st.dataframe(path.drop("op_index", "site"), hide_index=True, key="probe_path_table")
 
 

@@ -33,39 +33,25 @@ def drift_tab() -> None:
         floors = S.cached(Store.precision_floors)  # {run: its files' precision floor} where a log was rounded
         if summary.is_empty():
             st.info("The chosen runs have no tokens in this step range: widen the **Step range** in the sidebar.")
+        cards = []
         for run in sel.runs:
             rows = summary.filter(summary["run"] == run)
-            if rows.is_empty():
-                continue
-            row = rows.row(0, named=True)
-            with st.container(border=True):
-                note = f"{row['n_tokens']:,} tokens · {row['n_sequences']:,} sequences"
-                if run in floors:
-                    note += f" · precision floor {glossary.fmt_floor(floors[run])}"
-                S.run_badge(run, colors.get(run, "#888"), note)
-                if run in checks and checks[run].holds:  # misaligned or processed log-probs: no number below means much
-                    st.badge("check the logging first", icon=":material/rule:", color="red")
-                    st.caption(md_escape(checks[run].line()))
-                cols = st.columns(len(glossary.CARD_METRICS))
-                for col, (metric, label) in zip(cols, glossary.CARD_METRICS):
-                    help_text = glossary.describe(metric)
-                    if metric == "token_any_flip_rate" and kinds.get(run) != "both":
-                        help_text += (" — not available: this run has no MoE routing" if kinds.get(run) == "none"
-                                      else " — not available: only the sampler's routing was recorded")
-                    col.metric(label, glossary.fmt_value(metric, row.get(metric)), help=help_text)
-                    if count := glossary.token_count(metric, row.get(metric), row.get("n_tokens")):
-                        col.caption(count)  # a rare tail as a number of tokens, beside its share
-                    if below := glossary.below_floor(metric, row.get(metric), floors.get(run)):
-                        col.caption(f":orange[{below}]")
+            if not rows.is_empty():  # a misaligned or processed log: a badge, as no number below means much
+                check = checks[run].line() if run in checks and checks[run].holds else None
+                cards.append(glossary.headline_card(run, rows.row(0, named=True), colors.get(run, "#888"),
+                                                    kinds.get(run), floors.get(run), check))
+        if cards:
+            st.html(glossary.cards_html(cards))
         st.caption(f"C = {sel.cap:g}, ε = {sel.clip:g}"
                    + (f", steps {sel.steps[0]}–{sel.steps[1]}" if sel.steps else "")
-                   + ". Hover the ? next to a name for its definition.")
-        with st.expander("All run-level metrics"):
-            st.dataframe(summary, hide_index=True, key="overview_summary_table",
-                         column_config=S.number_columns(summary))
-            if shown := [r for r in sel.runs if r in floors]:
-                st.caption("Precision floors (the log was rounded; a metric in nats below it measures nothing): "
-                           + ", ".join(f"{md_escape(r)} {glossary.fmt_floor(floors[r])}" for r in shown))
+                   + ". Hover a name for its definition.")
+        if (box := S.expander("All run-level metrics", key="overview_all_metrics")).open:
+            with box:
+                st.dataframe(summary, hide_index=True, key="overview_summary_table",
+                             column_config=S.number_columns(summary))
+                if shown := [r for r in sel.runs if r in floors]:
+                    st.caption("Precision floors (the log was rounded; a metric in nats below it measures nothing): "
+                               + ", ".join(f"{md_escape(r)} {glossary.fmt_floor(floors[r])}" for r in shown))
 
     st.subheader("Per step")
     with S.guard("compute the per-step metrics"):
@@ -87,7 +73,7 @@ def drift_tab() -> None:
             st.info("Pick at least one metric to plot.")
         else:
             shown = dashboard.smooth(per_step, chosen, window)
-            plot.show(charts.step_curves(shown, chosen, colors, log_y=log_y), key="overview_curves")
+            plot.chart(charts.step_curves, shown, chosen, colors, log_y=log_y, key="overview_curves")
             st.markdown("\n".join(f"- **{m}**: {glossary.describe(m)}" for m in chosen))
 
     st.subheader("Context over steps")
@@ -103,12 +89,14 @@ def drift_tab() -> None:
         if ctx.is_empty():
             st.info("No steps to show in this range.")
         else:
-            plot.show(context_charts.context_over_steps(per_step, ctx, drift, colors), key="overview_context")
+            plot.chart(context_charts.context_over_steps, per_step, ctx, drift, colors, key="overview_context")
             if not ctx["n_rewarded"].sum():
                 st.caption("The chosen runs logged no reward (DriftLogger `rewards=`, sequence JSON Lines `reward`, "
                            "or a mapped field): the reward panel is left out.")
-            with st.expander("Context per step, as numbers"):
-                st.dataframe(ctx, hide_index=True, key="overview_context_table", column_config=S.number_columns(ctx))
+            if (box := S.expander("Context per step, as numbers", key="overview_context_numbers")).open:
+                with box:
+                    st.dataframe(ctx, hide_index=True, key="overview_context_table",
+                                 column_config=S.number_columns(ctx))
 
     st.subheader("Run configs")
     with S.guard("read the run configs"):
@@ -119,7 +107,7 @@ def drift_tab() -> None:
             st.caption("The chosen runs carry no config (edit one on the Data page)" if not only_diff
                        else "The chosen runs' configs are identical.")
         else:
-            st.dataframe(cfg, hide_index=True, key="overview_cfg_table")
+            st.table(cfg, hide_index=True)  # a static table: a few keys, and no data grid to load on a first view
 
 
 def frameworks_tab() -> None:

@@ -61,7 +61,7 @@ def expert_load_section() -> None:
         if df.is_empty():
             st.info(f"No routing recorded for step {step}, layer {layer} of {load_run}.")
         else:
-            plot.show(routing_charts.expert_load(df), key="routing_expert_load")
+            plot.chart(routing_charts.expert_load, df, key="routing_expert_load")
             st.caption("Share of the routed top-k slots each expert received at this (step, layer), for the "
                        "sampler and the trainer. Imbalance shifts between the two sides when routing flips.")
         st.page_link(nav.EXPERT_LOAD.path, label="Imbalance by every engine's definition, EP ranks, hot experts "
@@ -94,7 +94,7 @@ if layer_tab.open:
             if df.is_empty():
                 st.info("No routing rows with both sides in this step range.")
             else:
-                plot.show(routing_charts.layer_heatmap(df, value), key="routing_layer_heatmap")
+                plot.chart(routing_charts.layer_heatmap, df, value, key="routing_layer_heatmap")
                 st.caption(f"**{value}**: {glossary.describe(value)}.")
         weighted = S.cached(dashboard.routing_weight_runs, [run])
         if weighted:
@@ -102,13 +102,13 @@ if layer_tab.open:
                 st.markdown(f"**Routing-weight mismatch, step × layer** ({run})")
                 df = S.cached(routing.routing_metrics, [run], by="layer", steps=sel.steps)
                 df = df.filter(df["weight_abs_diff_mean"].is_not_null())
-                plot.show(routing_charts.layer_heatmap(df, "weight_abs_diff_mean"), key="routing_weight_heatmap")
+                plot.chart(routing_charts.layer_heatmap, df, "weight_abs_diff_mean", key="routing_weight_heatmap")
                 st.caption(f"**weight_abs_diff_mean**: {glossary.describe('weight_abs_diff_mean')}. Replaying the "
                            "expert ids alone leaves this; replaying the weights too removes it.")
         with right, S.guard("compute the layer profile"):
             st.markdown("**Flip rate per layer** (all steps, every run with both sides)")
             df = S.cached(routing.layer_profile, both, steps=sel.steps)
-            plot.show(routing_charts.layer_profile(df, colors, "flip_rate"), key="routing_layer_profile")
+            plot.chart(routing_charts.layer_profile, df, colors, "flip_rate", key="routing_layer_profile")
             st.caption("Deeper layers see inputs that already carry upstream drift; a rising profile is typical.")
 
 if token_tab.open:
@@ -116,25 +116,25 @@ if token_tab.open:
     with token_tab, S.guard("compute flips per token"):
         flips = S.cached(routing.flip_views, both, steps=sel.steps)
         st.markdown("**Tokens with a flip, per step**")
-        plot.show(charts.step_curves(flips["step"], ["token_any_flip_rate", "flipped_layers_per_token"],
-                                     colors), key="routing_flip_steps")
+        plot.chart(charts.step_curves, flips["step"], ["token_any_flip_rate", "flipped_layers_per_token"],
+                   colors, key="routing_flip_steps")
         st.caption(f"**token_any_flip_rate**: {glossary.describe('token_any_flip_rate')}. "
                    f"**flipped_layers_per_token**: {glossary.describe('flipped_layers_per_token')}.")
         left, right = st.columns(2)
         with left:
             st.markdown("**First layer where a token's experts flip**")
-            plot.show(routing_charts.first_flip(flips["first_flip"], colors), key="routing_first_flip")
+            plot.chart(routing_charts.first_flip, flips["first_flip"], colors, key="routing_first_flip")
             st.caption("Where divergence starts: once one layer routes differently, later layers see different "
                        "inputs.")
         with right:
             st.markdown("**Do flips cost log-prob agreement?**")
-            plot.show(routing_charts.flip_mismatch(flips["mismatch"], colors), key="routing_flip_mismatch")
+            plot.chart(routing_charts.flip_mismatch, flips["mismatch"], colors, key="routing_flip_mismatch")
             st.caption("Mean |Δ| and kl_k3 of tokens with at least one flipped layer against tokens without. A "
                        "large gap says routing replay (R3) would remove much of the mismatch.")
         by_margin = S.cached(routing.flip_rate_by_margin, both, steps=sel.steps)
         if not by_margin.is_empty():
             st.markdown("**Flips happen where the router is undecided**: flip rate and mean |Δ| by router margin")
-            plot.show(routing_charts.flip_by_margin(by_margin, colors), key="routing_flip_margin")
+            plot.chart(routing_charts.flip_by_margin, by_margin, colors, key="routing_flip_margin")
             sides = sorted(set(by_margin["side"].to_list()))
             st.caption(f"**flip_rate_by_margin**: {glossary.describe('flip_rate_by_margin')}. Binned by the "
                        f"{' and '.join(sides)}'s margin.")

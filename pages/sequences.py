@@ -115,8 +115,8 @@ with S.guard("load the sequence"):
                          format_func=charts.SEQUENCE_VALUES.get)
         scale = v2.number_input("|Δ| for full colour", min_value=1e-12, max_value=50.0, step=0.001, format="%.3g",
                                 key="seq_scale", help=sequence_view.scale_help(p99))
-        plot.show(charts.sequence_delta(toks, value, scale, drilldown.prompt_token_count(context["prompt"])),
-                  key="seq_delta_chart")
+        plot.chart(charts.sequence_delta, toks, value, scale, drilldown.prompt_token_count(context["prompt"]),
+                   key="seq_delta_chart")
     left, right = st.columns([2, 3])
     with left:
         m1, m2, m3 = st.columns(3)
@@ -159,7 +159,7 @@ if kinds.get(run) == "both":
         grid = S.cached(drilldown.sequence_flip_grid, run, step, sample)
         if not grid.is_empty():
             st.subheader("Routing flips in this sequence")
-            plot.show(routing_charts.flip_grid(grid), key="seq_flip_grid")
+            plot.chart(routing_charts.flip_grid, grid, key="seq_flip_grid")
             st.caption("Position × MoE layer; a red cell is a token whose top-k expert set differs between the "
                        "sampler and the trainer at that layer.")
 elif kinds.get(run) == "sampler":

@@ -33,13 +33,13 @@ if dist_tab.open:
         with S.guard("bin Δ and r"):
             hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=80, steps=sel.steps)
             with left:
-                plot.show(charts.histogram(hists["log_ratio"], colors, "Δ = t − s (signed log axis)",
-                                           log_y=log_y, signed_log_x=True), key="tokens_hist_delta")
+                plot.chart(charts.histogram, hists["log_ratio"], colors, "Δ = t − s (signed log axis)",
+                           log_y=log_y, signed_log_x=True, key="tokens_hist_delta")
                 st.caption("Histogram of Δ on a signed log axis (each decade of |Δ| equally wide, 0 in the "
                            "middle): mass near 0 means the trainer reproduces the sampler; mass far out is drift.")
             with right:
-                plot.show(charts.histogram(hists["ratio"], colors, "r = π_trainer / π_sampler (log axis)",
-                                           log_y=log_y, log_x=True), key="tokens_hist_ratio")
+                plot.chart(charts.histogram, hists["ratio"], colors, "r = π_trainer / π_sampler (log axis)",
+                           log_y=log_y, log_x=True, key="tokens_hist_ratio")
                 st.caption(f"Histogram of r on a log axis; tokens beyond C = {sel.cap:g} (or below 1/C) are what "
                            "importance sampling corrections cap or reject.")
 
@@ -58,7 +58,7 @@ if run_tab.open:
             if df.is_empty():
                 st.info("No tokens in this step range.")
             else:
-                plot.show(charts.step_heatmap(df, "Δ = t − s (signed log axis)", signed_log_x=True), key="tokens_step_heatmap")
+                plot.chart(charts.step_heatmap, df, "Δ = t − s (signed log axis)", signed_log_x=True, key="tokens_step_heatmap")
                 per_row = charts.steps_per_row(df)
                 st.caption("Step × Δ bin, colour = share of the step's tokens (log scale): watch the distribution "
                            "widen or shift as training moves."
@@ -71,7 +71,7 @@ if run_tab.open:
             if df.is_empty():
                 st.info("No tokens in this step range.")
             else:
-                plot.show(charts.density_2d(df, log_axes=log_axes), key="tokens_density")
+                plot.chart(charts.density_2d, df, log_axes=log_axes, key="tokens_density")
                 st.caption("Each token placed at (sampler probability, trainer probability), counted in 100 × 100 "
                            "bins. Perfect agreement puts everything on the dashed diagonal."
                            + (f" It reads token rows: on a run this large, {thin.label()}." if thin.label() else ""))
@@ -116,8 +116,8 @@ if where_tab.open:
         if df.is_empty():
             st.info("No tokens to group in this range.")
         else:
-            plot.show(charts.bucket_chart(df, metric, colors, glossary.DIMENSIONS[dim][0],
-                                          bars=dim in ("lag", "tag", "segment")), key="tokens_bucket_chart")
+            plot.chart(charts.bucket_chart, df, metric, colors, glossary.DIMENSIONS[dim][0],
+                       bars=dim in ("lag", "tag", "segment"), key="tokens_bucket_chart")
             if dim == "segment" or (chosen_tags and dim not in buckets.SEQUENCE_DIMENSIONS):
                 note = S.cached(sampled.sample_label, sel.runs)
                 if note:
@@ -134,16 +134,16 @@ if where_tab.open:
 if extreme_tab.open:
     with extreme_tab, S.guard("compute the extreme-token curve"):
         hists = S.cached(distributions.drift_histograms, sel.runs, n_bins=80, steps=sel.steps)  # the histograms' pass
-        plot.show(charts.extreme_curve(hists["extreme"], colors), key="tokens_extreme")
+        plot.chart(charts.extreme_curve, hists["extreme"], colors, key="tokens_extreme")
         st.caption("F(τ): the share of tokens whose ratio is off by more than a factor τ in either direction "
                    "(max(r, 1/r) > τ). A heavy tail here is what breaks importance-sampling corrections.")
 
 if full_tab and full_tab[0].open:
     with full_tab[0]:
         st.markdown("**Beyond the sampled tokens: the two sides' top-J lists, per step**")
-        plot.show(charts.step_curves(full, ["topk_overlap", "top1_agree"], colors), key="tokens_full_agree")
-        plot.show(charts.step_curves(full, ["kl_k3", "topk_kl_shared", "topk_tv_lower", "topk_tv_upper"], colors,
-                                     log_y=True), key="tokens_full_divergence")
+        plot.chart(charts.step_curves, full, ["topk_overlap", "top1_agree"], colors, key="tokens_full_agree")
+        plot.chart(charts.step_curves, full, ["kl_k3", "topk_kl_shared", "topk_tv_lower", "topk_tv_upper"], colors,
+                   log_y=True, key="tokens_full_divergence")
         without = [r for r in sel.runs if r not in set(full["run"].to_list())]
         st.caption("kl_k3 estimates KL from the sampled tokens alone; the others compare the J most likely tokens "
                    "of each side at every position. "
@@ -164,8 +164,8 @@ if full_tab and full_tab[0].open:
             if grouped.is_empty():
                 st.info("No sequences with top-k lists to group in this range.")
             else:
-                plot.show(charts.bucket_chart(grouped, metric, colors, glossary.DIMENSIONS[by][0], bars=by == "tag"),
-                          key="tokens_full_by")
+                plot.chart(charts.bucket_chart, grouped, metric, colors, glossary.DIMENSIONS[by][0], bars=by == "tag",
+                           key="tokens_full_by")
                 table = grouped.select("run", "label", "n_sequences", "n_tokens", "kl_k3", "log_ratio_abs_mean",
                                        *dashboard.FULL_DISTRIBUTION[1:])
                 st.dataframe(table, hide_index=True, key="tokens_full_by_table",

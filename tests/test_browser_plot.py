@@ -97,15 +97,17 @@ def test_each_figure_is_drawn_once_and_redrawn_in_place(tmp_path):
             return Math.abs(gd._fullLayout.width - gd.parentElement.getBoundingClientRect().width) <= 2; }}""")
         assert errors == []
 
-        # the file route: plotly.js itself; nothing outside the plotly package's folder
-        src = page.evaluate("() => document.querySelector('script[src*=\"plotly.min.js\"]').getAttribute('src')")
-        assert src.startswith("component/") and src.endswith("/plotly.min.js")
+        # the file route: the vendored cartesian bundle (ui/static/plotly), nothing outside its folder
+        src = page.evaluate("() => document.querySelector('script[src*=\"plotly\"]').getAttribute('src')")
+        assert src.startswith("component/") and src.endswith("/plotly-cartesian.min.js")
         status, body = get(f"{url}/{src}")
-        assert status == 200 and b"plotly.js v" in body[:200]
+        assert status == 200 and b"plotly.js (cartesian - minified) v3" in body[:200]
         folder = src.rsplit("/", 1)[0]
-        for outside in ("../__init__.py", "..%2F__init__.py", "%2e%2e/%2e%2e/setup.py"):
+        for outside in ("../favicon.svg", "..%2Ffavicon.svg", "%2e%2e/%2e%2e/plot.py"):
             status, body = get(f"{url}/{folder}/{outside}")
             assert status in (400, 403, 404), (outside, status)
+        # the traces the bundle can draw are the ones ui/plot.py lets a figure use
+        assert set(page.evaluate("() => Object.keys(Plotly.PlotSchema.get().traces)")) == plot.TRACES
         browser.close()
 
 

@@ -19,7 +19,7 @@ from ui import access
 from ui.auth import AllowList
 
 from helpers import browser as bu
-from helpers.apptest import PAGES, TIMEOUT, NavigationOnly, errors, texts
+from helpers.apptest import PAGES, TIMEOUT, NavigationOnly, errors, overview_cards, texts
 
 APP = str(bu.ROOT / "app.py")
 AUTH = {"redirect_uri": "http://localhost:8501/oauth2callback", "cookie_secret": "test-cookie-secret",
@@ -121,7 +121,7 @@ def test_with_auth_secrets_only_the_sign_in_screen_shows(monkeypatch, db):
     assert not at.exception, at.exception
     assert page_titles(at) == ["Driftscope"] and "Sign in to continue" in texts(at.markdown)
     assert [b.label for b in at.button] == ["Sign in"]
-    assert not at.metric and not at.dataframe and not at.multiselect  # no page content, no run picker
+    assert not overview_cards(at) and not at.dataframe and not at.multiselect  # no page content, no run picker
     at.switch_page("pages/data.py").run()  # a page URL gives the same screen
     assert page_titles(at) == ["Driftscope"] and not at.get("file_uploader")
 
@@ -130,12 +130,12 @@ def test_with_auth_secrets_only_the_sign_in_screen_shows(monkeypatch, db):
 def test_signed_in_user_sees_the_app_and_can_log_out(monkeypatch, db):
     monkeypatch.setenv("DRIFT_ALLOWED_DOMAIN", "example.org")
     at = app(monkeypatch, db, {"auth": AUTH}, dict(ANN))
-    assert not at.exception and page_titles(at) == ["Overview"] and at.metric
+    assert not at.exception and page_titles(at) == ["Overview"] and overview_cards(at)
     assert r"Signed in as **Ann \*Admin\***" in texts(at.sidebar.caption)  # the name's markdown is escaped
     at.button(key="auth_logout").click().run()
-    assert at.user == {"is_logged_in": False} and not at.metric  # that run stops; the next is signed out
+    assert at.user == {"is_logged_in": False} and not overview_cards(at)  # that run stops; the next is signed out
     at.run()
-    assert page_titles(at) == ["Driftscope"] and not at.metric
+    assert page_titles(at) == ["Driftscope"] and not overview_cards(at)
 
 
 @pytest.mark.slow  # AppTest
@@ -154,7 +154,7 @@ def test_one_sign_in_button_per_provider(monkeypatch, db):
 def test_allow_list_keeps_other_accounts_out(monkeypatch, db):
     monkeypatch.setenv("DRIFT_ALLOWED_EMAILS", "bob@example.org")
     at = app(monkeypatch, db, {"auth": AUTH}, dict(ANN))
-    assert not at.exception and page_titles(at) == ["Driftscope"] and not at.metric
+    assert not at.exception and page_titles(at) == ["Driftscope"] and not overview_cards(at)
     assert "is not allowed to use this Driftscope" in errors(at)[0]
     assert at.button(key="auth_denied_logout")
 
@@ -169,7 +169,7 @@ def test_broken_sign_in_settings_keep_the_app_closed(monkeypatch, db, secrets, e
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     at = app(monkeypatch, db, secrets, dict(ANN))
-    assert not at.exception and "Overview" not in page_titles(at) and not at.metric
+    assert not at.exception and "Overview" not in page_titles(at) and not overview_cards(at)
     assert message in " ".join(errors(at))
 
 

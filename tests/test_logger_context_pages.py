@@ -82,16 +82,15 @@ def open_page(monkeypatch, db, page: str) -> AppTest:
 
 
 def drawn(monkeypatch) -> dict:
-    """{key: figure} of every chart the pages draw (ui.plot.show, looked up at each call), from now on."""
+    """{key: figure} of every chart the pages draw (ui.plot.chart, looked up at each call), from now on."""
     from ui import plot
 
     figures = {}
-    show = plot.show
 
-    def record(fig, key):
-        figures[key] = fig
-        show(fig, key)
-    monkeypatch.setattr(plot, "show", record)
+    def record(build, *args, key, **kwargs):
+        figures[key] = fig = build(*args, **kwargs)
+        plot.show(fig, key)
+    monkeypatch.setattr(plot, "chart", record)
     return figures
 
 

@@ -11,7 +11,8 @@ import pytest
 from streamlit.testing.v1 import AppTest, app_test
 
 from helpers import browser as bu
-from helpers.apptest import APP, PAGES, TIMEOUT, NavigationOnly, app_env, errors, open_app, open_tab, texts
+from helpers.apptest import (APP, PAGES, TIMEOUT, NavigationOnly, app_env, errors, open_app, open_tab,
+                             overview_cards, texts)
 
 pytestmark = pytest.mark.slow  # AppTest runs whole pages: about 14 s of CPU for the file
 
@@ -41,7 +42,12 @@ charts = bu.app_charts  # the charts drawn
 
 
 def html_bodies(at: AppTest) -> str:
-    return "\n".join(e.proto.body for e in at.get("html"))
+    """The pages' HTML, less ui/plot.preload's element (constant code: the one script the app sends)."""
+    from ui import plot
+    bodies = [e.proto.body for e in at.get("html")]
+    preload = [b for b in bodies if f".st-key-{plot.PRELOAD_KEY}" in b]
+    assert len(preload) <= 1 and all(b.count("<script") == 1 for b in preload)
+    return "\n".join(b for b in bodies if b not in preload)
 
 
 # -- every page ---------------------------------------------------------------------------------------
@@ -57,7 +63,7 @@ def test_every_page_runs_without_errors(monkeypatch, shared_db, page):
 
 # -- sidebar and overview -----------------------------------------------------------------------------
 def _card_values(at: AppTest) -> list[tuple[str, str]]:
-    return [(m.label, m.value) for m in at.metric]
+    return [(m["label"], m["value"]) for card in overview_cards(at) for m in card["metrics"]]
 
 
 def test_overview_cards_follow_the_run_selection(monkeypatch, shared_db):
@@ -102,10 +108,10 @@ def test_overview_metric_picker_smoothing_and_configs(monkeypatch, shared_db):
     at.toggle(key="overview_logy").set_value(True).run()
     assert not at.exception and not errors(at)
     assert "**kl_k1**" in texts(at.markdown) and "**chi2_token**" in texts(at.markdown)
-    cfg = at.dataframe[-1].value  # only the keys that differ
+    cfg = at.table[-1].value  # only the keys that differ
     assert set(cfg["key"]) == {"engine", "replay", "sampler_dtype"}
     at.toggle(key="overview_cfg_diff").set_value(False).run()
-    assert "trainer_dtype" in set(at.dataframe[-1].value["key"])
+    assert "trainer_dtype" in set(at.table[-1].value["key"])
     # another page and back: the page is as it was left
     at.switch_page("pages/sequences.py").run()
     at.switch_page("pages/overview.py").run()
@@ -605,7 +611,9 @@ def test_sequences_show_a_typed_sample_in_context(monkeypatch, context_db):
 def test_overview_context_table_holds_the_seeded_numbers(monkeypatch, context_db):
     db, seqs = context_db
     at = open_app(monkeypatch, db)
-    ctx = frame_with(at, "reward_mean")
+    assert not [d for d in at.dataframe if "reward_mean" in d.value.columns]  # drawn once its expander is open
+    at.session_state["overview_context_numbers"] = True
+    ctx = frame_with(at.run(), "reward_mean")
     for row in ctx.itertuples():
         qs = [x for x in seqs if x.get("step") == row.step]
         assert row.n_sequences == len(qs)
@@ -615,7 +623,8 @@ def test_overview_context_table_holds_the_seeded_numbers(monkeypatch, context_db
     # the r > C card gives the count of tokens beside its share (C = 2)
     n = sum(len(x["s"]) for x in seqs)
     high = sum(t - s > math.log(2.0) for x in seqs for s, t in zip(x["s"], x["t"]))
-    assert f"{high:,} of {n:,} tokens" in [c.value for c in at.caption]
+    assert f"{high:,} of {n:,} tokens" in [c for card in overview_cards(at) for m in card["metrics"]
+                                            for c in m["captions"]]
 
 
 def test_data_mapping_form_loads_and_refuses(monkeypatch, tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from analysis.ingest import ingest_paths
 from analysis.ingest.precision import decimals, rounding_floor
 
-from helpers.apptest import app_env, errors, open_app, texts
+from helpers.apptest import app_env, errors, open_app, overview_cards, texts
 from helpers.frameworks import write_primerl_traces
 
 
@@ -62,6 +62,7 @@ def test_overview_labels_a_metric_below_the_floor(monkeypatch, tmp_path):
     at = open_app(monkeypatch, db, "pages/overview.py")
     at.multiselect(key="sidebar_runs").set_value(["tiny", "large"]).run()
     assert not at.exception and not errors(at), (at.exception, errors(at))
-    captions = texts(at.caption)
+    below = [(card["run"], m["label"]) for card in overview_cards(at) for m in card["metrics"]
+             if "below the log's precision (1e-6)" in m["captions"]]
     # one label: the tiny run's kl_k3 card (its max |Δ| and the large run's metrics are above 1e-6)
-    assert captions.count("below the log's precision (1e-6)") == 1, captions
+    assert below == [("tiny", "KL k3")], below

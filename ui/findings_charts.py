@@ -15,18 +15,32 @@ METHOD_COLORS = {"tis": "#1f77b4", "icepop": "#d62728", "geo_rs": "#2ca02c", "se
 
 
 def waterfall(terms: pl.DataFrame, a: tuple[int, int], b: tuple[int, int]) -> go.Figure:
-    """decomposition.shift_share's rows as a waterfall: kl_k3 over A, one bar per term, kl_k3 over B."""
+    """decomposition.shift_share's rows as a waterfall: kl_k3 over A, one bar per term, kl_k3 over B.
+
+    Drawn as floating bars (a term's bar spans the running total before and after it) joined by connector lines:
+    the app's plotly.js bundle (ui/plot.py) holds the cartesian traces only, and those have no waterfall trace."""
     labels = [f"kl_k3, steps {a[0]}–{a[1]}" if t == "A" else f"kl_k3, steps {b[0]}–{b[1]}" if t == "B" else lab
               for t, lab in zip(terms["term"], terms["label"])]
-    measure = ["absolute" if t == "A" else "total" if t == "B" else "relative" for t in terms["term"]]
     values = terms["value"].to_list()
-    fig = go.Figure(go.Waterfall(
-        x=labels, y=values, measure=measure, text=[f"{v:+.3g}" if m == "relative" else f"{v:.3g}"
-                                                   for v, m in zip(values, measure)],
-        textposition="outside", connector=dict(line=dict(color="#999", width=1)),
-        increasing=dict(marker=dict(color="#d62728")), decreasing=dict(marker=dict(color="#2ca02c")),
-        totals=dict(marker=dict(color="#1f77b4")),
-        hovertemplate="%{x}<br>%{y:.4g}<extra></extra>"))
+    lo, hi, color, text, after, total = [], [], [], [], [], 0.0
+    for t, v in zip(terms["term"], values):
+        if t in ("A", "B"):  # a total, drawn from zero
+            start, total = 0.0, v
+            color.append("#1f77b4")
+            text.append(f"{v:.3g}")
+        else:  # a term moves the running total by v
+            start, total = total, total + v
+            color.append("#d62728" if v >= 0 else "#2ca02c")
+            text.append(f"{v:+.3g}")
+        lo.append(min(start, total))
+        hi.append(max(start, total))
+        after.append(total)
+    fig = go.Figure(go.Bar(x=labels, y=[h - l for l, h in zip(lo, hi)], base=lo, marker=dict(color=color),
+                           text=text, textposition="outside", customdata=values,
+                           hovertemplate="%{x}<br>%{customdata:.4g}<extra></extra>"))
+    for i in range(len(labels) - 1):  # the total carried from one bar to the next
+        fig.add_shape(type="line", xref="x", yref="y", x0=i + 0.4, x1=i + 0.6, y0=after[i], y1=after[i],
+                      line=dict(color="#999", width=1))
     return layout(fig, y="kl_k3", legend=False)
 
 

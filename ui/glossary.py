@@ -140,3 +140,74 @@ def fmt_floor(floor: float) -> str:
     """A precision floor as written in a label: 1e-6, 5e-5."""
     mantissa, exponent = f"{floor:.0e}".split("e")
     return f"{mantissa}e{int(exponent)}"
+
+
+# -- the Overview's headline cards, as one HTML element -------------------------------------------------------
+# One element for all runs rather than a bordered container of five st.metric per run: a fresh browser session
+# draws the nine demo runs' cards as one block instead of ~100 elements (benchmarks/RESULTS-pages.md). The
+# definitions are each label's tooltip (the `title` attribute). Every piece of text is escaped: run names, notes
+# and logging-check lines are user data.
+_CARD_CSS = """<style>
+.drift-cards { display: flex; flex-direction: column; gap: 0.75rem; }
+.drift-card { border: 1px solid rgba(49, 51, 63, 0.2); border-radius: 0.5rem; padding: 0.75rem 1rem; }
+.drift-card-head { display: flex; align-items: center; gap: 0.5rem; font-weight: 600; font-size: 1.05rem; }
+.drift-card-head .dot { width: 0.8rem; height: 0.8rem; border-radius: 50%; display: inline-block; }
+.drift-card-head .note { font-weight: 400; opacity: 0.7; font-size: 0.85rem; }
+.drift-card-check { margin-top: 0.35rem; font-size: 0.875rem; opacity: 0.85; }
+.drift-card-check .badge { background: rgba(255, 43, 43, 0.12); color: #bd4043; border-radius: 0.5rem;
+  padding: 0.1rem 0.5rem; font-weight: 600; margin-right: 0.5rem; }
+.drift-card-metrics { display: grid; grid-template-columns: repeat(5, minmax(0, 1fr)); gap: 1rem;
+  margin-top: 0.5rem; }
+.drift-metric .label { font-size: 0.875rem; text-decoration: underline dotted rgba(49, 51, 63, 0.4);
+  cursor: help; width: fit-content; }
+.drift-metric .value { font-size: 2rem; line-height: 1.25; white-space: nowrap; overflow: hidden;
+  text-overflow: ellipsis; }
+.drift-metric .caption { font-size: 0.8rem; opacity: 0.7; }
+.drift-metric .caption.warn { color: #d9822b; opacity: 1; }
+</style>"""
+
+
+def headline_card(run: str, row: dict, color: str, routing: str | None, floor: float | None,
+                  check: str | None) -> dict:
+    """One run's card for cards_html: `row` its run-level metrics (dashboard.run_and_step_tables), `routing` its
+    dashboard.routing_kinds value, `floor` its precision floor, `check` a logging-check line to show first."""
+    note = f"{row['n_tokens']:,} tokens · {row['n_sequences']:,} sequences"
+    if floor is not None:
+        note += f" · precision floor {fmt_floor(floor)}"
+    metrics = []
+    for metric, label in CARD_METRICS:
+        help_text = describe(metric)
+        if metric == "token_any_flip_rate" and routing != "both":
+            help_text += (" — not available: this run has no MoE routing" if routing == "none"
+                          else " — not available: only the sampler's routing was recorded")
+        v = row.get(metric)
+        captions = [(text, warn) for text, warn in ((token_count(metric, v, row.get("n_tokens")), False),
+                                                     (below_floor(metric, v, floor), True)) if text]
+        metrics.append({"label": label, "value": fmt_value(metric, v), "help": help_text, "captions": captions})
+    return {"run": run, "color": color, "note": note, "check": check, "metrics": metrics}
+
+
+def cards_html(cards: list[dict]) -> str:
+    """The headline cards of the given runs: each a dict with run, color, note, check (a logging-check line or
+    None) and metrics, a list of dicts with label, value, help and captions (a list of (text, warn))."""
+    import html
+    esc = html.escape
+    out = [_CARD_CSS, '<div class="drift-cards">']
+    for c in cards:
+        out.append(f'<div class="drift-card" data-run="{esc(c["run"])}"><div class="drift-card-head">'
+                   f'<span class="dot" style="background:{esc(c["color"])}"></span>{esc(c["run"])}'
+                   f'<span class="note">{esc(c["note"])}</span></div>')
+        if c.get("check"):
+            out.append(f'<div class="drift-card-check"><span class="badge">check the logging first</span>'
+                       f'<span class="line">{esc(c["check"])}</span></div>')
+        out.append('<div class="drift-card-metrics">')
+        for m in c["metrics"]:
+            out.append(f'<div class="drift-metric" data-label="{esc(m["label"])}" data-value="{esc(m["value"])}">'
+                       f'<div class="label" title="{esc(m["help"])}">{esc(m["label"])}</div>'
+                       f'<div class="value">{esc(m["value"])}</div>')
+            out.extend(f'<div class="caption{" warn" if warn else ""}">{esc(text)}</div>'
+                       for text, warn in m["captions"])
+            out.append('</div>')
+        out.append('</div></div>')
+    out.append('</div>')
+    return "".join(out)

@@ -199,6 +199,12 @@ def tabs(labels: Sequence[str], key: str) -> list:
     return list(st.tabs(list(labels), key=key, on_change="rerun", bind="query-params"))
 
 
+def expander(label: str, key: str):
+    """An expander whose content runs only while it is open (`if box.open: with box: ...`): a collapsed table
+    costs the page neither its query nor the browser's grid. Opening it reruns the page."""
+    return st.expander(label, key=key, on_change="rerun")
+
+
 def run_colors() -> dict[str, str]:
     """One colour per run, stable across pages (by the order runs were created)."""
     return {r: PALETTE[i % len(PALETTE)] for i, r in enumerate(run_names())}

@@ -77,3 +77,49 @@ def demo_database(folder: Path) -> Path:
     assert outcomes and all(o.status == "loaded" for o in outcomes), [o.line() for o in outcomes]
     store.close()
     return db
+
+
+def overview_cards(at: AppTest) -> list[dict]:
+    """The Overview's headline cards (ui/glossary.cards_html) as drawn: per run its name, note, logging check, and
+    its metrics as (label, value, help, captions), read back from the HTML the page sent."""
+    from html.parser import HTMLParser
+
+    class Cards(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.cards: list[dict] = []
+            self.field: str | None = None  # the class of the text being read
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            cls = a.get("class", "")
+            if cls == "drift-card":
+                self.cards.append({"run": a["data-run"], "note": "", "check": None, "metrics": []})
+            elif cls == "drift-metric":
+                self.cards[-1]["metrics"].append({"label": a["data-label"], "value": a["data-value"],
+                                                  "help": None, "captions": []})
+            elif cls == "label" and self.cards and self.cards[-1]["metrics"]:
+                self.cards[-1]["metrics"][-1]["help"] = a.get("title")
+            elif cls == "drift-card-check":
+                self.cards[-1]["check"] = ""
+            self.field = cls
+
+        def handle_data(self, data):
+            if not self.cards:
+                return
+            card = self.cards[-1]
+            if self.field == "note":
+                card["note"] += data
+            elif self.field == "line":  # the logging check's words (after its badge)
+                card["check"] += data
+            elif self.field in ("caption", "caption warn"):
+                card["metrics"][-1]["captions"].append(data)
+
+        def handle_endtag(self, tag):
+            self.field = None
+
+    parser = Cards()
+    for e in at.get("html"):
+        if 'class="drift-cards"' in e.proto.body:
+            parser.feed(e.proto.body)
+    return parser.cards
