@@ -6,14 +6,12 @@ DRIFT_NO_DEMO=1; DRIFT_READ_ONLY=1 turns the app into a viewer. With an [auth] s
 sign-in screen shows until the user has signed in (ui/auth.py; docs/hosting.md). Every DRIFT_* setting is checked
 before anything is drawn (analysis/settings.py): a bad value is an error on the page, and nothing else.
 """
-from pathlib import Path
-
 import streamlit as st
 
-# A local icon: a material-icon favicon is fetched from fonts.gstatic.com on every page (an outside request from
-# every visitor's browser, and a failed one on an offline host).
-st.set_page_config(page_title="Driftscope", page_icon=Path(__file__).parent / "ui" / "static" / "favicon.svg",
-                   layout="wide", initial_sidebar_state="expanded")
+# An emoji icon: the browser draws it into an inline SVG. A material icon is fetched from fonts.gstatic.com (an
+# outside request from every visitor, a failed one offline); an image file costs the server's first page the import
+# of PIL (~0.2 s of a cold start) to inline it.
+st.set_page_config(page_title="Driftscope", page_icon="🔭", layout="wide", initial_sidebar_state="expanded")
 
 from analysis import settings  # noqa: E402  (set_page_config must come first)
 from ui import auth, nav, plot, prefetch, sidebar  # noqa: E402

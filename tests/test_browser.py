@@ -106,7 +106,7 @@ def test_pages_render_and_upload_works(server):
             assert not dialogs, dialogs
             assert not outside, outside
             icon = page.evaluate("document.querySelector(\"link[rel~='icon']\").href")
-            assert icon.startswith("data:image/svg+xml"), icon[:80]  # ui/static/favicon.svg, inlined
+            assert icon.startswith("data:image/svg+xml"), icon[:80]  # the emoji icon, drawn into an inline SVG
         finally:
             browser.close()
     log = (root / "server.log").read_text(errors="replace")

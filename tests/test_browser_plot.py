@@ -103,7 +103,7 @@ def test_each_figure_is_drawn_once_and_redrawn_in_place(tmp_path):
         status, body = get(f"{url}/{src}")
         assert status == 200 and b"plotly.js (cartesian - minified) v3" in body[:200]
         folder = src.rsplit("/", 1)[0]
-        for outside in ("../favicon.svg", "..%2Ffavicon.svg", "%2e%2e/%2e%2e/plot.py"):
+        for outside in ("../../plot.py", "..%2F..%2Fstate.py", "%2e%2e/%2e%2e/plot.py"):
             status, body = get(f"{url}/{folder}/{outside}")
             assert status in (400, 403, 404), (outside, status)
         # the traces the bundle can draw are the ones ui/plot.py lets a figure use

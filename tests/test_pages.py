@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -306,7 +307,7 @@ def test_data_config_edit_validates_and_saves(monkeypatch, own_db):
     assert "Saved the config of dense (3 keys)." in texts(at.success)
     at.switch_page("pages/overview.py").run()
     at.toggle(key="overview_cfg_diff").set_value(False).run()
-    cfg = at.dataframe[-1].value
+    cfg = at.table[-1].value
     assert cfg.set_index("key").loc["top_p", bu.RUN_DENSE] == "0.95"
 
 
@@ -399,16 +400,23 @@ def test_viewer_mode_hides_every_write(monkeypatch, own_db):
 
 def test_kernels_warmed_only_where_the_app_can_ingest(monkeypatch, own_db, tmp_path):
     from analysis.ingest import warm
+    from ui import state
     started = []
-    monkeypatch.setattr(warm, "start_in_background", lambda: started.append(True))
+    monkeypatch.setattr(warm, "start_in_background", lambda: started.append(time.monotonic()))
+    monkeypatch.setattr(state, "WARM_DELAY_S", 0.5)  # after the first page (5 s in the app)
     monkeypatch.setenv("DRIFT_READ_ONLY", "1")
     open_app(monkeypatch, own_db)
+    time.sleep(1.0)
     assert started == []  # a viewer never ingests
     monkeypatch.delenv("DRIFT_READ_ONLY")
     writable = tmp_path / "writable.duckdb"
     shutil.copy(own_db, writable)
+    t0 = time.monotonic()
     open_app(monkeypatch, writable)
-    assert started == [True]
+    deadline = time.monotonic() + 10
+    while not started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(started) == 1 and started[0] - t0 >= 0.5  # once, and not before the delay
 
 
 @pytest.mark.parametrize("page", list(PAGES))

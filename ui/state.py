@@ -36,6 +36,7 @@ _NOTICE = "_pending_notice"
 
 DEFAULT_CAP = 2.0
 DEFAULT_CLIP = 0.2
+WARM_DELAY_S = 5.0  # seconds from opening a writable database to starting the kernels' warm-up child
 PALETTE = plotly.colors.qualitative.Plotly + plotly.colors.qualitative.D3
 
 
@@ -81,9 +82,12 @@ def _open(path: str, read_only: bool, load_demo: bool) -> AppDB:
         store.close()
         app.store = Store(path, read_only=True)
     app.watcher = live.start(app)
-    if not app.store.read_only:  # uploads and followed folders ingest here: compile the kernels now, in a child
+    if not app.store.read_only:  # uploads and followed folders ingest here: compile the kernels in a child, once
+        # the first page has been drawn (its imports and compiles took ~0.3 s of that page's 3 s on 2 cores)
         from analysis.ingest.warm import start_in_background
-        start_in_background()
+        timer = threading.Timer(WARM_DELAY_S, start_in_background)
+        timer.daemon = True
+        timer.start()
     # On SIGTERM / Ctrl-C streamlit stops and the interpreter exits: queries still running in daemon threads
     # (prefetch, script runs) are interrupted and awaited first, or DuckDB aborts the process (exit -6).
     atexit.register(app.store.shutdown)
