@@ -42,7 +42,7 @@ def _stamp(ids, i, seen, stamp):  # pragma: no cover - compiled
     of each); returns whether two ids of the row share a slot (then, and only then, they may be equal)."""
     clash = False
     for a in range(ids.shape[1]):
-        h = _slot(ids[i, a])
+        h = _slot(ids[i, np.uint64(a)])
         clash |= (seen[h] >> 32) == stamp
         seen[h] = (stamp << 32) | a
     return clash
@@ -76,22 +76,24 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
     seen = np.zeros(4096, np.int64)  # per slot: stamp · 2^32 + rank (_stamp; stamps < 2n + 3 < 2^31)
     on_a = np.empty(J)  # per sampler rank: 1 where its id is shared, else 0
     diff = np.empty(J)  # per sampler rank: its log-prob less the trainer's of the same id (where shared)
-    for i in range(n):
-        g = group[i]
+    for row in range(n):
+        g = group[row]
         if g < 0:
             continue
-        if _stamp(s_ids, i, seen, 2 * i + 1) and _repeats(s_ids, i):
-            return i
-        t_stamp = 2 * i + 2
+        i = np.uint64(row)  # unsigned indices: numba adds a wrap-around test to each signed one (~6 % of the pass)
+        if _stamp(s_ids, i, seen, 2 * row + 1) and _repeats(s_ids, i):
+            return row
+        t_stamp = 2 * row + 2
         by_slot = not _stamp(t_ids, i, seen, t_stamp)
         if not by_slot and _repeats(t_ids, i):
-            return i
+            return row
         ok = True
-        for a in range(J):
+        for r in range(J):
+            a = np.uint64(r)
             ok &= ((s_ids[i, a] | t_ids[i, a]) >= 0) & (s_lp[i, a] <= 0) & (t_lp[i, a] <= 0)
             ok &= (s_lp[i, a] > -np.inf) & (t_lp[i, a] > -np.inf)
         if not ok:
-            return i
+            return row
         # the trainer's rank of each sampler id (0 where it has none, told apart by `shared`); what follows is
         # free of branches on the data (whether an id is shared is a coin toss in real lists: mispredicted jumps
         # cost more than the arithmetic)
@@ -103,22 +105,23 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
         mass_t = 0.0
         best_s, best_t = 0, 0
         top_s, top_t = s_lp[i, 0], t_lp[i, 0]
-        for a in range(J):
+        for r in range(J):
+            a = np.uint64(r)
             x = s_ids[i, a]
             if by_slot:
                 e = seen[_slot(x)]
-                m = e & _LOW
+                m = np.uint64(e & _LOW)
                 shared = ((e >> 32) == t_stamp) & (t_ids[i, m] == x)
             else:  # a sum over the ranks, which vectorises where a search with a break does not
-                m = 0
+                c = 0
                 for b in range(J):
-                    m += (b + 1) * (t_ids[i, b] == x)
-                shared = m > 0
-                m -= 1
-            m = m if shared else 0
+                    c += (b + 1) * (t_ids[i, b] == x)
+                shared = c > 0
+                m = np.uint64(c - 1) if shared else np.uint64(0)
+            m = m if shared else np.uint64(0)
             on = 1.0 if shared else 0.0
-            on_a[a] = on
-            diff[a] = np.float64(s_lp[i, a]) - np.float64(t_lp[i, m])
+            on_a[r] = on
+            diff[r] = np.float64(s_lp[i, a]) - np.float64(t_lp[i, m])
             n_i += shared
             p_s, p_t = ps[i, a], pt[i, m]
             ms += on * p_s
@@ -127,17 +130,17 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
             mass_s += p_s
             mass_t += pt[i, a]
             up_s = s_lp[i, a] > top_s
-            best_s = a if up_s else best_s
+            best_s = r if up_s else best_s
             top_s = s_lp[i, a] if up_s else top_s
             up_t = t_lp[i, a] > top_t
-            best_t = a if up_t else best_t
+            best_t = r if up_t else best_t
             top_t = t_lp[i, a] if up_t else top_t
         kl = 0.0
         if n_i >= 2:
             shift = math.log(ms / mt)
             inv = 1.0 / ms
-            for a in range(J):
-                kl += (on_a[a] * inv) * ps[i, a] * (diff[a] - shift)
+            for r in range(J):
+                kl += (on_a[r] * inv) * ps[i, np.uint64(r)] * (diff[r] - shift)
         out[g, 0] += 1.0
         out[g, 1] += n_i / J
         out[g, 2] += 1.0 if s_ids[i, best_s] == t_ids[i, best_t] else 0.0
