@@ -171,7 +171,7 @@ def _position_status(se, te, sw, tw, i, has_w, cap):  # pragma: no cover - compi
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _multisets(se, te, sw, i, layer, has_w, tally, weight, tw):  # pragma: no cover - compiled
+def _multisets(se, te, sw, tw, i, layer, has_w, tally, weight):  # pragma: no cover - compiled
     """(Σ of equal (sampler, trainer) id pairs, whether the multisets differ, Σ_k |w_s(e_k) − w_t(e_k)|) of one
     row where a side repeats an id: a table of each side's count of each id (the trainer's + 2^32 × the
     sampler's) and of the trainer's weights of each id (a repeat's add up), set and cleared here."""
@@ -222,8 +222,9 @@ def routing_pass(se, te, sw, tw, valid, lo, hi, has_t, has_w, load_s, load_t, co
     the row's weights), and each sampler id reads its mark: where neither side repeats an id (a sampler id
     finding its own row's mark in a second table is a repeat; ingest refuses repeats), the two sets are equal
     when all K sampler ids carry the trainer's mark, and the trainer's weight of each is in the table. Nothing
-    is cleared, and an id is range-checked as it is read (one unsigned comparison): a pass over each row to
-    check and clear first cost ~40 % of the pass. A row that repeats an id is counted again by `_multisets`."""
+    is cleared, and an id is range-checked as it is read (one unsigned comparison), where a loop over each row
+    first took its ids' min and max: the two cost ~1.3x as much (benchmarks/RESULTS-logger.md). A row that
+    repeats an id is counted again by `_multisets`."""
     L, K = se.shape[1], se.shape[2]
     cap = load_s.shape[0] // L
     u_cap = np.uint64(cap)
@@ -274,7 +275,7 @@ def routing_pass(se, te, sw, tw, valid, lo, hi, has_t, has_w, load_s, load_t, co
             if not has_t:
                 continue
             if rep:
-                common, flip, d = _multisets(se, te, sw, i, layer, has_w, tally, summed, tw)
+                common, flip, d = _multisets(se, te, sw, tw, i, layer, has_w, tally, summed)
             else:
                 flip = common != K
             counts[2, layer] += common
