@@ -3,6 +3,7 @@
     python benchmarks/bench_logger.py [--tokens 4000000] [--steps 5] [--repeat 3] [--threads 2] [--no-write]
     python benchmarks/bench_logger.py --fulldist [--tokens 2000000] [--layers 2] [--k 8] ...
     python benchmarks/bench_logger.py --fulldist --code OTHER_CHECKOUT [--tokens 1000000] [--repeat 2]
+    python benchmarks/bench_logger.py --fulldist --passes COMMIT [--tokens 1000000] [--repeat 5]
 
 --fulldist times instead the METRICS.md v3 inputs (`fulldist_main`): log_step with top-k log-probs (J = 20, and 8)
 and router weights beside the same steps without them, and measures the bytes per token each adds to a DuckDB
@@ -10,6 +11,8 @@ database (a seeded run logged with token_sample = 1 and ingested). With --code (
 `git archive main` copy), instead the full configuration (top-k J = 20, routing of both sides with weights) and
 the step without them, each side's logger in a child process of its own (`fulldist_child`; the same seeded step,
 built by this script), the sides alternating: wall and CPU seconds (all threads of the child) of the logging alone.
+With --passes, the CPU passes alone (`fulldist_passes`): summaries/fulldist.py at COMMIT against this checkout's,
+in this process, alternating, their sums required equal to the bit.
 
 One synthetic step of B × T fp32 log-probs (B = tokens / 1000 sequences of 1000 positions, lengths uniform in
 [500, 1000], so ~25% padding) is logged repeatedly; the best of `repeat` rounds counts (each round logs `steps`
@@ -136,6 +139,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=8, help="--fulldist: experts per token and layer")
     ap.add_argument("--db-tokens", type=int, default=200_000, help="--fulldist: positions per step of the bytes run")
     ap.add_argument("--code", type=Path, help="--fulldist: another checkout, timed side by side (see above)")
+    ap.add_argument("--passes", help="--fulldist: a commit whose top-k and routing passes to time beside these")
     ap.add_argument("--child-code", type=Path, help=argparse.SUPPRESS)  # fulldist_child, run by fulldist_compare
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -143,6 +147,8 @@ def main() -> None:
         return fulldist_child(args)
     if args.fulldist and args.code:
         return fulldist_compare(args)
+    if args.fulldist and args.passes:
+        return fulldist_passes(args)
     if args.fulldist:
         return fulldist_main(args)
     data = make_step(args.tokens)
@@ -281,6 +287,68 @@ def fulldist_compare(args) -> None:
            note=f"--fulldist --code: torch threads={args.threads}; data: {args.steps} steps × {trained // args.steps:,} "
                 f"trained tokens (fp32 log-probs), best of {args.repeat} rounds per side (a child process per side and "
                 f"round, alternating; numba's cache warm on both sides)")
+
+
+def fulldist_passes(args) -> None:
+    """--fulldist --passes COMMIT: the top-k pass (with torch's exponentials of each chunk, as
+    record/fulldist.topk_sums runs it) and the routing pass (with weights, and ids only) over one seeded step, of
+    summaries/fulldist.py at COMMIT and of this checkout, alternating in this process: CPU seconds of one call,
+    the best of --repeat, per trained token. The two sides' outputs must be equal to the bit."""
+    import numpy as np
+    from analysis.record.fulldist import CPU_CHUNK
+    from analysis.summaries import fulldist as mine
+    sides = {args.passes: module_at(args.passes, "analysis/summaries/fulldist.py", "fulldist_then"),
+             "this checkout": mine}
+    data = make_step(args.tokens)
+    extra = fulldist_inputs(data, 20, args.layers, args.k)
+    mask = data["mask"].reshape(-1)
+    N, n = mask.numel(), int(mask.sum())
+    keys = ("sampler_topk_ids", "sampler_topk_logprobs", "trainer_topk_ids", "trainer_topk_logprobs")
+    topk = [extra["topk"][k].reshape(N, -1) for k in keys]
+    groups = mask.to(torch.int64).sub_(1).numpy()
+    ps, pt = (torch.empty(CPU_CHUNK, topk[0].shape[1], dtype=torch.float64) for _ in range(2))
+    routing = [extra["weights"][k].reshape(N, args.layers, args.k).numpy()
+               for k in ("sampler_experts", "trainer_experts", "sampler_weights", "trainer_weights")]
+
+    def topk_pass(module) -> np.ndarray:
+        out = np.zeros((1, module.N_SUMS))
+        for lo in range(0, N, CPU_CHUNK):
+            hi = min(N, lo + CPU_CHUNK)
+            a_id, a, b_id, b = (v[lo:hi] for v in topk)
+            e_s, e_t = ps[:hi - lo].copy_(a).exp_(), pt[:hi - lo].copy_(b).exp_()
+            assert module.group_sums(a_id.numpy(), a.numpy(), b_id.numpy(), b.numpy(), e_s.numpy(), e_t.numpy(),
+                                     groups[lo:hi], out) < 0
+        return out
+
+    def routing_pass(module, weights: bool) -> list:
+        cap, L = 1024, args.layers
+        state = [np.zeros(L * cap, np.int64), np.zeros(L * cap, np.int64), np.zeros((5, L), np.int64),
+                 np.zeros(L), np.full(L, -np.inf), np.zeros(N, np.int64)]
+        assert module.routing_pass(*routing, mask.numpy(), 0, N, True, weights, *state) == (0, 0)
+        return state
+
+    passes = {"top-k pass J=20 (torch's exponentials of each chunk included)": topk_pass,
+              f"routing pass L={args.layers} K={args.k} + weights": lambda m: routing_pass(m, True),
+              f"routing pass L={args.layers} K={args.k} (ids)": lambda m: routing_pass(m, False)}
+    lines = []
+    for name, run in passes.items():
+        outs = {side: run(module) for side, module in sides.items()}  # also loads (or compiles) the kernels
+        first, other = outs.values()
+        assert all(np.array_equal(x, y) for x, y in zip(first if isinstance(first, list) else [first],
+                                                         other if isinstance(other, list) else [other])), name
+
+        def cpu(module, run=run) -> float:
+            c0 = time.process_time()
+            run(module)
+            return time.process_time() - c0
+        runs = alternate({side: lambda module=module: cpu(module) for side, module in sides.items()}, args.repeat)
+        ns = {side: min(r.outs) / n * 1e9 for side, r in runs.items()}
+        then, now = ns.values()
+        lines.append(f"- {name}: {then:.1f} ns of CPU a trained token at {args.passes}, {now:.1f} ns in this "
+                     f"checkout ({now / then:.2f}x), the same sums to the bit")
+    record(RESULTS, "\n".join(lines), RESULTS_INTRO, {"torch": torch.__version__}, write=not args.no_write,
+           note=f"--fulldist --passes: torch threads={args.threads}; data: one step × {n:,} trained tokens of "
+                f"{N:,} positions (fp32 log-probs, int32 ids), best of {args.repeat} calls per side, alternating")
 
 
 def fulldist_main(args) -> None:

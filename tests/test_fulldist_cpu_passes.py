@@ -36,7 +36,7 @@ def _same(cpu: dict, ops: dict) -> None:
         assert math.isclose(cpu["summary_step"][k][0], ops["summary_step"][k][0], rel_tol=1e-12), k
 
 
-@pytest.mark.parametrize("case", ["repeats", "wide ids", "sampler weights only", "no trainer side"])
+@pytest.mark.parametrize("case", ["repeats", "wide ids", "sampler weights only", "no trainer side", "int32 views"])
 def test_routing_pass_equals_torch_ops(case, monkeypatch):
     d = add_fulldist(make_step(B=20, T=16, L=3, K=4, E=9, seed=3), seed=3)
     if case == "repeats":  # repeated ids: multisets, not sets, decide a flip; the weights of a repeat add up
@@ -52,6 +52,11 @@ def test_routing_pass_equals_torch_ops(case, monkeypatch):
     if case == "no trainer side":
         for k in ("trainer_experts", "trainer_weights"):
             d.pop(k)
+    if case == "int32 views":  # int32 ids, and ids and weights strided along K (the pass reads contiguous copies)
+        for k in ("sampler_experts", "trainer_experts", "sampler_weights", "trainer_weights"):
+            v = d[k].to(torch.int32) if k.endswith("experts") else d[k]
+            d[k] = torch.stack([v, torch.zeros_like(v)], -1)[..., 0]
+            assert not d[k].is_contiguous()
     cpu, ops = _summaries(d, "kernel"), _summaries(d, "torch")
     if case == "no trainer side":
         assert cpu["expert_load"] == ops["expert_load"] and cpu["summary_layer"] == ops["summary_layer"]

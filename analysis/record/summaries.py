@@ -487,9 +487,9 @@ def _routing_cpu(x: StepTensors) -> _Routing:
     te = x.trainer_experts.reshape(N, L, K) if x.trainer_experts is not None else None
     both = te is not None
     weighted = both and x.sampler_weights is not None and x.trainer_weights is not None
-    args = [_numpy_of(se), _numpy_of(te if both else se),
-            _numpy_of(x.sampler_weights.reshape(N, L, K)) if weighted else np.zeros((0, 0, 0), np.float32),
-            _numpy_of(x.trainer_weights.reshape(N, L, K)) if weighted else np.zeros((0, 0, 0), np.float32),
+    args = [_numpy_of(se.contiguous()), _numpy_of((te if both else se).contiguous()),  # the pass reads them flat
+            _numpy_of(x.sampler_weights.reshape(N, L, K).contiguous()) if weighted else np.zeros((0, 0, 0), np.float32),
+            _numpy_of(x.trainer_weights.reshape(N, L, K).contiguous()) if weighted else np.zeros((0, 0, 0), np.float32),
             x.mask.reshape(N).numpy()]
     piece = max(1, KERNEL_PIECE // max(1, L))
     threads = min(torch.get_num_threads(), max(1, N * L // KERNEL_SPLIT))

@@ -36,15 +36,15 @@ def _slot(x):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _stamp(ids, i, seen, rank, stamp):  # pragma: no cover - compiled
+def _stamp(ids, i, seen, stamp):  # pragma: no cover - compiled
     """Mark the slot of each id of row i with `stamp` (a number no earlier call used, so nothing needs clearing)
-    and its rank; returns whether two ids of the row share a slot (then, and only then, they may be equal)."""
+    and its rank, as one entry stamp · 2^32 + rank (one load and one store an id, where two tables took two
+    of each); returns whether two ids of the row share a slot (then, and only then, they may be equal)."""
     clash = False
     for a in range(ids.shape[1]):
-        h = _slot(ids[i, a])
-        clash |= seen[h] == stamp
-        seen[h] = stamp
-        rank[h] = a
+        h = _slot(ids[i, np.uint64(a)])
+        clash |= (seen[h] >> 32) == stamp
+        seen[h] = (stamp << 32) | a
     return clash
 
 
@@ -68,31 +68,32 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
     log-probs finite and <= 0 (checked here, in the pass that reads them anyway, rather than by passes of their
     own over the [n, J] arrays, which cost as much as these sums).
 
-    Each side's ids go into a 4096-slot table (slot, stamp, rank): where a row's ids of one side take distinct
-    slots (~95 % of rows at J = 20), they are distinct, and each sampler id finds its trainer rank in its slot, J
-    steps a row; elsewhere the exact J² comparisons decide (counting equal pairs on every row, and matching
-    every pair, cost ~2.5× as much)."""
+    Each side's ids go into a 4096-slot table (stamp and rank per slot): where a row's ids of one side take
+    distinct slots (~95 % of rows at J = 20), they are distinct, and each sampler id finds its trainer rank in
+    its slot, J steps a row; elsewhere the exact J² comparisons decide (counting equal pairs on every row, and
+    matching every pair, cost ~2.5× as much)."""
     n, J = s_ids.shape
-    seen = np.zeros(4096, np.int64)
-    rank = np.zeros(4096, np.int64)
+    seen = np.zeros(4096, np.int64)  # per slot: stamp · 2^32 + rank (_stamp; stamps < 2n + 3 < 2^31)
     on_a = np.empty(J)  # per sampler rank: 1 where its id is shared, else 0
     diff = np.empty(J)  # per sampler rank: its log-prob less the trainer's of the same id (where shared)
-    for i in range(n):
-        g = group[i]
+    for row in range(n):
+        g = group[row]
         if g < 0:
             continue
-        if _stamp(s_ids, i, seen, rank, 2 * i + 1) and _repeats(s_ids, i):
-            return i
-        t_stamp = 2 * i + 2
-        by_slot = not _stamp(t_ids, i, seen, rank, t_stamp)
+        i = np.uint64(row)  # unsigned indices: numba adds a wrap-around test to each signed one (~6 % of the pass)
+        if _stamp(s_ids, i, seen, 2 * row + 1) and _repeats(s_ids, i):
+            return row
+        t_stamp = 2 * row + 2
+        by_slot = not _stamp(t_ids, i, seen, t_stamp)
         if not by_slot and _repeats(t_ids, i):
-            return i
+            return row
         ok = True
-        for a in range(J):
+        for r in range(J):
+            a = np.uint64(r)
             ok &= ((s_ids[i, a] | t_ids[i, a]) >= 0) & (s_lp[i, a] <= 0) & (t_lp[i, a] <= 0)
             ok &= (s_lp[i, a] > -np.inf) & (t_lp[i, a] > -np.inf)
         if not ok:
-            return i
+            return row
         # the trainer's rank of each sampler id (0 where it has none, told apart by `shared`); what follows is
         # free of branches on the data (whether an id is shared is a coin toss in real lists: mispredicted jumps
         # cost more than the arithmetic)
@@ -104,22 +105,23 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
         mass_t = 0.0
         best_s, best_t = 0, 0
         top_s, top_t = s_lp[i, 0], t_lp[i, 0]
-        for a in range(J):
+        for r in range(J):
+            a = np.uint64(r)
             x = s_ids[i, a]
             if by_slot:
-                h = _slot(x)
-                m = rank[h]
-                shared = (seen[h] == t_stamp) & (t_ids[i, m] == x)
+                e = seen[_slot(x)]
+                m = np.uint64(e & _LOW)
+                shared = ((e >> 32) == t_stamp) & (t_ids[i, m] == x)
             else:  # a sum over the ranks, which vectorises where a search with a break does not
-                m = 0
+                c = 0
                 for b in range(J):
-                    m += (b + 1) * (t_ids[i, b] == x)
-                shared = m > 0
-                m -= 1
-            m = m if shared else 0
+                    c += (b + 1) * (t_ids[i, b] == x)
+                shared = c > 0
+                m = np.uint64(c - 1) if shared else np.uint64(0)
+            m = m if shared else np.uint64(0)
             on = 1.0 if shared else 0.0
-            on_a[a] = on
-            diff[a] = np.float64(s_lp[i, a]) - np.float64(t_lp[i, m])
+            on_a[r] = on
+            diff[r] = np.float64(s_lp[i, a]) - np.float64(t_lp[i, m])
             n_i += shared
             p_s, p_t = ps[i, a], pt[i, m]
             ms += on * p_s
@@ -128,17 +130,17 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
             mass_s += p_s
             mass_t += pt[i, a]
             up_s = s_lp[i, a] > top_s
-            best_s = a if up_s else best_s
+            best_s = r if up_s else best_s
             top_s = s_lp[i, a] if up_s else top_s
             up_t = t_lp[i, a] > top_t
-            best_t = a if up_t else best_t
+            best_t = r if up_t else best_t
             top_t = t_lp[i, a] if up_t else top_t
         kl = 0.0
         if n_i >= 2:
             shift = math.log(ms / mt)
             inv = 1.0 / ms
-            for a in range(J):
-                kl += (on_a[a] * inv) * ps[i, a] * (diff[a] - shift)
+            for r in range(J):
+                kl += (on_a[r] * inv) * ps[i, np.uint64(r)] * (diff[r] - shift)
         out[g, 0] += 1.0
         out[g, 1] += n_i / J
         out[g, 2] += 1.0 if s_ids[i, best_s] == t_ids[i, best_t] else 0.0
@@ -151,6 +153,55 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _position_status(se, te, sw, tw, i, has_w, cap):  # pragma: no cover - compiled
+    """routing_pass's verdict on position i, where one of its ids is outside [0, cap): (1, i) where an id is
+    negative or (has_w) a weight is not finite, else (2, its largest id)."""
+    L, K = se.shape[1], se.shape[2]
+    low = high = 0
+    ok = True
+    for layer in range(L):
+        for a in range(K):
+            low = min(low, se[i, layer, a], te[i, layer, a])
+            high = max(high, se[i, layer, a], te[i, layer, a])
+            if has_w:
+                ok &= (abs(sw[i, layer, a]) < np.inf) & (abs(tw[i, layer, a]) < np.inf)
+    if low < 0 or not ok:
+        return 1, i
+    return 2, high
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _multisets(se, te, sw, tw, i, layer, has_w, tally, weight):  # pragma: no cover - compiled
+    """(Σ of equal (sampler, trainer) id pairs, whether the multisets differ, Σ_k |w_s(e_k) − w_t(e_k)|) of one
+    row where a side repeats an id: a table of each side's count of each id (the trainer's + 2^32 × the
+    sampler's) and of the trainer's weights of each id (a repeat's add up), set and cleared here."""
+    K = se.shape[2]
+    for b in range(K):
+        x = te[i, layer, b]
+        tally[x] += 1
+        if has_w:
+            weight[x] += np.float64(tw[i, layer, b])
+    common = 0
+    d = 0.0
+    for a in range(K):
+        y = se[i, layer, a]
+        v = tally[y]
+        common += v & _LOW
+        tally[y] = v + _HIGH
+        if has_w:
+            d += abs(np.float64(sw[i, layer, a]) - weight[y])
+    flip = False
+    for a in range(K):
+        v, u = tally[se[i, layer, a]], tally[te[i, layer, a]]
+        flip |= ((v & _LOW) != (v >> 32)) | ((u & _LOW) != (u >> 32))
+    for a in range(K):
+        tally[se[i, layer, a]] = 0
+        tally[te[i, layer, a]] = 0
+        weight[te[i, layer, a]] = 0.0
+    return common, flip, d
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def routing_pass(se, te, sw, tw, valid, lo, hi, has_t, has_w, load_s, load_t, counts, w_sum, w_max,
                  flipped):  # pragma: no cover - compiled
     """DriftLogger's routing summaries of positions [lo, hi) of [N, L, K] expert ids (and weights) on the CPU, the
@@ -159,70 +210,76 @@ def routing_pass(se, te, sw, tw, valid, lo, hi, has_t, has_w, load_s, load_t, co
     whose first-ranked ids differ, Σ of equal (sampler, trainer) id pairs, tokens whose lowest flipped layer it
     is, rows weighed (both sides' weights, no flip); the weight sums w_sum / w_max [L] of METRICS.md v3
     weight_abs_diff (d = Σ_k |w_s(e_k) − w_t(e_k)|, the trainer's weight of e_k found by id); flipped[i] = the
-    token's flipped layers. Positions with valid[i] false are skipped; has_t / has_w false: te / tw unused.
+    token's flipped layers. Positions with valid[i] false are skipped; has_t / has_w false: te / tw unused. The
+    four arrays C-contiguous.
 
     Returns (0, 0) when done; (1, i) at the first trained position i with a negative expert id or (has_w) a
     weight that is not finite, whose sums are then not to be used (checked here, in the pass that reads them
     anyway, rather than by passes of their own over the [N, L, K] arrays); (2, e) where an id e >= cap was met
     (the caller runs again with wider tables).
 
-    Each row's ids index a table of each side's count of each id (and the trainer's weight of each id), set and
-    cleared per row: a few K steps a row where comparing every pair took K²; where neither side repeats an id (ingest
-    refuses repeats), the two sets are equal when all K sampler ids are the trainer's."""
+    Each row's trainer ids mark a table with a number no other row uses (and write their weights to a table of
+    the row's weights), and each sampler id reads its mark: where neither side repeats an id (a sampler id
+    finding its own row's mark in a second table is a repeat; ingest refuses repeats), the two sets are equal
+    when all K sampler ids carry the trainer's mark, and the trainer's weight of each is in the table. Nothing
+    is cleared, and an id is range-checked as it is read (one unsigned comparison), where a loop over each row
+    first took its ids' min and max: the two cost ~1.3x as much (benchmarks/RESULTS-logger.md). A row that
+    repeats an id is counted again by `_multisets`."""
     L, K = se.shape[1], se.shape[2]
     cap = load_s.shape[0] // L
-    tally = np.zeros(cap, np.int64)  # per id, in the row at hand: the trainer's count + 2^32 × the sampler's
-    weight = np.zeros(cap)  # per id: Σ of the trainer's weights, in the row at hand
+    u_cap = np.uint64(cap)
+    se_f, te_f, sw_f, tw_f = se.reshape(-1), te.reshape(-1), sw.reshape(-1), tw.reshape(-1)
+    mark_t = np.zeros(cap, np.int64)  # per id: the number of the last (row, layer) whose trainer routed to it
+    mark_s = np.zeros(cap, np.int64)  # the same for the sampler
+    weight = np.zeros(cap)  # per id: the trainer's weight of it in that (row, layer)
+    tally = np.zeros(cap, np.int64)  # _multisets' tables
+    summed = np.zeros(cap)
     for i in range(lo, hi):
         if not valid[i]:
             continue
-        low = high = 0
-        ok = True
-        for layer in range(L):
-            for a in range(K):
-                low = min(low, se[i, layer, a], te[i, layer, a])
-                high = max(high, se[i, layer, a], te[i, layer, a])
-                if has_w:
-                    ok &= (abs(sw[i, layer, a]) < np.inf) & (abs(tw[i, layer, a]) < np.inf)
-        if low < 0 or not ok:
-            return 1, i
-        if high >= cap:
-            return 2, high
         n_fl = 0
         first = -1
+        finite = True
         for layer in range(L):
-            base = layer * cap
-            for a in range(K):
-                load_s[base + se[i, layer, a]] += 1
-            if not has_t:
-                continue
-            rep = 0  # > 0 where a side repeats an id
-            for b in range(K):
-                x = te[i, layer, b]
+            # unsigned indices throughout: numba adds a wrap-around test to each signed one (~10 % of the pass)
+            base = np.uint64(layer * cap)
+            at = np.uint64((i * L + layer) * K)  # the row's first id in the flat arrays
+            row = i * L + layer + 1  # > 0: the tables start at 0
+            rep = False
+            for b in range(K if has_t else 0):
+                x = np.uint64(te_f[at + np.uint64(b)])  # a negative id wraps to >= cap
+                if x >= u_cap:
+                    return _position_status(se, te, sw, tw, i, has_w, cap)
                 load_t[base + x] += 1
-                rep |= tally[x]
-                tally[x] += 1
+                rep |= mark_t[x] == row
+                mark_t[x] = row
                 if has_w:
-                    weight[x] += np.float64(tw[i, layer, b])
+                    w = np.float64(tw_f[at + np.uint64(b)])
+                    finite &= abs(w) < np.inf
+                    weight[x] = w
             common = 0
             d = 0.0
-            for a in range(K):  # the trainer's count of each sampler id; the sampler's own count in the high bits
-                y = se[i, layer, a]
-                v = tally[y]
-                common += v & _LOW
-                rep |= v >> 32
-                tally[y] = v + _HIGH
-                if has_w:
-                    d += abs(np.float64(sw[i, layer, a]) - weight[y])
-            if rep == 0:  # ids distinct on both sides: the sets are equal where every sampler id is the trainer's
+            for a in range(K):
+                y = np.uint64(se_f[at + np.uint64(a)])
+                if y >= u_cap:
+                    return _position_status(se, te, sw, tw, i, has_w, cap)
+                load_s[base + y] += 1
+                if has_t:
+                    common += mark_t[y] == row
+                    rep |= mark_s[y] == row
+                    mark_s[y] = row
+                    if has_w:
+                        w = np.float64(sw_f[at + np.uint64(a)])
+                        finite &= abs(w) < np.inf
+                        d += abs(w - weight[y])
+            if not has_t:
+                continue
+            if rep:
+                common, flip, d = _multisets(se, te, sw, tw, i, layer, has_w, tally, summed)
+            else:
                 flip = common != K
-            else:  # a repeated id: the multisets differ where some id's two counts differ
-                flip = False
-                for a in range(K):
-                    v, u = tally[se[i, layer, a]], tally[te[i, layer, a]]
-                    flip |= ((v & _LOW) != (v >> 32)) | ((u & _LOW) != (u >> 32))
             counts[2, layer] += common
-            if se[i, layer, 0] != te[i, layer, 0]:
+            if se_f[at] != te_f[at]:
                 counts[1, layer] += 1
             if flip:
                 counts[0, layer] += 1
@@ -234,10 +291,8 @@ def routing_pass(se, te, sw, tw, valid, lo, hi, has_t, has_w, load_s, load_t, co
                 w_sum[layer] += d
                 if d > w_max[layer]:
                     w_max[layer] = d
-            for a in range(K):
-                tally[se[i, layer, a]] = 0
-                tally[te[i, layer, a]] = 0
-                weight[te[i, layer, a]] = 0.0
+        if not finite:
+            return 1, i
         if has_t:
             flipped[i] = n_fl
             if first >= 0:
