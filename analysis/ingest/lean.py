@@ -9,8 +9,9 @@ before the first rows reach DuckDB.
   no linear algebra.
 - **Huge pages for Arrow's buffers**: pyarrow's allocator (mimalloc) backs its memory with transparent huge pages,
   and each batch's buffers, freed and taken again, had the kernel zero a fresh 2 MB page: 7-12 % of a load's CPU
-  samples (perf, 10M tokens + 4M routing rows) were `clear_page_erms` in the Parquet reader's threads. Without
-  them (MIMALLOC_ALLOW_THP=0) the freed pages are reused as they are, at the same peak RSS.
+  samples (perf, 10M tokens + 4M routing rows; benchmarks/RESULTS-scale.md) were `clear_page_erms` in the Parquet
+  reader's threads. Without them (MIMALLOC_ALLOW_THP=0) the freed pages are reused as they are, at the same peak
+  RSS.
 
 pandas and scipy treat the refused import as "not installed" and go on. Measured on the 40M-token benchmark's
 routing file: the first batch was checked 1.05–1.28 s after the process started instead of 1.38–2.02 s
@@ -38,8 +39,9 @@ class _Refuse(importlib.abc.MetaPathFinder):
 
 
 def lean_start() -> bool:
-    """Refuse REFUSED, keep OpenBLAS to one thread and Arrow's buffers off huge pages in this process; False, changing nothing, where either
-    library or numpy is imported already (their state would not change) or where this already ran."""
+    """Refuse REFUSED, keep OpenBLAS to one thread and Arrow's buffers off huge pages in this process; False,
+    changing nothing, where either library or numpy is imported already (their state would not change) or where
+    this already ran."""
     if any(isinstance(f, _Refuse) for f in sys.meta_path):
         return False
     if any(name in sys.modules for name in REFUSED + ("numpy",)):

@@ -61,8 +61,8 @@ def _kernels() -> list:
     from analysis.ingest import routing_kernel as R
     from analysis.summaries import kernel as K
     from analysis.summaries import fulldist as F, residual
-    return [K.accumulate, K._seq_sums, K.neighbours, R.set_masks, R.compare, R.count_experts, R.pack, residual._counts,
-            residual._lattice_counts, F.group_sums]
+    return [K.accumulate, K._seq_sums, K.neighbours, R.set_masks, R.compare, R.count_experts, R.pack,
+            residual._counts, residual._lattice_counts, F.group_sums]
 
 
 def compiled() -> bool | None:
