@@ -50,6 +50,22 @@ def test_lean_start_refuses_pandas_and_scipy_with_a_message_and_keeps_blas_to_on
     assert "array [0, 1, 2]" in out.stdout
 
 
+def test_lean_start_keeps_arrow_buffers_off_huge_pages_unless_told_otherwise():
+    out = _python("""
+        import os
+        from analysis.ingest.lean import lean_start
+        lean_start()
+        import pyarrow
+        print("thp", os.environ["MIMALLOC_ALLOW_THP"], pyarrow.default_memory_pool().backend_name)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("thp 0 "), out.stdout
+    kept = subprocess.run([sys.executable, "-c", "import os; from analysis.ingest.lean import lean_start; "
+                           "lean_start(); print(os.environ['MIMALLOC_ALLOW_THP'])"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "MIMALLOC_ALLOW_THP": "1"})
+    assert kept.stdout.strip() == "1", kept.stdout + kept.stderr  # a user's own setting stays
+
+
 def test_the_ingest_command_loads_tokens_and_routing_without_pandas_scipy_or_polars(tmp_path):
     tokens, rows = make_logs(seed=3, steps=2, samples=3, length=20, layers=4, k=2)
     pq.write_table(pa.table(tokens), tmp_path / "tokens.parquet")

@@ -45,6 +45,9 @@ def warm() -> None:
     R.compare(experts, experts, rows, masks, masks, flags[0], flags[1], np.zeros(2, np.int16), flags[2])
     R.count_experts(np.zeros(2, np.int64), experts, np.zeros(64, np.int64))
     R.pack(experts, 4, np.empty(2, np.uint64))
+    K.seq_sums(s, t, seq, n // per_seq)  # the per-sequence log-prob sums and the logging checks of ingest's stream
+    from analysis.summaries.checks import CheckSums
+    CheckSums().add(s, t, pos, seq)
     from analysis.summaries import residual  # the residual signatures' counts, by ingest and DriftLogger
     residual.ResidualSums().add(t - s, seq, pos, None)
     residual.grid_counts(s.reshape(2, -1), t.reshape(2, -1), np.ones((2, n // 2), np.bool_), seq.reshape(2, -1))
@@ -58,8 +61,8 @@ def _kernels() -> list:
     from analysis.ingest import routing_kernel as R
     from analysis.summaries import kernel as K
     from analysis.summaries import fulldist as F, residual
-    return [K.accumulate, R.set_masks, R.compare, R.count_experts, R.pack, residual._counts,
-            residual._lattice_counts, F.group_sums]
+    return [K.accumulate, K._seq_sums, K.neighbours, R.set_masks, R.compare, R.count_experts, R.pack,
+            residual._counts, residual._lattice_counts, F.group_sums]
 
 
 def compiled() -> bool | None:

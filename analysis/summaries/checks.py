@@ -203,21 +203,28 @@ class CheckSums:
     def add(self, s: np.ndarray, t: np.ndarray, pos: np.ndarray, seq: np.ndarray) -> bool:
         if len(s) == 0:
             return True
-        key = (seq.astype(np.int64) << 32) | pos.astype(np.int64)
-        if not (key[1:] > key[:-1]).all():
+        from analysis.summaries.kernel import neighbours, read_only  # numba: only where a stream is summarised
+
+        key = seq.astype(np.int64) << 32
+        key |= pos
+        s, t = np.ascontiguousarray(s, np.float64), np.ascontiguousarray(t, np.float64)
+        pos = np.ascontiguousarray(pos, np.int64)
+        n = len(s)
+        prev_all, nxt_all = np.empty(max(n - 1, 0)), np.empty(max(n - 1, 0))
+        has_prev, has_next = np.empty(n, bool), np.empty(n, bool)
+        args = (prev_all, nxt_all, has_prev, has_next)
+        n_adj = neighbours(read_only(key), read_only(s), read_only(t), read_only(pos), *args, True)
+        if n_adj < 0:  # not in key order (or a key twice, which the load refuses later)
             order = np.argsort(key, kind="stable")
             key, s, t, pos = key[order], s[order], t[order], pos[order]
+            n_adj = neighbours(read_only(key), read_only(s), read_only(t), read_only(pos), *args, False)
         d = t - s  # as the database stores Δ: one float64 subtraction
         self.n += len(s)
         self._parts["sum_s"].append(float(np.sum(s)))
         self._parts["sum_s2"].append(float(np.sum(s * s)))
         self._parts["sum_sd"].append(float(np.sum(s * d)))
-        adj = key[1:] == key[:-1] + 1  # neighbours within this batch
-        prev = [np.abs(t[1:][adj] - s[:-1][adj])]
-        nxt = [np.abs(t[:-1][adj] - s[1:][adj])]
-        n_adj = int(adj.sum())
-        has_prev = np.concatenate([[False], adj]) | (pos == 0)
-        has_next = np.concatenate([adj, [False]])
+        prev = [prev_all[:n_adj]]  # |t_(i+1) − s_i| and |t_i − s_(i+1)| of the neighbours within this batch
+        nxt = [nxt_all[:n_adj]]
         if len(self._key):  # the seams with tokens held from earlier batches
             for want, mine, held_flag in ((-1, has_prev, self._need_next), (1, has_next, self._need_prev)):
                 ask = np.flatnonzero(~mine)
@@ -235,8 +242,8 @@ class CheckSums:
                 held_flag[h] = False
                 n_adj += len(b)
         self.n_adj += n_adj
-        self._parts["sum_abs_lag_prev"].append(float(np.sum(np.concatenate(prev))))
-        self._parts["sum_abs_lag_next"].append(float(np.sum(np.concatenate(nxt))))
+        self._parts["sum_abs_lag_prev"].append(float(np.sum(prev[0] if len(prev) == 1 else np.concatenate(prev))))
+        self._parts["sum_abs_lag_next"].append(float(np.sum(nxt[0] if len(nxt) == 1 else np.concatenate(nxt))))
         keep = self._need_prev | self._need_next
         wait = ~has_prev | ~has_next
         key_all = np.concatenate([self._key[keep], key[wait]])
