@@ -112,8 +112,8 @@ _chart = st.components.v2.component(COMPONENT, html=f'<div class="{CHART_CLASS}"
                                     css=f".{CHART_CLASS} {{ width: 100%; }}", js=_JS, isolate_styles=False)
 
 def _plotly_src() -> str:
-    """The URL of plotly.min.js, relative to the page (so that it holds under a server.baseUrlPath too). The file
-    route exists once the folder is declared in a script run: it is declared again on each call, which
+    """The URL of the plotly.js bundle, relative to the page (so that it holds under a server.baseUrlPath too).
+    The file route exists once the folder is declared in a script run: it is declared again on each call, which
     Streamlit takes as a no-op for the same folder."""
     asset = components_v1.declare_component(_ASSET_NAME, path=str(_PLOTLY_DIR))
     return f"component/{asset.name}/{_PLOTLY_FILE}"
