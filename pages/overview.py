@@ -90,6 +90,8 @@ def drift_tab() -> None:
             st.info("No steps to show in this range.")
         else:
             plot.chart(context_charts.context_over_steps, per_step, ctx, drift, colors, key="overview_context")
+            if (n := context_charts.constant_count(ctx)) is not None:
+                st.caption(f"Every step of the chosen runs holds {n:,} sequences: that panel is left out.")
             if not ctx["n_rewarded"].sum():
                 st.caption("The chosen runs logged no reward (DriftLogger `rewards=`, sequence JSON Lines `reward`, "
                            "or a mapped field): the reward panel is left out.")

@@ -159,8 +159,15 @@ if kinds.get(run) == "both":
         grid = S.cached(drilldown.sequence_flip_grid, run, step, sample)
         if not grid.is_empty():
             st.subheader("Routing flips in this sequence")
-            plot.chart(routing_charts.flip_grid, grid, key="seq_flip_grid")
-            st.caption("Position × MoE layer; a red cell is a token whose top-k expert set differs between the "
-                       "sampler and the trainer at that layer.")
+            flips = grid.filter(grid["flip"])
+            st.caption(f"{flips['pos'].n_unique():,} of {grid['pos'].n_unique():,} tokens flipped in at least one "
+                       f"MoE layer ({flips.height:,} of {grid.height:,} token-layer pairs): the top-k expert set "
+                       "differs between the sampler and the trainer.")
+            # the grid on demand: its chart was a tenth of a fresh open of this page (benchmarks/RESULTS-pages.md)
+            if (box := S.expander("Position × layer grid", key="seq_flip_open")).open:
+                with box:
+                    plot.chart(routing_charts.flip_grid, grid, key="seq_flip_grid")
+                    st.caption("A red cell is a token whose top-k expert set differs between the sampler and the "
+                               "trainer at that layer.")
 elif kinds.get(run) == "sampler":
     st.caption("Routing flips need the trainer's routing too; this run recorded the sampler's only.")

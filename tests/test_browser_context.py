@@ -113,6 +113,7 @@ def test_sample_context_link_context_panel_and_mapping_form(tmp_path):
 
                 bu.goto_page(page, "Overview", "Overview")
                 traces = page.evaluate(bu.CONTEXT_JS)
+                fixed_batch = page.get_by_text("Every step of the chosen runs holds 5 sequences").count()
                 board_seqs = make_sequences(22, steps=2, per_step=3)
                 _map_board_on_data_page(page, write_openrlhf_jsonl(tmp_path / "board.jsonl", board_seqs))
             _assert_board_loaded(db, board_seqs)
@@ -122,7 +123,9 @@ def test_sample_context_link_context_panel_and_mapping_form(tmp_path):
             want_len = [np.mean([len(x["s"]) for x in seqs if x["step"] == s]) for s in steps]
             want_n = [sum(x["step"] == s for x in seqs) for s in steps]
             want_adv = [np.mean([x["advantage"] for x in seqs if x["step"] == s]) for s in steps]
-            for axis, want in (("y2", want_reward), ("y3", want_adv), ("y4", want_len), ("y5", want_n)):
+            assert set(want_n) == {5} and "y5" not in by_axis  # a fixed 5 a step: the count row is left out
+            assert fixed_batch == 1
+            for axis, want in (("y2", want_reward), ("y3", want_adv), ("y4", want_len)):
                 assert by_axis[axis]["x"] == steps
                 assert np.allclose(by_axis[axis]["y"], want, rtol=1e-12), (axis, by_axis[axis]["y"], want)
             assert by_axis["y"]["x"] == steps  # the drift curve shares the step axis

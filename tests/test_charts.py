@@ -111,3 +111,19 @@ def test_context_over_steps_leaves_out_the_reward_panel_when_no_run_logged_one()
     assert lines(without) == {"y": [1e-3, 2e-3, 4e-3], "y2": [10.0, 12.0, 9.0], "y3": [4, 4, 5]}
     assert without.layout.xaxis3.title.text == "step" and without.layout.yaxis3.rangemode == "tozero"
     assert without.layout.height < with_reward.layout.height
+
+
+def test_context_over_steps_leaves_out_a_constant_sequence_count():
+    from ui import context_charts
+    per_step, ctx = _context(True)
+    fixed = ctx.with_columns(pl.lit(4).alias("n_sequences"))
+    assert context_charts.constant_count(fixed) == 4 and context_charts.constant_count(ctx) is None
+    assert context_charts.constant_count(ctx.clear()) is None
+    fig = context_charts.context_over_steps(per_step, fixed, "kl_k3", {"a": "#1f77b4"})
+    assert [a.text for a in fig.layout.annotations] == ["kl_k3", context_charts.REWARD, context_charts.LENGTH]
+    assert {t.yaxis for t in fig.data} == {"y", "y2", "y3"} and fig.layout.xaxis3.title.text == "step"
+    # two runs of different fixed batches: the counts differ, the row stays
+    two = pl.concat([fixed, fixed.with_columns(pl.lit("b").alias("run"), pl.lit(8).alias("n_sequences"))])
+    fig = context_charts.context_over_steps(pl.concat([per_step, per_step.with_columns(pl.lit("b").alias("run"))]),
+                                            two, "kl_k3", {"a": "#1f77b4", "b": "#ff7f0e"})
+    assert [a.text for a in fig.layout.annotations][-1] == context_charts.COUNT

@@ -236,6 +236,20 @@ def test_sequences_ranking_text_and_escaping(monkeypatch, shared_db):
     assert at.number_input(key="seq_sample").value is None  # empty box: the worst sequence is shown
     assert f"Sample {table['sample'][0]} at step 2" in [h.value for h in at.subheader]
     assert "Routing flips in this sequence" in [h.value for h in at.subheader]
+    # the flip counts show at once (against the routing rows, counted here by numpy), the grid once opened
+    import numpy as np
+
+    from ui import state
+    run, sample = at.selectbox(key="seq_run").value, int(table["sample"][0])
+    rows = state.store().sql("SELECT pos, flip FROM routing WHERE run = $run AND step = 2 AND sample = $sample "
+                             "AND flip IS NOT NULL", {"run": run, "sample": sample})  # the app's own connection
+    pos, flip = rows["pos"].to_numpy(), rows["flip"].to_numpy().astype(bool)
+    line = (f"{len(np.unique(pos[flip])):,} of {len(np.unique(pos)):,} tokens flipped in at least one MoE layer "
+            f"({int(flip.sum()):,} of {len(flip):,} token-layer pairs)")
+    assert any(c.value.startswith(line) for c in at.caption), (line, [c.value for c in at.caption])
+    assert charts(at) == 1
+    at.session_state["seq_flip_open"] = True
+    assert charts(at.run()) == 2
 
     # token text is user input: every sample of the step is rendered escaped, markup never passes through
     seen_markup = False

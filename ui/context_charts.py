@@ -19,11 +19,15 @@ def context_over_steps(per_step: pl.DataFrame, context: pl.DataFrame, metric: st
     """per_step: [run, step, <metric>, ...] (dashboard.step_metrics); context: analysis.metrics.context.step_context.
     Rows sharing x: the drift metric, reward_mean, advantage_mean with its min–max band, response_length_mean
     with its min–max band, n_sequences.
+    Where every run holds the same number of sequences at every step (constant_count), the sequences row is
+    left out too: a flat line says nothing the page's caption does not.
     A run without rewards draws no reward line (nothing to show rather than a line at zero), and where no run has
     one the reward row is left out rather than drawn empty; the same for advantages (a row under the reward's)."""
     rewards = bool(context.height) and bool(context["n_rewarded"].sum())
+    same_count = constant_count(context) is not None
     advantages = bool(context.height) and "n_advantaged" in context.columns and bool(context["n_advantaged"].sum())
-    shown = [p for p in PANELS if (rewards or p != REWARD) and (advantages or p != ADVANTAGE)]
+    shown = [p for p in PANELS if (rewards or p != REWARD) and (advantages or p != ADVANTAGE)
+             and not (same_count and p == COUNT)]
     row_of = {name: i + 1 for i, name in enumerate(shown)}
     fig = make_subplots(rows=len(shown), cols=1, shared_xaxes=True, vertical_spacing=0.06,
                         subplot_titles=[metric] + shown[1:])
@@ -71,10 +75,18 @@ def context_over_steps(per_step: pl.DataFrame, context: pl.DataFrame, metric: st
             hovertemplate=f"{run}<br>step %{{x}}<br>mean length %{{y:.4g}} tokens<br>std %{{customdata[0]:.3g}}"
                           "<br>min %{customdata[1]}, max %{customdata[2]}<extra></extra>"),
             row=row_of[LENGTH], col=1)
-        fig.add_trace(go.Scatter(x=x, y=c["n_sequences"].to_list(), showlegend=False, **common,
-                                 hovertemplate=f"{run}<br>step %{{x}}<br>%{{y}} sequences<extra></extra>"),
-                      row=row_of[COUNT], col=1)
+        if not same_count:
+            fig.add_trace(go.Scatter(x=x, y=c["n_sequences"].to_list(), showlegend=False, **common,
+                                     hovertemplate=f"{run}<br>step %{{x}}<br>%{{y}} sequences<extra></extra>"),
+                          row=row_of[COUNT], col=1)
     fig.update_xaxes(title_text="step", row=len(shown), col=1)
     for name in (LENGTH, COUNT):  # lengths and counts from zero: a change reads at its true size
-        fig.update_yaxes(rangemode="tozero", row=row_of[name], col=1)
+        if name in row_of:
+            fig.update_yaxes(rangemode="tozero", row=row_of[name], col=1)
     return layout(fig, height=180 * len(shown))
+
+
+def constant_count(context: pl.DataFrame) -> int | None:
+    """The number of sequences of every step of every run where it is one number (a fixed batch), else None."""
+    counts = context["n_sequences"].unique() if context.height else None
+    return int(counts[0]) if counts is not None and counts.len() == 1 else None
