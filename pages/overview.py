@@ -109,7 +109,7 @@ def drift_tab() -> None:
             st.caption("The chosen runs carry no config (edit one on the Data page)" if not only_diff
                        else "The chosen runs' configs are identical.")
         else:
-            st.table(cfg, hide_index=True)  # a static table: a few keys, and no data grid to load on a first view
+            S.static_table(cfg)  # a few keys: no data grid (or Arrow, or pandas) to load on a first view
 
 
 def frameworks_tab() -> None:

@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest, app_test
 
 from helpers import browser as bu
 from helpers.apptest import (APP, PAGES, TIMEOUT, NavigationOnly, app_env, errors, open_app, open_tab,
-                             overview_cards, texts)
+                             overview_cards, static_tables, texts)
 
 pytestmark = pytest.mark.slow  # AppTest runs whole pages: about 14 s of CPU for the file
 
@@ -109,10 +109,10 @@ def test_overview_metric_picker_smoothing_and_configs(monkeypatch, shared_db):
     at.toggle(key="overview_logy").set_value(True).run()
     assert not at.exception and not errors(at)
     assert "**kl_k1**" in texts(at.markdown) and "**chi2_token**" in texts(at.markdown)
-    cfg = at.table[-1].value  # only the keys that differ
+    cfg = static_tables(at)[-1]  # only the keys that differ
     assert set(cfg["key"]) == {"engine", "replay", "sampler_dtype"}
     at.toggle(key="overview_cfg_diff").set_value(False).run()
-    assert "trainer_dtype" in set(at.table[-1].value["key"])
+    assert "trainer_dtype" in set(static_tables(at)[-1]["key"])
     # another page and back: the page is as it was left
     at.switch_page("pages/sequences.py").run()
     at.switch_page("pages/overview.py").run()
@@ -321,7 +321,7 @@ def test_data_config_edit_validates_and_saves(monkeypatch, own_db):
     assert "Saved the config of dense (3 keys)." in texts(at.success)
     at.switch_page("pages/overview.py").run()
     at.toggle(key="overview_cfg_diff").set_value(False).run()
-    cfg = at.table[-1].value
+    cfg = static_tables(at)[-1]
     assert cfg.set_index("key").loc["top_p", bu.RUN_DENSE] == "0.95"
 
 

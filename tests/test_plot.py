@@ -1,6 +1,7 @@
-"""ui/plot.py without a browser: the figure cache's digest (equal inputs share a figure, any changed value does not),
-`chart` building a view once per process, the refusal of a trace the bundled plotly.js lacks, and the Findings
-waterfall drawn as floating bars (against the running total worked out by hand)."""
+"""ui/plot.py without a browser: the figure cache's digest (equal inputs share a figure, any changed value does
+not), `chart` building a view once per process, the refusal of a trace the bundled plotly.js lacks, the Findings
+waterfall drawn as floating bars (against the running total worked out by hand); and ui/state.static_table's
+escaping."""
 import hashlib
 
 import numpy as np
@@ -108,3 +109,14 @@ def test_waterfall_bars_span_the_running_total():
     assert list(bars.x) == ["kl_k3, steps 0–9", "lag mix", "length mix", "within cells", "kl_k3, steps 10–19"]
     # a connector at the total carried from each bar to the next
     np.testing.assert_allclose([s.y0 for s in fig.layout.shapes], [0.5, 0.7, 0.35, 0.4], atol=1e-15)
+
+
+def test_static_table_escapes_user_text(monkeypatch):
+    from ui import state
+    sent = []
+    monkeypatch.setattr(state.st, "html", sent.append)
+    state.static_table(pl.DataFrame({"key": ["<script>x</script>", "b&c"], "run <i>": [None, "1 < 2"]}))
+    (body,) = sent
+    assert "<script>x" not in body and "<i>" not in body
+    assert "&lt;script&gt;x&lt;/script&gt;" in body and "b&amp;c" in body and "1 &lt; 2" in body
+    assert body.count("<tr>") == 3 and "<th>run &lt;i&gt;</th>" in body

@@ -260,6 +260,20 @@ def run_badge(run: str, color: str, note: str = "") -> None:
             f'{html.escape(note)}</span></div>')
 
 
+def static_table(df: pl.DataFrame) -> None:
+    """A small table as one st.html element: for a page's first view, where st.table or st.dataframe would add
+    their code, Arrow's and pandas' (~0.15 s of a cold server's first page) for a few rows. Values are user text:
+    escaped."""
+    import html
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape('' if v is None else str(v))}</td>" for v in row) + "</tr>"
+                   for row in df.iter_rows())
+    st.html('<style>.drift-table { border-collapse: collapse; font-size: 0.875rem; } .drift-table th, .drift-table td '
+            '{ border: 1px solid rgba(49, 51, 63, 0.15); padding: 0.25rem 0.75rem; text-align: left; } '
+            '.drift-table th { font-weight: 600; background: rgba(49, 51, 63, 0.04); }</style>'
+            f'<table class="drift-table"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>')
+
+
 def number_columns(df: pl.DataFrame, fmt: str = "%.4g") -> dict:
     """st.dataframe column_config showing every float column with 4 significant digits."""
     return {c: st.column_config.NumberColumn(c, format=fmt) for c, t in df.schema.items() if t.is_float()}

@@ -123,3 +123,38 @@ def overview_cards(at: AppTest) -> list[dict]:
         if 'class="drift-cards"' in e.proto.body:
             parser.feed(e.proto.body)
     return parser.cards
+
+
+def static_tables(at: AppTest):
+    """The tables ui/state.static_table drew, as pandas frames of strings (column names from the header)."""
+    import pandas as pd
+    from html.parser import HTMLParser
+
+    class Tables(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.tables: list[list[list[str]]] = []
+            self.cell: list[str] | None = None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "table":
+                self.tables.append([])
+            elif tag == "tr":
+                self.tables[-1].append([])
+            elif tag in ("td", "th"):
+                self.cell = []
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell.append(data)
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th"):
+                self.tables[-1][-1].append("".join(self.cell))
+                self.cell = None
+
+    parser = Tables()
+    for e in at.get("html"):
+        if 'class="drift-table"' in e.proto.body:
+            parser.feed(e.proto.body)
+    return [pd.DataFrame(t[1:], columns=t[0]) for t in parser.tables]
