@@ -6,8 +6,6 @@ DRIFT_NO_DEMO=1; DRIFT_READ_ONLY=1 turns the app into a viewer. With an [auth] s
 sign-in screen shows until the user has signed in (ui/auth.py; docs/hosting.md). Every DRIFT_* setting is checked
 before anything is drawn (analysis/settings.py): a bad value is an error on the page, and nothing else.
 """
-import sys
-
 import streamlit as st
 
 # An emoji icon: the browser draws it into an inline SVG. A material icon is fetched from fonts.gstatic.com (an
@@ -16,7 +14,7 @@ import streamlit as st
 st.set_page_config(page_title="Driftscope", page_icon="🔭", layout="wide", initial_sidebar_state="expanded")
 
 from analysis import settings  # noqa: E402  (set_page_config must come first)
-from ui import auth, nav, plot, sidebar  # noqa: E402
+from ui import auth, nav, plot, prefetch, sidebar  # noqa: E402
 from ui import state as S  # noqa: E402
 
 pages = {section: [st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url, default=p is nav.OVERVIEW)
@@ -45,25 +43,12 @@ except Exception as e:  # a broken database must still leave a readable page
     st.error(f"Could not open the database: {S.explain(e)}")
     st.stop()
 
+try:  # queue the default views of this page's other tabs and of the other pages (ui/prefetch.py)
+    prefetch.start(S.selection(), page.url_path)
+except Exception:
+    S.log.exception("prefetch failed to start")
 
-
-def queue_prefetch() -> None:
-    """Queue the default views of this page's other tabs and of the other pages (ui/prefetch.py)."""
-    from ui import prefetch
-    try:
-        prefetch.start(S.selection(), page.url_path)
-    except Exception:
-        S.log.exception("prefetch failed to start")
-
-
-# A server's first page queues them once it has run: ui/prefetch imports the analysis modules of every page
-# (~0.3 s), which the first chart of a cold server would otherwise wait for.
-first_page = "ui.prefetch" not in sys.modules
-if not first_page:
-    queue_prefetch()
 try:
     page.run()
 finally:  # also after st.stop() or an error: the worker may start once the browser has drawn this page
-    if first_page:
-        queue_prefetch()
-    sys.modules["ui.prefetch"].page_done()
+    prefetch.page_done()
