@@ -22,10 +22,6 @@ pytestmark = pytest.mark.skipif(not Path(bu.CHROMIUM).exists(), reason=f"{bu.CHR
 RUN = "ctx-run"
 ENV = {"DRIFT_NO_DEMO": "1", "DRIFT_PREFETCH": "0"}
 
-# the context chart's traces by panel (plotly names the stacked axes y, y2, ..., y5; bu.CONTEXT_JS)
-_number = bu.fill_number
-
-
 def _sample_view(page) -> str:
     return page.locator("[data-testid='stMain']").inner_text()
 
@@ -100,9 +96,9 @@ def test_sample_context_link_context_panel_and_mapping_form(tmp_path):
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
                 page.goto(url + "/sequences")
                 bu.wait_idle(page, "Sequences", timeout_ms=90_000)
-                _number(page, "seq_step", 2)
+                bu.fill_number(page, "seq_step", 2)
                 bu.wait_idle(page, "Sequences")
-                _number(page, "seq_sample", 3)
+                bu.fill_number(page, "seq_sample", 3)
                 page.get_by_text("Sample 3 at step 2").wait_for(timeout=30_000)
                 bu.wait_idle(page, "Sequences")
                 _assert_shows(_sample_view(page), q)

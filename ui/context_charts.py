@@ -24,10 +24,9 @@ def context_over_steps(per_step: pl.DataFrame, context: pl.DataFrame, metric: st
     A run without rewards draws no reward line (nothing to show rather than a line at zero), and where no run has
     one the reward row is left out rather than drawn empty; the same for advantages (a row under the reward's)."""
     rewards = bool(context.height) and bool(context["n_rewarded"].sum())
-    same_count = constant_count(context) is not None
     advantages = bool(context.height) and "n_advantaged" in context.columns and bool(context["n_advantaged"].sum())
     shown = [p for p in PANELS if (rewards or p != REWARD) and (advantages or p != ADVANTAGE)
-             and not (same_count and p == COUNT)]
+             and (p != COUNT or constant_count(context) is None)]
     row_of = {name: i + 1 for i, name in enumerate(shown)}
     fig = make_subplots(rows=len(shown), cols=1, shared_xaxes=True, vertical_spacing=0.06,
                         subplot_titles=[metric] + shown[1:])
@@ -75,7 +74,7 @@ def context_over_steps(per_step: pl.DataFrame, context: pl.DataFrame, metric: st
             hovertemplate=f"{run}<br>step %{{x}}<br>mean length %{{y:.4g}} tokens<br>std %{{customdata[0]:.3g}}"
                           "<br>min %{customdata[1]}, max %{customdata[2]}<extra></extra>"),
             row=row_of[LENGTH], col=1)
-        if not same_count:
+        if COUNT in row_of:
             fig.add_trace(go.Scatter(x=x, y=c["n_sequences"].to_list(), showlegend=False, **common,
                                      hovertemplate=f"{run}<br>step %{{x}}<br>%{{y}} sequences<extra></extra>"),
                           row=row_of[COUNT], col=1)
@@ -88,5 +87,5 @@ def context_over_steps(per_step: pl.DataFrame, context: pl.DataFrame, metric: st
 
 def constant_count(context: pl.DataFrame) -> int | None:
     """The number of sequences of every step of every run where it is one number (a fixed batch), else None."""
-    counts = context["n_sequences"].unique() if context.height else None
-    return int(counts[0]) if counts is not None and counts.len() == 1 else None
+    counts = context["n_sequences"].unique()
+    return int(counts[0]) if counts.len() == 1 else None

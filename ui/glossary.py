@@ -150,9 +150,6 @@ def fmt_floor(floor: float) -> str:
 _CARD_CSS = """<style>
 .drift-cards { display: flex; flex-direction: column; gap: 0.75rem; }
 .drift-card { border: 1px solid rgba(49, 51, 63, 0.2); border-radius: 0.5rem; padding: 0.75rem 1rem; }
-.drift-card-head { display: flex; align-items: center; gap: 0.5rem; font-weight: 600; font-size: 1.05rem; }
-.drift-card-head .dot { width: 0.8rem; height: 0.8rem; border-radius: 50%; display: inline-block; }
-.drift-card-head .note { font-weight: 400; opacity: 0.7; font-size: 0.85rem; }
 .drift-card-check { margin-top: 0.35rem; font-size: 0.875rem; opacity: 0.85; }
 .drift-card-check .badge { background: rgba(255, 43, 43, 0.12); color: #bd4043; border-radius: 0.5rem;
   padding: 0.1rem 0.5rem; font-weight: 600; margin-right: 0.5rem; }
@@ -165,6 +162,17 @@ _CARD_CSS = """<style>
 .drift-metric .caption { font-size: 0.8rem; opacity: 0.7; }
 .drift-metric .caption.warn { color: #d9822b; opacity: 1; }
 </style>"""
+
+
+def badge_html(run: str, color: str, note: str = "") -> str:
+    """A run's name with its colour dot and a note (S.run_badge, the headline cards). Run names are user text:
+    escaped."""
+    import html
+    return (f'<div style="display:flex;align-items:center;gap:0.5rem;font-weight:600;font-size:1.05rem">'
+            f'<span style="width:0.8rem;height:0.8rem;border-radius:50%;background:{html.escape(color)};'
+            f'display:inline-block"></span>{html.escape(run)}'
+            f'<span class="note" style="font-weight:400;opacity:0.7;font-size:0.85rem">{html.escape(note)}</span>'
+            '</div>')
 
 
 def headline_card(run: str, row: dict, color: str, routing: str | None, floor: float | None,
@@ -194,9 +202,7 @@ def cards_html(cards: list[dict]) -> str:
     esc = html.escape
     out = [_CARD_CSS, '<div class="drift-cards">']
     for c in cards:
-        out.append(f'<div class="drift-card" data-run="{esc(c["run"])}"><div class="drift-card-head">'
-                   f'<span class="dot" style="background:{esc(c["color"])}"></span>{esc(c["run"])}'
-                   f'<span class="note">{esc(c["note"])}</span></div>')
+        out.append(f'<div class="drift-card" data-run="{esc(c["run"])}">{badge_html(c["run"], c["color"], c["note"])}')
         if c.get("check"):
             out.append(f'<div class="drift-card-check"><span class="badge">check the logging first</span>'
                        f'<span class="line">{esc(c["check"])}</span></div>')

@@ -111,6 +111,7 @@ export default function ({ data, parentElement }) {
 _chart = st.components.v2.component(COMPONENT, html=f'<div class="{CHART_CLASS}"></div>',
                                     css=f".{CHART_CLASS} {{ width: 100%; }}", js=_JS, isolate_styles=False)
 
+
 def _plotly_src() -> str:
     """The URL of the plotly.js bundle, relative to the page (so that it holds under a server.baseUrlPath too).
     The file route exists once the folder is declared in a script run: it is declared again on each call, which
@@ -132,7 +133,7 @@ def preload() -> None:
 
 def show(fig: go.Figure, key: str) -> None:
     """Draw `fig` in the page under `key` (stable across reruns: the chart is redrawn in place)."""
-    _chart(data={"figure": _to_json(fig), "src": _plotly_src()}, key=key)
+    _send(_to_json(fig), key)
 
 
 def chart(build: Callable[..., go.Figure], *args, key: str, **kwargs) -> None:
@@ -142,7 +143,10 @@ def chart(build: Callable[..., go.Figure], *args, key: str, **kwargs) -> None:
     session has drawn (a shared link, a refresh, a new visitor, a page revisited) is sent without being rebuilt.
     An input that cannot be fingerprinted (_feed) builds the figure every time."""
     digest = _digest(build, args, kwargs)
-    figure = _to_json(build(*args, **kwargs)) if digest is None else _figure_json(digest, build, args, kwargs)
+    _send(_to_json(build(*args, **kwargs)) if digest is None else _figure_json(digest, build, args, kwargs), key)
+
+
+def _send(figure: str, key: str) -> None:
     _chart(data={"figure": figure, "src": _plotly_src()}, key=key)
 
 

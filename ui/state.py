@@ -21,7 +21,7 @@ import polars as pl
 import streamlit as st
 
 from analysis.store import Store, StoreError, default_db_path
-from ui import access
+from ui import access, glossary
 
 log = logging.getLogger("driftscope.app")
 
@@ -252,12 +252,8 @@ def require_runs(sel: Selection, minimum: int = 1, what: str = "this page") -> N
 
 
 def run_badge(run: str, color: str, note: str = "") -> None:
-    """The run's name with its colour dot (run names are user text: escaped)."""
-    import html
-    st.html(f'<div style="display:flex;align-items:center;gap:0.5rem;font-weight:600;font-size:1.05rem">'
-            f'<span style="width:0.8rem;height:0.8rem;border-radius:50%;background:{color};display:inline-block">'
-            f'</span>{html.escape(run)}<span style="font-weight:400;opacity:0.7;font-size:0.85rem">'
-            f'{html.escape(note)}</span></div>')
+    """The run's name with its colour dot (glossary.badge_html)."""
+    st.html(glossary.badge_html(run, color, note))
 
 
 def static_table(df: pl.DataFrame) -> None:
