@@ -234,7 +234,12 @@ def _wait_bare(page, timeout_ms: float = 120_000) -> None:
 
 def _wait_page(label: str):
     title = {lab: t for lab, t, _ in bu.PAGES}[label]
-    return lambda page, timeout_ms=300_000: bu.wait_idle(page, title, timeout_ms, int(label in bu.CHART_PAGES))
+
+    def wait(page, timeout_ms=300_000):
+        bu.wait_idle(page, title, timeout_ms, int(label in bu.CHART_PAGES))
+        if label == "Sequences":  # its ranking is drawn by the table's own script, after the page is idle
+            page.locator(".st-key-seq_table tbody tr").first.wait_for(timeout=timeout_ms)
+    return wait
 
 
 def open_fresh(browser, url: str, wait) -> float:

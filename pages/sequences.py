@@ -4,7 +4,7 @@ the same sequence."""
 import streamlit as st
 
 from analysis.metrics import dashboard, drilldown, sampled
-from ui import auth, charts, plot, routing_charts, sequence_view
+from ui import auth, charts, pick_table, plot, routing_charts, sequence_view
 from ui import state as S
 
 auth.ensure_routed_through_app()  # before anything draws: every request goes through app.py
@@ -64,14 +64,10 @@ if worst is None or worst.is_empty():
 else:
     # columns the run's logs leave empty in every row (no trainer routing, no sequences file) are not shown
     shown, empty = sequence_view.without_empty(worst)
-    picked = st.dataframe(shown, hide_index=True, key="seq_table", column_config=S.number_columns(shown),
-                          on_select="rerun", selection_mode="single-row")
+    shown_sample = ss.get("seq_sample")
+    pick_table.pick_table(shown, "sample", key="seq_table", on_open=sequence_view.open_sample,
+                          picked=int(worst["sample"][0]) if shown_sample is None else int(shown_sample))
     st.caption(sequence_view.worst_caption(empty))
-    rows = picked.selection.rows if picked else []
-    choice = (run, step, int(worst["sample"][rows[0]])) if rows and rows[0] < worst.height else None
-    if choice and choice != ss.get("_seq_picked"):  # a new click: open that row (the box below follows)
-        ss["_seq_picked"] = choice
-        ss["seq_sample"] = choice[2]
 
 default_sample = int(worst["sample"][0]) if worst is not None and worst.height else None
 box, _ = st.columns([1, 3])

@@ -51,6 +51,25 @@ def test_a_link_to_a_sample_opens_it_with_its_per_token_chart(tmp_path):
         np.testing.assert_allclose(chart["y"], np.asarray(q["t"]) - np.asarray(q["s"]), rtol=0, atol=1e-9)
         shown = float(page.locator(".st-key-seq_scale input").input_value())
         assert shown == pytest.approx(want_scale, rel=1e-3)
+
+        # the ranking: step 2's samples by |ΣΔ| (numpy), the open one marked; a click on a row opens that sample
+        step2 = [x for x in seqs if x["step"] == 2]
+        ranked = [x["sample"] for x in sorted(step2, key=lambda x: -abs(sum(np.subtract(x["t"], x["s"]))))]
+        rows = page.locator(".st-key-seq_table tbody tr")
+        assert [int(t) for t in rows.locator("td:first-child").all_inner_texts()] == ranked
+        assert rows.nth(ranked.index(3)).get_attribute("class") == "picked"
+        target = next(s for s in ranked if s != 3)
+        rows.nth(ranked.index(target)).click()
+        page.get_by_text(f"Sample {target} at step 2").wait_for(timeout=30_000)
+        bu.wait_idle(page, "Sequences", timeout_ms=60_000, charts=1)
+        assert f"seq_sample={target}" in page.url
+        assert rows.nth(ranked.index(target)).get_attribute("class") == "picked"
+        # a header click sorts the rows in the browser: sample ids, largest first, then smallest first
+        header = page.locator(".st-key-seq_table th", has_text="sample")
+        header.click()
+        assert [int(t) for t in rows.locator("td:first-child").all_inner_texts()] == sorted(ranked, reverse=True)
+        header.click()
+        assert [int(t) for t in rows.locator("td:first-child").all_inner_texts()] == sorted(ranked)
         browser.close()
 
 

@@ -15,7 +15,7 @@ from analysis.metrics import buckets, context, drilldown
 from analysis.record.logger import DriftLogger
 from analysis.store import Store
 
-from helpers.apptest import app_env, open_tab
+from helpers.apptest import app_env, open_tab, pick_table
 from helpers.logger_context import TAGS, context_step, trained
 from helpers.reference import assert_close, ref_token_metrics
 
@@ -102,7 +102,7 @@ def test_sequences_page_shows_the_context_of_a_summaries_only_run(tmp_path, monk
     at.session_state["seq_step"] = STEPS[0]
     at.run()
     sample = int(at.session_state["seq_sample"]) if at.session_state["seq_sample"] is not None else None
-    sample = sample if sample is not None else int(at.dataframe[0].value["sample"][0])
+    sample = sample if sample is not None else int(pick_table(at)["sample"][0])
     b = data["sample_ids"].tolist().index(sample)
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["reward"] == f"{float(data['rewards'][b]):.4g}", metrics

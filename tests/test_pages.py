@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest, app_test
 
 from helpers import browser as bu
 from helpers.apptest import (APP, PAGES, TIMEOUT, NavigationOnly, app_env, errors, open_app, open_tab,
-                             overview_cards, static_tables, texts)
+                             overview_cards, pick_table, static_tables, texts)
 
 pytestmark = pytest.mark.slow  # AppTest runs whole pages: about 14 s of CPU for the file
 
@@ -227,11 +227,11 @@ def test_routing_states_for_each_kind_of_run(monkeypatch, shared_db):
 # -- sequences ----------------------------------------------------------------------------------------
 def test_sequences_ranking_text_and_escaping(monkeypatch, shared_db):
     at = open_app(monkeypatch, shared_db, "pages/sequences.py")
-    table = at.dataframe[0].value
+    table = pick_table(at)
     assert list(table["seq_log_ratio_abs"]) == sorted(table["seq_log_ratio_abs"], reverse=True)
     at.number_input(key="seq_step").set_value(2)
     at.radio(key="seq_order").set_value("max_log_ratio_abs").run()
-    table = at.dataframe[0].value
+    table = pick_table(at)
     assert list(table["max_log_ratio_abs"]) == sorted(table["max_log_ratio_abs"], reverse=True)
     assert at.number_input(key="seq_sample").value is None  # empty box: the worst sequence is shown
     assert f"Sample {table['sample'][0]} at step 2" in [h.value for h in at.subheader]
@@ -266,7 +266,7 @@ def test_sequences_ranking_text_and_escaping(monkeypatch, shared_db):
     assert not at.exception and not errors(at)
     assert "Routing flips in this sequence" not in [h.value for h in at.subheader]
     # no routing and no sequences file: the columns they would fill are left out, and the caption says so
-    dense = at.dataframe[0].value
+    dense = pick_table(at)
     assert not {"n_flips", "reward", "advantage"} & set(dense.columns) and "response_length" in dense.columns
     assert "Not in this run's logs, so not shown: n_flips, reward, advantage." in texts(at.caption)
 
@@ -623,7 +623,7 @@ def test_sequences_show_a_typed_sample_in_context(monkeypatch, context_db):
 
     at.selectbox(key="seq_reward").set_value("at_least").run()
     at.number_input(key="seq_reward_at").set_value(1.0).run()
-    worst = frame_with(at, "seq_log_ratio_abs")
+    worst = pick_table(at)
     assert set(worst["reward"]) == {1.0}
     assert sorted(worst["sample"]) == sorted(x["sample"] for x in seqs if x["step"] == 1 and x["reward"] >= 1)
     at.number_input(key="seq_sample").set_value(99).run()

@@ -110,7 +110,7 @@ LAYERS = [
     {"analysis.__main__", "analysis.logger", "analysis.capture"},   # the CLI; the old trainer import paths
 ]
 UI_LAYERS = [  # above every analysis layer
-    {"ui.access", "ui.auth", "ui.nav", "ui.number_format", "ui.plot", "ui.sequence_view"},
+    {"ui.access", "ui.auth", "ui.nav", "ui.number_format", "ui.pick_table", "ui.plot", "ui.sequence_view"},
     {"ui.glossary", "ui.live"},
     {"ui.charts", "ui.state"},
     {"ui.context_charts", "ui.findings_charts", "ui.routing_charts", "ui.load_charts", "ui.mapping_form",

@@ -31,7 +31,7 @@ def without_empty(worst: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
 
 def worst_caption(hidden=()) -> str:
     """The caption under the worst-sequences table, naming only the columns shown (`hidden`: those left out)."""
-    parts = ["Click a row to open it. seq_log_ratio = ΣΔ over the response (the sequence-level log importance "
+    parts = ["Click a row to open it, a header to sort. seq_log_ratio = ΣΔ over the response (the sequence-level log importance "
              "ratio); max_log_ratio_abs = the largest single-token |Δ|"]
     if "n_flips" not in hidden:
         parts.append("n_flips = token-layer pairs whose experts flipped")

@@ -158,3 +158,17 @@ def static_tables(at: AppTest):
         if 'class="drift-table"' in e.proto.body:
             parser.feed(e.proto.body)
     return [pd.DataFrame(t[1:], columns=t[0]) for t in parser.tables]
+
+
+def pick_table(at: AppTest, key: str = "seq_table"):
+    """The rows a ui/pick_table table with widget key `key` was given, as a pandas frame of their values (None
+    where a value is missing), in the order the page sent them."""
+    import json
+
+    import pandas as pd
+
+    for e in at.get("bidi_component"):
+        if e.proto.component_name == "driftscope.pick_table" and e.proto.id.endswith(f"-{key}"):
+            data = json.loads(e.proto.json)
+            return pd.DataFrame(data["sort"], columns=data["columns"])
+    raise AssertionError(f"no pick table with key {key!r} on the page")
