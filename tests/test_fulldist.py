@@ -16,7 +16,7 @@ from analysis.record.logger import DriftLogger
 from analysis.store import Store
 from analysis.summaries import fulldist
 
-from helpers.fulldist import add_fulldist, sequence_lines, topk_reference, weight_reference
+from helpers.fulldist import add_fulldist, sequence_lines, topk_reference, topk_terms, weight_reference
 from helpers.logger import make_step
 
 TOPK = ("topk_overlap", "top1_agree", "topk_mass_sampler", "topk_mass_trainer", "topk_kl_shared", "topk_tv_lower",
@@ -378,18 +378,21 @@ def slot(x: int) -> int:
     return ((x * 2654435761) >> 20) & 4095  # summaries/fulldist._slot, for ids below 2**32
 
 
-def test_ids_sharing_a_slot_take_the_exact_path():
-    """Distinct ids whose hash slots collide, on either side, are matched by the exact comparisons (the CPU pass
-    uses the slots only where a side's ids take distinct slots); a real repeat among them is still found."""
+def colliding_pair() -> tuple[int, int]:
+    """The first two ids > 0 that share a slot of the CPU pass's table (2 and 2586)."""
     first = {}
-    pair = None
     for x in range(1, 200_000):
         h = slot(x)
         if h in first:
-            pair = (first[h], x)
-            break
+            return first[h], x
         first[h] = x
-    a, b = pair
+    raise AssertionError("no two ids share a slot")
+
+
+def test_ids_sharing_a_slot_take_the_exact_path():
+    """Distinct ids whose hash slots collide, on either side, are matched by the exact comparisons (the CPU pass
+    uses the slots only where a side's ids take distinct slots); a real repeat among them is still found."""
+    a, b = colliding_pair()
     lp = np.log([0.4, 0.3, 0.2, 0.05])
     cases = [([a, b, 7, 9], [b, 11, a, 7]), ([7, 9, 11, 13], [a, b, 13, 7]), ([a, b, 3, 4], [5, 6, 7, 8])]
     for s_ids, t_ids in cases:
@@ -406,3 +409,85 @@ def test_ids_sharing_a_slot_take_the_exact_path():
         with pytest.raises(ValueError, match="repeat"):
             fulldist.topk_sums(f(s_ids, np.int64), f(lp, np.float64), f(t_ids, np.int64), f(lp, np.float64),
                                np.zeros(1, np.int64), 1)
+
+
+def rank_rows(rng: np.random.Generator, J: int, n: int) -> tuple[list, list]:
+    """n pairs of top-J id lists in the shapes the CPU pass matches by rank: every rank agreeing, some ranks off
+    (the trainer's id there new, or another off-rank id of the sampler's), every rank off (the same ids
+    permuted), and lists sharing nothing; ids from a small vocabulary, so that off-rank ids are often shared."""
+    si, ti = [], []
+    for r in range(n):
+        s = rng.choice(3 * J, J, replace=False)
+        t = s.copy()
+        kind = r % 4
+        if kind == 1:  # some ranks off: their trainer ids a permutation of the sampler's there, some replaced
+            off = rng.choice(J, rng.integers(1, J), replace=False)
+            t[off] = rng.permutation(s[off])
+            fresh = [x for x in range(3 * J) if x not in s]
+            for k in off[: rng.integers(0, len(off) + 1)]:
+                t[k] = fresh.pop(rng.integers(len(fresh)))
+        elif kind == 2:  # every rank off, the same set
+            t = np.roll(s, 1 + rng.integers(J - 1))
+        elif kind == 3:
+            t = rng.choice(np.setdiff1d(np.arange(4 * J), s), J, replace=False)
+        si.append(s)
+        ti.append(t)
+    return si, ti
+
+
+def test_rank_matching_equals_reference():
+    """The CPU pass matches the ranks where both sides hold the same id without its table: rows that agree at
+    every rank, at some, at none, and share nothing, row by row against the brute-force reference; with ids that
+    share a slot (the exact path) among them."""
+    from analysis.record import fulldist as R
+    rng = np.random.default_rng(11)
+    J, n = 7, 400
+    si, ti = rank_rows(rng, J, n)
+    a, b = colliding_pair()  # a = 2: the other ids below are 11 and up
+    si.append(np.array([a, b, 11, 12, 13, 14, 15]))  # sampler ids sharing a slot, one off rank
+    ti.append(np.array([a, 12, 11, b, 13, 14, 19]))
+    si.append(np.array([11, 12, 13, 14, 15, 16, 17]))  # the trainer's off-rank ids sharing a slot
+    ti.append(np.array([11, a, b, 14, 15, 16, 12]))
+    si.append(np.array([11, 12, 13, 14, 15, 16, a]))  # an off-rank trainer id in the slot of another sampler id
+    ti.append(np.array([11, 12, 13, 14, 15, b, 16]))
+    s_ids, t_ids = np.array(si, np.int64), np.array(ti, np.int64)
+    s_lp = np.log(rng.uniform(1e-3, 1 / J, s_ids.shape))
+    t_lp = np.log(rng.uniform(1e-3, 1 / J, s_ids.shape))
+    step = {"mask": np.ones((len(si), 1)), "sampler_topk_ids": s_ids[:, None], "sampler_topk_logprobs": s_lp[:, None],
+            "trainer_topk_ids": t_ids[:, None], "trainer_topk_logprobs": t_lp[:, None]}
+    ref = topk_terms(step)
+    per_row = fulldist.topk_sums(s_ids, s_lp, t_ids, t_lp, np.arange(len(si)), len(si))
+    logged = np.zeros_like(per_row)
+    R.topk_sums(*(torch.from_numpy(v)[:, None] for v in (s_ids, s_lp, t_ids, t_lp)),
+                torch.ones(len(si), 1, dtype=torch.bool), per_row=logged)
+    assert np.array_equal(per_row, logged)
+    kinds = {"all": 0, "some": 0, "none": 0}
+    for row in range(len(si)):
+        on = int((s_ids[row] == t_ids[row]).sum())
+        kinds["all" if on == J else "some" if on else "none"] += 1
+        assert per_row[row, 0] == 1
+        for k, c in enumerate(TOPK, start=1):
+            assert math.isclose(per_row[row, k], ref[c][row], rel_tol=1e-12, abs_tol=1e-15), (row, c)
+    assert min(kinds.values()) >= 90, kinds
+    assert 0 < per_row[:, 1].sum() < len(si) and 0 < per_row[:, 2].sum() < len(si)
+
+
+@pytest.mark.parametrize("rows", [
+    lambda a, b: ([1, 2, 1, 4], [1, 2, 1, 4]),  # the sampler repeats, every rank agreeing
+    lambda a, b: ([1, 2, 3, 2], [1, 5, 3, 6]),  # the sampler repeats off rank
+    lambda a, b: ([1, 2, 3, 4], [1, 2, 3, 2]),  # an off-rank trainer id equal to one where the ranks agree
+    lambda a, b: ([1, 2, 3, 4], [1, 3, 2, 3]),  # two off-rank trainer ids equal, both the sampler's
+    lambda a, b: ([1, 2, 3, 4], [1, 9, 3, 9]),  # two off-rank trainer ids equal, neither the sampler's
+    lambda a, b: ([a, b, 3, a], [1, 4, 3, 5]),  # the sampler repeats, its ids sharing a slot (the exact path)
+    lambda a, b: ([a, b, 3, 4], [a, 3, 3, 4]),  # the exact path: the trainer repeats an agreeing id
+    lambda a, b: ([1, 3, 4, 5], [1, b, a, 1]),  # an off-rank trainer id equal to an agreeing one, ids sharing a slot
+])
+def test_rank_matching_finds_repeats(rows):
+    """A row that repeats an id on either side is refused, whichever of its ranks agree; it follows a valid row,
+    whose table entries it must not take for its own."""
+    s_ids, t_ids = rows(*colliding_pair())
+    good = [5, 6, 7, 8]
+    lp = np.tile(np.log([0.4, 0.3, 0.2, 0.05]), (3, 1))
+    with pytest.raises(ValueError, match="repeat"):
+        fulldist.topk_sums(np.array([good, s_ids, good]), lp, np.array([good, t_ids, good]), lp,
+                           np.zeros(3, np.int64), 1)

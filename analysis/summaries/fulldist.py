@@ -61,6 +61,56 @@ def _repeats(ids, i):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _off_rank(s_ids, t_ids, i, seen, s_stamp, t_stamp, at, on_a):  # pragma: no cover - compiled
+    """group_sums' matching of the trainer's ids of row i that differ from the sampler's id of the same rank,
+    against the table where `_stamp` just put the sampler's (distinct, in distinct slots) ids, and at, on_a
+    holding the ranks where both sides agree: each such id found among the sampler's (at rank k) sets at[k] and
+    on_a[k]. Returns the count found, −1 where such an id repeats a trainer id (one where the sides agree, or
+    another of these), −2 where two ids share a slot (the caller then decides by exact comparisons). An id not
+    found is entered with t_stamp, so that a repeat of it finds it."""
+    found = 0
+    for r in range(t_ids.shape[1]):
+        b = np.uint64(r)
+        y = t_ids[i, b]
+        if y == s_ids[i, b]:
+            continue
+        h = _slot(y)
+        e = seen[h]
+        k = np.uint64(e & _LOW)
+        if (e >> 32) == s_stamp:
+            if s_ids[i, k] != y:  # the sampler's id of this slot is another: y is none of the sampler's
+                return -2
+            if on_a[k] != 0.0:  # the trainer has y at rank k already (the sides agree there, or an earlier id)
+                return -1
+            at[k] = b
+            on_a[k] = 1.0
+            found += 1
+        elif (e >> 32) == t_stamp:
+            return -1 if t_ids[i, k] == y else -2
+        else:
+            seen[h] = (t_stamp << 32) | r
+    return found
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _exact_ranks(s_ids, t_ids, i, at, on_a):  # pragma: no cover - compiled
+    """group_sums' matching of row i by exact comparisons (where ids share a slot): at[r] = the trainer's rank of
+    the sampler's id of rank r (0 where it has none), on_a[r] = whether it has one; returns their count. A sum
+    over the ranks, which vectorises where a search with a break does not."""
+    J = s_ids.shape[1]
+    n_i = 0
+    for r in range(J):
+        x = s_ids[i, np.uint64(r)]
+        c = 0
+        for b in range(J):
+            c += (b + 1) * (t_ids[i, b] == x)
+        at[r] = np.uint64(c - 1) if c > 0 else np.uint64(0)
+        on_a[r] = 1.0 if c > 0 else 0.0
+        n_i += c > 0
+    return n_i
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cover - compiled
     """Add schema.TOPK_SUMS of each row i of [n, J] ids, log-probs and their exponentials ps, pt (float64) to
     out[group[i]] ([groups, N_SUMS] float64); rows with group[i] < 0 (padding) are skipped. Returns the first
@@ -68,61 +118,65 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
     log-probs finite and <= 0 (checked here, in the pass that reads them anyway, rather than by passes of their
     own over the [n, J] arrays, which cost as much as these sums).
 
-    Each side's ids go into a 4096-slot table (stamp and rank per slot): where a row's ids of one side take
-    distinct slots (~95 % of rows at J = 20), they are distinct, and each sampler id finds its trainer rank in
-    its slot, J steps a row; elsewhere the exact J² comparisons decide (counting equal pairs on every row, and
-    matching every pair, cost ~2.5× as much)."""
+    Matching by rank first: where both sides hold the same id at a rank (most ranks of real lists, whose heads
+    agree; in the same pass as the checks), it is shared there, with no table work. The sampler's ids go into a
+    4096-slot table (stamp and rank per slot): where they take distinct slots (~95 % of rows at J = 20) they are
+    distinct; then only the trainer's ids off their sampler rank are looked up (`_off_rank`: each finds its
+    sampler rank, or none, and the trainer's repeats; its other ids are the sampler's, so distinct). A row whose
+    ranks all agree needs no lookup. Elsewhere the exact J² comparisons decide (counting equal pairs on every
+    row, and matching every pair, cost ~2.5× as much). The sums are added in rank order, so matching by rank
+    leaves them the same to the bit (benchmarks/RESULTS-logger.md: the trainer's stamps and the sampler's lookups
+    of every id cost ~12 % of this pass more)."""
     n, J = s_ids.shape
     seen = np.zeros(4096, np.int64)  # per slot: stamp · 2^32 + rank (_stamp; stamps < 2n + 3 < 2^31)
     on_a = np.empty(J)  # per sampler rank: 1 where its id is shared, else 0
     diff = np.empty(J)  # per sampler rank: its log-prob less the trainer's of the same id (where shared)
+    at = np.zeros(J, np.uint64)  # per sampler rank: the trainer's rank of its id (0 where it has none)
     for row in range(n):
         g = group[row]
         if g < 0:
             continue
         i = np.uint64(row)  # unsigned indices: numba adds a wrap-around test to each signed one (~6 % of the pass)
-        if _stamp(s_ids, i, seen, 2 * row + 1) and _repeats(s_ids, i):
-            return row
-        t_stamp = 2 * row + 2
-        by_slot = not _stamp(t_ids, i, seen, t_stamp)
-        if not by_slot and _repeats(t_ids, i):
-            return row
         ok = True
-        for r in range(J):
+        n_i = 0  # shared ids
+        for r in range(J):  # the checks, and the ranks where both sides hold the same id
             a = np.uint64(r)
             ok &= ((s_ids[i, a] | t_ids[i, a]) >= 0) & (s_lp[i, a] <= 0) & (t_lp[i, a] <= 0)
             ok &= (s_lp[i, a] > -np.inf) & (t_lp[i, a] > -np.inf)
+            same = s_ids[i, a] == t_ids[i, a]
+            at[r] = a if same else np.uint64(0)
+            on_a[r] = 1.0 if same else 0.0
+            n_i += same
         if not ok:
             return row
-        # the trainer's rank of each sampler id (0 where it has none, told apart by `shared`); what follows is
-        # free of branches on the data (whether an id is shared is a coin toss in real lists: mispredicted jumps
-        # cost more than the arithmetic)
+        s_stamp = 2 * row + 1
+        exact = _stamp(s_ids, i, seen, s_stamp)
+        if exact and _repeats(s_ids, i):
+            return row
+        if n_i < J and not exact:
+            found = _off_rank(s_ids, t_ids, i, seen, s_stamp, s_stamp + 1, at, on_a)
+            if found == -1:
+                return row
+            exact = found == -2
+            n_i += max(found, 0)
+        if exact:
+            if n_i < J and _repeats(t_ids, i):
+                return row
+            n_i = _exact_ranks(s_ids, t_ids, i, at, on_a)
+        # what follows is free of branches on the data (whether an id is shared is a coin toss in real lists:
+        # mispredicted jumps cost more than the arithmetic)
         ms = 0.0
         mt = 0.0
         l1 = 0.0
-        n_i = 0
         mass_s = 0.0
         mass_t = 0.0
         best_s, best_t = 0, 0
         top_s, top_t = s_lp[i, 0], t_lp[i, 0]
         for r in range(J):
             a = np.uint64(r)
-            x = s_ids[i, a]
-            if by_slot:
-                e = seen[_slot(x)]
-                m = np.uint64(e & _LOW)
-                shared = ((e >> 32) == t_stamp) & (t_ids[i, m] == x)
-            else:  # a sum over the ranks, which vectorises where a search with a break does not
-                c = 0
-                for b in range(J):
-                    c += (b + 1) * (t_ids[i, b] == x)
-                shared = c > 0
-                m = np.uint64(c - 1) if shared else np.uint64(0)
-            m = m if shared else np.uint64(0)
-            on = 1.0 if shared else 0.0
-            on_a[r] = on
+            m = at[r]
+            on = on_a[r]
             diff[r] = np.float64(s_lp[i, a]) - np.float64(t_lp[i, m])
-            n_i += shared
             p_s, p_t = ps[i, a], pt[i, m]
             ms += on * p_s
             mt += on * p_t
