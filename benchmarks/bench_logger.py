@@ -315,7 +315,11 @@ def fulldist_passes(args) -> None:
         for lo in range(0, N, CPU_CHUNK):
             hi = min(N, lo + CPU_CHUNK)
             a_id, a, b_id, b = (v[lo:hi] for v in topk)
-            e_s, e_t = ps[:hi - lo].copy_(a).exp_(), pt[:hi - lo].copy_(b).exp_()
+            if hasattr(module, "trained_floats"):  # exponentials of the trained rows only, one after another
+                k = module.trained_floats(a.numpy(), b.numpy(), groups[lo:hi], ps.numpy(), pt.numpy())
+                e_s, e_t = ps[:k].exp_(), pt[:k].exp_()
+            else:  # before it (commits up to 06a9f79): every row's, in place
+                e_s, e_t = ps[:hi - lo].copy_(a).exp_(), pt[:hi - lo].copy_(b).exp_()
             assert module.group_sums(a_id.numpy(), a.numpy(), b_id.numpy(), b.numpy(), e_s.numpy(), e_t.numpy(),
                                      groups[lo:hi], out) < 0
         return out

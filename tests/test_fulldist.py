@@ -461,6 +461,14 @@ def test_rank_matching_equals_reference():
     R.topk_sums(*(torch.from_numpy(v)[:, None] for v in (s_ids, s_lp, t_ids, t_lp)),
                 torch.ones(len(si), 1, dtype=torch.bool), per_row=logged)
     assert np.array_equal(per_row, logged)
+    # padding rows between them (group −1: ids repeated, log-probs not finite) are never read, and the
+    # exponentials of the rows kept stay with their rows
+    pad = np.arange(len(si)) % 3 == 1
+    grow = lambda v, fill: np.insert(v, np.flatnonzero(pad), fill, axis=0)  # noqa: E731
+    group = grow(np.arange(len(si)), -1)
+    padded = fulldist.topk_sums(grow(s_ids, 7), grow(s_lp, np.nan), grow(t_ids, 7), grow(t_lp, np.inf), group,
+                                len(si))
+    assert len(group) > len(si) and np.array_equal(padded, per_row)
     kinds = {"all": 0, "some": 0, "none": 0}
     for row in range(len(si)):
         on = int((s_ids[row] == t_ids[row]).sum())

@@ -62,7 +62,7 @@ def _kernels() -> list:
     from analysis.summaries import kernel as K
     from analysis.summaries import fulldist as F, residual
     return [K.accumulate, K._seq_sums, K.neighbours, R.set_masks, R.compare, R.count_experts, R.pack,
-            residual._counts, residual._lattice_counts, F.group_sums]
+            residual._counts, residual._lattice_counts, F.trained_floats, F.group_sums]
 
 
 def compiled() -> bool | None:

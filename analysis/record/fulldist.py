@@ -1,11 +1,11 @@
 """The full-distribution sums of a step (summaries/schema.py TOPK_SUMS), on the tensors' device.
 
 The formulas are summaries/fulldist.py's (METRICS.md v3 "Full distribution"). On the CPU, that module's numba
-pass over chunks of positions, the chunk's exponentials by torch (vectorised) into two [chunk, J] buffers of each
-thread, the chunks shared among torch.get_num_threads() threads. Elsewhere (`topk_sums_torch`), torch ops over the
-trained positions in chunks: a chunk's [c, J, J] id comparison bounds the temporaries (J = 20: 400 bytes a
-position), and each sum is a float64 reduction of the chunk, added on the device; only the step's eight numbers
-leave it.
+pass over chunks of positions, the exponentials of a chunk's trained positions by torch (vectorised) in two
+[chunk, J] buffers of each thread, the chunks shared among torch.get_num_threads() threads. Elsewhere
+(`topk_sums_torch`), torch ops over the trained positions in chunks: a chunk's [c, J, J] id comparison bounds
+the temporaries (J = 20: 400 bytes a position), and each sum is a float64 reduction of the chunk, added on the
+device; only the step's eight numbers leave it.
 """
 from __future__ import annotations
 
@@ -54,10 +54,12 @@ def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp
 
     def step(state, lo: int, hi: int) -> None:
         out, ps, pt = state
-        a_id, a, b_id, b = (v[lo:hi] for v in flat)
-        e_s, e_t = ps[:hi - lo].copy_(a).exp_(), pt[:hi - lo].copy_(b).exp_()
-        bad = fulldist.group_sums(a_id.numpy(), _np_floats(a), b_id.numpy(), _np_floats(b), e_s.numpy(),
-                                  e_t.numpy(), groups[lo:hi], out)
+        a, b = _np_floats(flat[1][lo:hi]), _np_floats(flat[3][lo:hi])
+        k = fulldist.trained_floats(a, b, groups[lo:hi], ps.numpy(), pt.numpy())  # the trained rows, widened
+        ps[:k].exp_()
+        pt[:k].exp_()
+        bad = fulldist.group_sums(flat[0][lo:hi].numpy(), a, flat[2][lo:hi].numpy(), b, ps.numpy(), pt.numpy(),
+                                  groups[lo:hi], out)
         if bad >= 0:
             broken.append(lo + bad)
     threads = min(torch.get_num_threads(), max(1, n // (4 * CPU_CHUNK))) if pool is not None else 1

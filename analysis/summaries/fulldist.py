@@ -111,9 +111,29 @@ def _exact_ranks(s_ids, t_ids, i, at, on_a):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def trained_floats(s_lp, t_lp, group, ps, pt):  # pragma: no cover - compiled
+    """The log-probs of the rows of [n, J] s_lp, t_lp with group >= 0, one after another, widened into the first
+    rows of ps, pt (float64); returns their count. group_sums reads their exponentials in this order: the
+    caller's exponentials then skip the padding (a quarter of DriftLogger's bench step), and the widening here
+    reads only the rows kept, where a torch copy of the chunk read and widened every row (together ~10 ns of
+    CPU a trained token less, benchmarks/RESULTS-logger.md)."""
+    n, J = s_lp.shape
+    k = 0
+    for row in range(n):
+        if group[row] < 0:
+            continue
+        for a in range(J):
+            ps[k, a] = s_lp[row, a]
+            pt[k, a] = t_lp[row, a]
+        k += 1
+    return k
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cover - compiled
-    """Add schema.TOPK_SUMS of each row i of [n, J] ids, log-probs and their exponentials ps, pt (float64) to
-    out[group[i]] ([groups, N_SUMS] float64); rows with group[i] < 0 (padding) are skipped. Returns the first
+    """Add schema.TOPK_SUMS of each row i of [n, J] ids and log-probs to out[group[i]] ([groups, N_SUMS]
+    float64); rows with group[i] < 0 (padding) are skipped. ps, pt (float64): the exponentials of the log-probs
+    of the rows not skipped, one after another (`trained_floats`): the k-th such row's in row k. Returns the first
     row that breaks a rule of the lists (−1: none), whose sums are then not to be used: ids distinct and >= 0,
     log-probs finite and <= 0 (checked here, in the pass that reads them anyway, rather than by passes of their
     own over the [n, J] arrays, which cost as much as these sums).
@@ -132,10 +152,13 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
     on_a = np.empty(J)  # per sampler rank: 1 where its id is shared, else 0
     diff = np.empty(J)  # per sampler rank: its log-prob less the trainer's of the same id (where shared)
     at = np.zeros(J, np.uint64)  # per sampler rank: the trainer's rank of its id (0 where it has none)
+    kept = -1  # the row of ps, pt
     for row in range(n):
         g = group[row]
         if g < 0:
             continue
+        kept += 1
+        q = np.uint64(kept)
         i = np.uint64(row)  # unsigned indices: numba adds a wrap-around test to each signed one (~6 % of the pass)
         ok = True
         n_i = 0  # shared ids
@@ -177,12 +200,12 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
             m = at[r]
             on = on_a[r]
             diff[r] = np.float64(s_lp[i, a]) - np.float64(t_lp[i, m])
-            p_s, p_t = ps[i, a], pt[i, m]
+            p_s, p_t = ps[q, a], pt[q, m]
             ms += on * p_s
             mt += on * p_t
             l1 += on * abs(p_s - p_t)
             mass_s += p_s
-            mass_t += pt[i, a]
+            mass_t += pt[q, a]
             up_s = s_lp[i, a] > top_s
             best_s = r if up_s else best_s
             top_s = s_lp[i, a] if up_s else top_s
@@ -194,7 +217,7 @@ def group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out):  # pragma: no cove
             shift = math.log(ms / mt)
             inv = 1.0 / ms
             for r in range(J):
-                kl += (on_a[r] * inv) * ps[i, np.uint64(r)] * (diff[r] - shift)
+                kl += (on_a[r] * inv) * ps[q, np.uint64(r)] * (diff[r] - shift)
         out[g, 0] += 1.0
         out[g, 1] += n_i / J
         out[g, 2] += 1.0 if s_ids[i, best_s] == t_ids[i, best_t] else 0.0
@@ -359,8 +382,10 @@ def topk_sums(s_ids: np.ndarray, s_lp: np.ndarray, t_ids: np.ndarray, t_lp: np.n
     """[n_groups, N_SUMS] sums of schema.TOPK_SUMS of the rows of [n, J] arrays (ingest's checked rows; log-probs
     fp32 or float64), grouped by `group` (−1: skip)."""
     out = np.zeros((n_groups, N_SUMS))
-    ps = np.exp(s_lp.astype(np.float64))
-    pt = np.exp(t_lp.astype(np.float64))
+    ps, pt = np.empty(s_lp.shape), np.empty(t_lp.shape)
+    k = trained_floats(s_lp, t_lp, group, ps, pt)
+    np.exp(ps[:k], out=ps[:k])
+    np.exp(pt[:k], out=pt[:k])
     if group_sums(s_ids, s_lp, t_ids, t_lp, ps, pt, group, out) >= 0:
         raise ValueError("top-k ids repeat within a row, or a log-prob is not finite and <= 0 (the caller checks "
                          "them first)")
