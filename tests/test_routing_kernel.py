@@ -64,30 +64,6 @@ def test_compare_and_counts_match_python_sets():
     assert (out == want).all()
 
 
-@pytest.mark.parametrize("experts,repeat_p,negative_p", [(64, 0, 0), (64, 0.01, 0), (8, 0.02, 0), (64, 0, 0.01),
-                                                        (65, 0, 0)])
-def test_check_pair_is_set_masks_and_compare_in_one_pass(experts, repeat_p, negative_p):
-    """check_pair gives compare's columns, set_masks' first repeated row of each side and the sampler's largest id,
-    and says not ok exactly where an id of either side is outside [0, 64) (then the caller takes the old way)."""
-    S = _matrix(7, 3000, 6, experts, repeat_p, negative_p)
-    T = _matrix(8, 3000, 6, experts, repeat_p / 2, 0)
-    T[::3] = S[::3][:, ::-1]  # the same set in another order
-    T[1::3] = S[1::3]  # the same list
-    flip, top1, same = (np.zeros(len(S), bool) for _ in range(3))
-    common = np.zeros(len(S), np.int16)
-    ok, s_rep, t_rep, top = routing_kernel.check_pair(S, T, flip, top1, common, same)
-    assert ok == bool(S.min() >= 0 and T.min() >= 0 and max(S.max(), T.max()) < 64)
-    if not ok:
-        return
-    sets = [(S[i].tolist(), T[i].tolist()) for i in range(len(S))]
-    assert s_rep == next((i for i, (s, _) in enumerate(sets) if len(set(s)) != len(s)), -1)
-    assert t_rep == next((i for i, (_, t) in enumerate(sets) if len(set(t)) != len(t)), -1)
-    assert top == S.max()
-    for i, (s, t) in enumerate(sets):
-        assert (flip[i], top1[i], common[i], same[i]) == (set(s) != set(t), s[0] != t[0], len(set(s) & set(t)), s == t)
-    assert flip.any() and same.any() and (~flip & ~same).any()
-
-
 def _load(tmp_path, rows, tokens):
     pq.write_table(pa.table(tokens), tmp_path / "tokens.parquet")
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "routing.parquet")
@@ -140,17 +116,3 @@ def test_expert_load_of_a_batch_counts_every_id(runs, steps):
     rows = sorted(zip(*(got.column(c).to_pylist() for c in ("run", "step", "layer", "expert", "n_sampler",
                                                               "n_trainer"))))
     assert rows == sorted((*k, v[0], v[1]) for k, v in want.items())
-
-
-@pytest.mark.parametrize("experts", [64, 160])
-def test_the_sampler_is_refused_before_the_trainer(tmp_path, experts):
-    """A batch with a repeat on both sides: the sampler's row is named, as when each side was checked in turn,
-    whether both sides are checked in one pass (ids below 64) or one at a time (larger ids)."""
-    tokens, rows = make_logs(seed=12, steps=1, samples=2, length=4, layers=2, k=3, experts=experts)
-    for side, bad in (("trainer_experts", 3), ("sampler_experts", 9)):
-        ids = rows[bad][side]
-        rows[bad][side] = [ids[0], ids[1], ids[0]]
-    store, out = _load(tmp_path, rows, tokens)
-    assert out[1].status == "refused"
-    assert out[1].message.startswith("routing.parquet: row 10, column 'sampler_experts': expert ids repeat"), \
-        out[1].message

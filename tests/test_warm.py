@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent("""
     from analysis.ingest.warm import warm
     from helpers.logger import make_step
 
-    kernels = [K.accumulate, K.neighbours, R.check_pair, R.count_experts]  # the entry points (helpers are linked in)
+    kernels = [K.accumulate, R.set_masks, R.compare, R.count_experts]  # the entry points (helpers are linked in)
     def compiled():
         return {k.__name__: len(k.signatures) for k in kernels}
     out = Path(sys.argv[2])

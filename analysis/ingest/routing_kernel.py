@@ -1,8 +1,5 @@
 """The per-row work of a routing batch in compiled loops (numba): set masks and the id checks, the set
 comparisons of the two sides, the expert-load counts, and the sampler's ids packed into one integer per row.
-A batch whose every row has both sides, ids in [0, 64), takes the id checks and comparisons in one pass
-(check_pair; the checks of bench_scale.py's 4M routing rows at 10M tokens: 0.32 -> 0.24 CPU-s on one thread,
-benchmarks/RESULTS-scale.md); set_masks and compare remain for the others.
 
 The numpy versions of these (still the fallback for expert ids of 64 and above, which do not fit a 64-bit
 mask) made a dozen passes and temporaries of [rows, k] per batch; with these loops a routing batch of 491,520
@@ -111,41 +108,6 @@ def compare(S, T, rows, s_mask, t_mask, flip, top1, common, same):
                 eq = False
                 break
         same[i] = eq
-
-
-@njit(cache=True, nogil=True)
-def check_pair(S, T, flip, top1, common, same):
-    """set_masks of both sides and compare, in one pass over the rows, for a batch whose every row has both sides
-    (row i of T beside row i of S, both [n, k]): flip, top1, common, same as `compare` writes them. Returns (ok,
-    first sampler row that repeats an id, first trainer row that does, the sampler's largest id); ok False
-    (the rest meaning nothing) where an id of either side is outside [0, 64): the caller then checks the ids
-    and compares the sets as before. No mask arrays: each row's two masks live in registers. The two sides'
-    ids are read once, where set_masks twice and compare read them three times (and allocated the masks)."""
-    n, k = S.shape
-    one = np.uint64(1)
-    lo, s_hi, t_hi = np.int64(0), np.int64(-1), np.int64(-1)
-    s_rep, t_rep = -1, -1
-    for i in range(n):
-        a = np.uint64(0)
-        b = np.uint64(0)
-        eq = True
-        for c in range(k):
-            e, f = np.int64(S[i, c]), np.int64(T[i, c])
-            lo = min(lo, min(e, f))
-            s_hi = max(s_hi, e)
-            t_hi = max(t_hi, f)
-            a |= one << np.uint64(e & 63)
-            b |= one << np.uint64(f & 63)
-            eq &= e == f
-        flip[i] = a != b
-        common[i] = _popcount(a & b)
-        top1[i] = S[i, 0] != T[i, 0]
-        same[i] = eq
-        if s_rep < 0 and _popcount(a) != k:
-            s_rep = i
-        if t_rep < 0 and _popcount(b) != k:
-            t_rep = i
-    return lo >= 0 and s_hi < 64 and t_hi < 64, s_rep, t_rep, s_hi
 
 
 @njit(cache=True, nogil=True)

@@ -240,21 +240,15 @@ def _check_routing(file: str, batch: Batch, out: dict) -> "RoutingMatrices":
     n = batch.data.num_rows
     _, S = _experts_matrix(file, batch, "sampler_experts", out["sampler_experts"])
     k = S.shape[1]
+    s_mask, top = _check_ids(file, batch, "sampler_experts", S, np.arange(n))
+    out["k"] = pa.array(np.full(n, k, dtype=np.int16))
     flip = np.zeros(n, dtype=bool)
     top1 = np.zeros(n, dtype=bool)
     common = np.zeros(n, dtype=np.int16)
     has_t = np.zeros(n, dtype=bool)
     T, rows = None, np.zeros(0, dtype=np.int64)
     same = np.zeros(n, dtype=bool)  # both sides list the same experts in the same order
-    paired = _check_pair(file, batch, out, S, flip, top1, common, same)
-    if paired is not None:  # every row has both sides, ids in [0, 64): checked and compared in one pass
-        T, top = paired
-        rows = np.arange(n)
-        has_t[:] = True
-    else:
-        s_mask, top = _check_ids(file, batch, "sampler_experts", S, np.arange(n))
-    out["k"] = pa.array(np.full(n, k, dtype=np.int16))
-    if paired is None and "trainer_experts" in out:
+    if "trainer_experts" in out:
         t_valid, T = _experts_matrix(file, batch, "trainer_experts", out["trainer_experts"])
         rows = np.flatnonzero(t_valid)
         if len(rows) and T.shape[1] != k:
@@ -363,37 +357,6 @@ def _pack_sampler(out: dict, S: np.ndarray, top: int) -> None:
     out["id_bits"] = pa.array(np.full(n, bits, np.uint8))
 
 
-def _check_pair(file: str, batch: Batch, out: dict, S: np.ndarray, flip, top1, common,
-                same) -> tuple[np.ndarray, int] | None:
-    """Where every row has a trainer side of the sampler's k and every id is in [0, 64) (a routing log's usual
-    batch): both sides' ids checked and the sets compared in one pass (routing_kernel.check_pair), with the
-    refusals of _check_ids in its order; (T, the sampler's largest id). None, having refused nothing, for any
-    other batch: _check_routing then checks one thing at a time, in the order its refusals come."""
-    arr = out.get("trainer_experts")
-    if arr is None or arr.null_count or not S.size:
-        return None
-    try:
-        _, T = _experts_matrix(file, batch, "trainer_experts", arr)
-    except BadExperts:  # refused after the sampler's ids are checked, as before
-        return None
-    if T.shape != S.shape:
-        return None
-    ok, s_rep, t_rep, top = routing_kernel.check_pair(S, T, flip, top1, common, same)
-    if not ok:
-        return None
-    for name, M, rep in (("sampler_experts", S, s_rep), ("trainer_experts", T, t_rep)):
-        if rep >= 0:
-            raise _repeat(file, batch, name, M, rep, rep)
-    return T, int(top)
-
-
-def _repeat(file: str, batch: Batch, name: str, M: np.ndarray, j: int, row: int) -> BadExperts:
-    """The refusal of row j of M (the batch's row `row`), which lists an expert twice."""
-    return BadExperts(file, f"{batch.where(row)}, column '{name}'",
-                      f"expert ids repeat within one top-k: {M[j].tolist()}",
-                      "a top-k holds distinct experts; check the layer/rank axes of the dump")
-
-
 def _check_ids(file: str, batch: Batch, name: str, M: np.ndarray,
                rows: np.ndarray) -> tuple[np.ndarray | None, int]:
     """Refuse negative or repeated ids; return (the rows' 64-bit set masks when every id is < 64, else None;
@@ -410,7 +373,10 @@ def _check_ids(file: str, batch: Batch, name: str, M: np.ndarray,
         dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
         rep = _first(dup) if dup.any() else -1
     if rep >= 0:
-        raise _repeat(file, batch, name, M, rep, int(rows[rep]))
+        j = rep
+        raise BadExperts(file, f"{batch.where(int(rows[j]))}, column '{name}'",
+                         f"expert ids repeat within one top-k: {M[j].tolist()}",
+                         "a top-k holds distinct experts; check the layer/rank axes of the dump")
     return mask, int(top)
 
 

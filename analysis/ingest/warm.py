@@ -44,7 +44,6 @@ def warm() -> None:
     rows = np.arange(2)
     flags = [np.zeros(2, np.bool_) for _ in range(3)]
     R.compare(experts, experts, rows, masks, masks, flags[0], flags[1], np.zeros(2, np.int16), flags[2])
-    R.check_pair(experts, experts, flags[0], flags[1], np.zeros(2, np.int16), flags[2])
     R.count_experts(np.zeros(2, np.int64), experts, np.zeros(64, np.int64))
     R.pack(experts, 4, np.empty(2, np.uint64))
     from analysis.summaries.checks import CheckSums  # the logging checks of ingest's stream
@@ -62,7 +61,7 @@ def _kernels() -> list:
     from analysis.ingest import routing_kernel as R
     from analysis.summaries import kernel as K
     from analysis.summaries import fulldist as F, residual
-    return [K.accumulate, K._seq_sums, K.neighbours, R.set_masks, R.compare, R.check_pair, R.count_experts, R.pack,
+    return [K.accumulate, K._seq_sums, K.neighbours, R.set_masks, R.compare, R.count_experts, R.pack,
             residual._counts, residual._lattice_counts, F.group_sums]
 
 
