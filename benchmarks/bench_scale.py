@@ -4,6 +4,7 @@
                                      [--repeat 1] [--keep]
     python benchmarks/bench_scale.py --tokens 100000000 --routing-tokens 0
     python benchmarks/bench_scale.py --keep --repeat 2 --per-file --code OTHER_CHECKOUT   # also each file alone
+    python benchmarks/bench_scale.py --only checkouts --repeat 8 --code OTHER_CHECKOUT     # the two ingests alone
 
 Builds one tokens Parquet file (`--tokens` tokens over `--steps` steps, sequences of 500) and, unless
 `--routing-tokens 0`, one routing Parquet file (the first tokens of every step, `--layers` layers, top-8 of 64
@@ -207,7 +208,8 @@ def main() -> None:
     ap.add_argument("--routing-bytes", action="store_true", help="also measure database bytes per routing row")
     ap.add_argument("--code", type=Path, help="another checkout of the project: its ingest is timed too ('other') "
                                               "and, with --routing-bytes, its bytes per routing row")
-    ap.add_argument("--only", choices=("ctas", "ingest", "none"), help="time one side only, or none")
+    ap.add_argument("--only", choices=("ctas", "ingest", "checkouts", "none"),
+                    help="time one side only, this checkout and --code's (no ctas), or none")
     ap.add_argument("--per-file", action="store_true", help="also time each file alone (tokens, then routing into "
                                                                 "the same database), per side")
     ap.add_argument("--floor", action="store_true", help="also time, per file, a plain insert and the load's Python "
@@ -227,7 +229,8 @@ def main() -> None:
           f"({a.layers} layers, top-8 of 64); python {platform.python_version()}, {os.cpu_count()} cpus, "
           f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     best: dict[str, dict[str, list[float]]] = {}
-    sides = () if a.only == "none" else (a.only,) if a.only else ("ctas", "ingest") + (("other",) if a.code else ())
+    sides = () if a.only == "none" else ("ingest", "other") if a.only == "checkouts" else (a.only,) if a.only \
+        else ("ctas", "ingest") + (("other",) if a.code else ())
     code = a.code.resolve() if a.code else None
     for r in range(a.repeat):
         for which in sides if r % 2 == 0 else sides[::-1]:
@@ -242,7 +245,7 @@ def main() -> None:
                         best.setdefault(f"{which} {f.stem}", {}).setdefault(key, []).append(res[key])
                     print(f"repeat {r + 1} {which:>6} {f.name} alone: {res['seconds']:6.2f} s wall, "
                           f"{res['cpu_seconds']:6.2f} s cpu, {res['peak_rss_mb']:5.0f} MB peak RSS", flush=True)
-    if "other" in best:
+    if "other" in best and "ctas" in best:
         b, o = best["ctas"], best["other"]
         print(f"best of {a.repeat}: other ({code}) {min(o['seconds']):.2f} s = {min(o['seconds']) / min(b['seconds']):.2f}x "
               f"ctas wall, {min(o['cpu_seconds']) / min(b['cpu_seconds']):.2f}x cpu, peak RSS {max(o['peak_rss_mb']):.0f} MB")
@@ -252,6 +255,12 @@ def main() -> None:
               f"wall ratio {min(o['seconds']) / min(b['seconds']):.2f}x | cpu ratio "
               f"{min(o['cpu_seconds']) / min(b['cpu_seconds']):.2f}x | ingest peak RSS {max(o['peak_rss_mb']):.0f} MB "
               f"(ctas {max(b['peak_rss_mb']):.0f} MB) | load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if "ingest" in best and "other" in best:  # side by side: the medians of the CPU of each repeat
+        cpu = {s: best[s]["cpu_seconds"] for s in ("ingest", "other")}
+        mine, other = statistics.median(cpu["ingest"]), statistics.median(cpu["other"])
+        lower = sum(x < y for x, y in zip(cpu["ingest"], cpu["other"]))
+        print(f"median cpu of {a.repeat}: ingest {mine:.2f} s | other {other:.2f} s | {mine / other - 1:+.1%}; "
+              f"ingest lower in {lower} of {a.repeat} repeats")
     for key in sorted(k for k in best if " " in k):
         print(f"best of {a.repeat}: {key} alone {min(best[key]['seconds']):.2f} s wall, "
               f"{min(best[key]['cpu_seconds']):.2f} s cpu")

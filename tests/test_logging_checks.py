@@ -384,3 +384,46 @@ def test_driftlogger_warns_once_at_the_first_step_where_a_check_holds(tmp_path):
     lines = [str(w.message) for w in caught if issubclass(w.category, LoggingCheckWarning)]
     assert [line.split(":")[0] for line in lines] == ["DriftLogger run 'x', step 1"], lines
     assert lines[0].split(": ", 1)[1] == got[0].split(": ", 1)[1]  # the same numbers as from the summaries
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 15, 16, 17, 127, 128, 129, 130, 255, 256, 257, 1000, 4099, 65536,
+                               100_003])
+def test_pairwise_sums_are_numpys_to_the_bit(n):
+    """kernel._pairwise3 (the checks' Σ s, Σ s², Σ s·d in the stream's one pass) gives np.sum's result bit for bit:
+    numpy's pairwise summation at every length around its block sizes, values of mixed sign and magnitude
+    (where another order of additions rounds differently), on a slice at an odd offset too."""
+    rng = np.random.default_rng(n)
+    s = rng.standard_normal(n + 3) * 10.0 ** rng.uniform(-6, 6, n + 3)
+    d = rng.standard_normal(n + 3) * 10.0 ** rng.uniform(-6, 6, n + 3)
+    for lo in (0, 3):
+        a, b = s[lo:lo + n], d[lo:lo + n]
+        got = kernel._pairwise3(kernel.read_only(a), kernel.read_only(b))
+        want = (np.sum(a), np.sum(a * a), np.sum(a * b))
+        assert [np.float64(x).tobytes() for x in got] == [np.float64(x).tobytes() for x in want]
+
+
+def test_check_sums_of_the_stream_equal_numpys_sums_to_the_bit():
+    """CheckSums.add's sums come from one numba pass (kernel.neighbours); they equal numpy's sums of the same
+    batch bit for bit, in key order and shuffled (sorted first), with and without Δ and scratch from the caller."""
+    rng = np.random.default_rng(3)
+    n_seq, per = 40, 300
+    seq = np.repeat(np.arange(n_seq), per)
+    pos = np.tile(np.arange(per), n_seq)
+    s = -rng.exponential(1.0, seq.size)
+    t = np.minimum(s + rng.normal(0, 0.3, seq.size), 0.0)
+    order = rng.permutation(seq.size)
+    for idx in (np.arange(seq.size), order):
+        ss, tt, pp, qq = s[idx], t[idx], pos[idx], seq[idx]
+        key = np.argsort(qq << 32 | pp, kind="stable")
+        ks, kt = ss[key], tt[key]
+        adj = (qq[key][1:] == qq[key][:-1]) & (pp[key][1:] == pp[key][:-1] + 1)
+        want = {"sum_s": np.sum(ks), "sum_s2": np.sum(ks * ks), "sum_sd": np.sum(ks * (kt - ks)),
+                "sum_abs_lag_prev": np.sum(np.abs(kt[1:] - ks[:-1])[adj]),
+                "sum_abs_lag_next": np.sum(np.abs(kt[:-1] - ks[1:])[adj])}
+        for extra in ({}, {"d": tt - ss, "scratch": kernel.Scratch()}):
+            c = CheckSums()
+            assert c.add(ss, tt, pp, qq, **extra)
+            row = c.row()
+            assert row["n_adj"] == int(adj.sum()) and row["n_check_tokens"] == seq.size
+            for name, value in want.items():
+                assert np.float64(row[name]).tobytes() == np.float64(value).tobytes(), name

@@ -202,7 +202,7 @@ def test_long_format_equals_ingest_with_entropy(tmp_path):
         rows.sort(key=lambda r: tuple(r[k] for k in key))
         want = merged(store, name)
         if name == "summary_seq":  # ingest writes n_flip_tokens as null without routing; the log-prob sums
-            rows = [r | {"n_flip_tokens": None} for r in rows]  # come from kernel.seq_sums, not the accumulators
+            rows = [r | {"n_flip_tokens": None} for r in rows]  # come from kernel._seq_sums, not the accumulators
             want = [{k: v for k, v in w.items() if k not in S.SEQ_SUM_NAMES} for w in want]
         if name == "summary_step":  # the logging checks', residual signatures' and top-k sums come from
             # summaries/checks.py, residual.py and fulldist.py, not the kernel
@@ -267,3 +267,28 @@ def test_compensated_sums_over_a_million_tokens():
         want = math.fsum(terms)
         assert math.isclose(step[col][0], want, rel_tol=1e-12), (col, step[col][0], want)
     assert step["n_tokens"] == [n]
+
+
+def test_per_sequence_sums_ride_the_kernels_pass_to_the_bit():
+    """Accumulators.add's seq_sums_out (ingest's per-sequence log-prob sums, from the kernel's chunks): the sums
+    np.bincount gives over the same tokens in the same order, bit for bit, with sequences interleaved, chunks of
+    the kernel crossed, |Δ| both small and large (log cosh's two forms, r clamped)."""
+    rng = np.random.default_rng(11)
+    n, n_seq = 3 * K.CHUNK + 17, 57
+    seq = np.sort(rng.integers(0, n_seq, n))
+    seq[::5] = rng.integers(0, n_seq, len(seq[::5]))  # out of order too
+    pos = np.arange(n) % 700
+    d = rng.normal(0, 0.5, n)
+    d[::97] = rng.choice([-30.0, -3.0, 2.5, 25.0], len(d[::97]))
+    s = -rng.exponential(1.0, n) - np.maximum(d, 0.0)
+    t = s + d
+    out = np.zeros((5, n_seq))
+    K.Accumulators.zeros(n_seq).add(s, t, pos=pos, seq=seq, seq_sums_out=out)
+    x = np.abs(0.5 * (t - s))
+    small = x < 1.0
+    js = np.where(small, np.log1p(2.0 * np.sinh(0.5 * x) ** 2),
+                  x + np.log1p(np.exp(-2.0 * x)) - math.log(2.0))
+    r = np.exp(np.clip(t - s, -20.0, 20.0))
+    want = np.stack([np.bincount(seq, minlength=n_seq).astype(float), np.bincount(seq, s, n_seq),
+                     np.bincount(seq, t, n_seq), np.bincount(seq, js, n_seq), np.bincount(seq, r * t, n_seq)])
+    assert out.tobytes() == want.tobytes()

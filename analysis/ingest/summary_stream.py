@@ -54,7 +54,7 @@ class _Step:
         self.acc = K.Accumulators.zeros(0, 0)
         self.checks = CheckSums()  # the logging checks' sums (schema.CHECK_SUMS), into the step's row
         self.residual = ResidualSums()  # the residual signatures' counts (schema.RESIDUAL_SUMS), likewise
-        self.lp = np.zeros((5, 0))  # per dense sequence index: count and schema.SEQ_SUMS (kernel.seq_sums)
+        self.lp = np.zeros((5, 0))  # per dense sequence index: count and schema.SEQ_SUMS (kernel._seq_sums)
 
     def seq_index(self, sample: np.ndarray) -> np.ndarray:
         """The dense index of each token's sample, new samples numbered in order of first appearance."""
@@ -100,9 +100,8 @@ class _Step:
         self.lag_lo, self.n_lag = lo, n_lag
         return True
 
-    def add_logprobs(self, s: np.ndarray, t: np.ndarray, seq: np.ndarray) -> None:
-        """Add the tokens' per-sequence log-prob sums (schema.SEQ_SUMS)."""
-        part = K.seq_sums(s, t, seq, self.n_seq)
+    def add_logprobs(self, part: np.ndarray) -> None:
+        """Add a batch's per-sequence log-prob sums (schema.SEQ_SUMS, as Accumulators.add's seq_sums_out)."""
         if part.shape[1] > self.lp.shape[1]:
             self.lp = np.pad(self.lp, ((0, 0), (0, part.shape[1] - self.lp.shape[1])))
         self.lp[:, :part.shape[1]] += part
@@ -198,6 +197,7 @@ class StepSummaries:
         self.emitted = False  # whether rows were returned (and appended by the caller) before any give-up
         self._pending: list[tuple[str, int, dict]] = []  # finished steps' tables, not yet Arrow (PENDING_ROWS)
         self._pending_rows = 0
+        self._scratch = K.Scratch()  # this file's batches' temporaries (one thread feeds them)
 
     def _give_up(self, why: str) -> None:
         self.ok, self.why, self._cur = False, why, None
@@ -258,14 +258,16 @@ class StepSummaries:
                 self._give_up(f"run {key[0]!r}, step {key[1]} has lags over more than {MAX_LAGS} versions")
                 return out
             tok_lag = np.where(none, -1, lag - cur.lag_lo) if len(lag) else None
+            lp = np.zeros((5, cur.n_seq))  # the tokens' per-sequence log-prob sums, from the kernel's pass
             cur.acc.add(s[a:b], t[a:b], pos=pos[a:b], seq=seq, tok_lag=tok_lag,
-                        entropy=None if entropy is None else entropy[a:b])
-            if not cur.checks.add(s[a:b], t[a:b], pos[a:b], seq):
+                        entropy=None if entropy is None else entropy[a:b], seq_sums_out=lp)
+            d = np.subtract(t[a:b], s[a:b], out=self._scratch.get("d", b - a))  # Δ as stored, for the two below
+            if not cur.checks.add(s[a:b], t[a:b], pos[a:b], seq, d, self._scratch):
                 self._give_up(f"run {key[0]!r}, step {key[1]}: more than {PENDING_MAX} tokens wait for a "
                               "neighbour (tokens far from key order)")
                 return out
-            cur.add_logprobs(s[a:b], t[a:b], seq)
-            cur.residual.add(t[a:b] - s[a:b], seq, pos[a:b], None if segment is None else segment[a:b])
+            cur.add_logprobs(lp)
+            cur.residual.add(d, seq, pos[a:b], None if segment is None else segment[a:b])
             cur.n_tokens += int(b - a)
         return out
 

@@ -36,7 +36,8 @@ def warm() -> None:
     t = s + np.linspace(-0.02, 0.02, n)
     pos, seq = np.arange(n) % per_seq, np.arange(n) // per_seq
     K.Accumulators.zeros(n // per_seq, 1).add(s, t, pos=pos, seq=seq, tok_lag=np.zeros(n, np.int64),
-                                              entropy=np.ones(n), flipped=np.zeros(n, np.int64))
+                                              entropy=np.ones(n), flipped=np.zeros(n, np.int64),
+                                              seq_sums_out=np.zeros((5, n // per_seq)))  # as ingest's stream
     # expert ids as ingest hands them over: a read-only [rows, k] int32 view of the Arrow list values
     experts = K.read_only(np.arange(16, dtype=np.int32).reshape(2, 8))
     masks, *_ = R.set_masks(experts)
@@ -45,8 +46,7 @@ def warm() -> None:
     R.compare(experts, experts, rows, masks, masks, flags[0], flags[1], np.zeros(2, np.int16), flags[2])
     R.count_experts(np.zeros(2, np.int64), experts, np.zeros(64, np.int64))
     R.pack(experts, 4, np.empty(2, np.uint64))
-    K.seq_sums(s, t, seq, n // per_seq)  # the per-sequence log-prob sums and the logging checks of ingest's stream
-    from analysis.summaries.checks import CheckSums
+    from analysis.summaries.checks import CheckSums  # the logging checks of ingest's stream
     CheckSums().add(s, t, pos, seq)
     from analysis.summaries import residual  # the residual signatures' counts, by ingest and DriftLogger
     residual.ResidualSums().add(t - s, seq, pos, None)

@@ -200,37 +200,45 @@ class CheckSums:
         self._need_prev = np.empty(0, bool)
         self._need_next = np.empty(0, bool)
 
-    def add(self, s: np.ndarray, t: np.ndarray, pos: np.ndarray, seq: np.ndarray) -> bool:
+    def add(self, s: np.ndarray, t: np.ndarray, pos: np.ndarray, seq: np.ndarray, d: np.ndarray | None = None,
+            scratch=None) -> bool:
+        """Add tokens (float64 s, t; int64 pos, seq); `d`: their t − s where the caller has it; `scratch`: a
+        kernel.Scratch whose buffers take this call's temporaries."""
         if len(s) == 0:
             return True
-        from analysis.summaries.kernel import neighbours, read_only  # numba: only where a stream is summarised
+        from analysis.summaries.kernel import Scratch, neighbours, read_only  # numba: only where a stream is summarised
 
-        key = seq.astype(np.int64) << 32
-        key |= pos
-        s, t = np.ascontiguousarray(s, np.float64), np.ascontiguousarray(t, np.float64)
-        pos = np.ascontiguousarray(pos, np.int64)
+        scratch = scratch or Scratch()
         n = len(s)
-        prev_all, nxt_all = np.empty(max(n - 1, 0)), np.empty(max(n - 1, 0))
-        has_prev, has_next = np.empty(n, bool), np.empty(n, bool)
-        args = (prev_all, nxt_all, has_prev, has_next)
-        n_adj = neighbours(read_only(key), read_only(s), read_only(t), read_only(pos), *args, True)
+        s, t = np.ascontiguousarray(s, np.float64), np.ascontiguousarray(t, np.float64)
+        pos, seq = np.ascontiguousarray(pos, np.int64), np.ascontiguousarray(seq, np.int64)
+        if d is None:
+            d = np.subtract(t, s, out=scratch.get("checks.d", n))  # as the database stores Δ: one float64 subtraction
+        prev_all, nxt_all = scratch.get("checks.prev", max(n - 1, 0)), scratch.get("checks.next", max(n - 1, 0))
+        has_prev, has_next = scratch.get("checks.has_prev", n, np.bool_), scratch.get("checks.has_next", n, np.bool_)
+        sums = np.empty(3)
+        args = (prev_all, nxt_all, has_prev, has_next, sums)
+        n_adj = neighbours(read_only(seq), read_only(pos), read_only(s), read_only(t), read_only(d), *args, True)
         if n_adj < 0:  # not in key order (or a key twice, which the load refuses later)
-            order = np.argsort(key, kind="stable")
-            key, s, t, pos = key[order], s[order], t[order], pos[order]
-            n_adj = neighbours(read_only(key), read_only(s), read_only(t), read_only(pos), *args, False)
-        d = t - s  # as the database stores Δ: one float64 subtraction
+            order = np.argsort(seq << 32 | pos, kind="stable")
+            seq, pos, s, t = seq[order], pos[order], s[order], t[order]
+            d = t - s
+            n_adj = neighbours(read_only(seq), read_only(pos), read_only(s), read_only(t), read_only(d), *args, False)
         self.n += len(s)
-        self._parts["sum_s"].append(float(np.sum(s)))
-        self._parts["sum_s2"].append(float(np.sum(s * s)))
-        self._parts["sum_sd"].append(float(np.sum(s * d)))
+        for name, value in zip(("sum_s", "sum_s2", "sum_sd"), sums):
+            self._parts[name].append(float(value))
+
+        def key(i: np.ndarray) -> np.ndarray:  # of the tokens i: sequence · 2^32 + position
+            return seq[i] << 32 | pos[i]
         prev = [prev_all[:n_adj]]  # |t_(i+1) − s_i| and |t_i − s_(i+1)| of the neighbours within this batch
         nxt = [nxt_all[:n_adj]]
         if len(self._key):  # the seams with tokens held from earlier batches
             for want, mine, held_flag in ((-1, has_prev, self._need_next), (1, has_next, self._need_prev)):
                 ask = np.flatnonzero(~mine)
-                at = np.searchsorted(self._key, key[ask] + want)
+                ask_key = key(ask) + want
+                at = np.searchsorted(self._key, ask_key)
                 hit = at < len(self._key)
-                hit[hit] = self._key[at[hit]] == key[ask[hit]] + want
+                hit[hit] = self._key[at[hit]] == ask_key[hit]
                 b, h = ask[hit], at[hit]
                 if want < 0:  # held token h at p − 1, batch token b at p
                     prev.append(np.abs(t[b] - self._s[h]))
@@ -245,8 +253,8 @@ class CheckSums:
         self._parts["sum_abs_lag_prev"].append(float(np.sum(prev[0] if len(prev) == 1 else np.concatenate(prev))))
         self._parts["sum_abs_lag_next"].append(float(np.sum(nxt[0] if len(nxt) == 1 else np.concatenate(nxt))))
         keep = self._need_prev | self._need_next
-        wait = ~has_prev | ~has_next
-        key_all = np.concatenate([self._key[keep], key[wait]])
+        wait = np.flatnonzero(~(has_prev & has_next))  # indices: one pass, where a mask took one per gather below
+        key_all = np.concatenate([self._key[keep], key(wait)])
         order = np.argsort(key_all, kind="stable")
         self._key = key_all[order]
         self._s = np.concatenate([self._s[keep], s[wait]])[order]

@@ -549,8 +549,14 @@ class Accumulators:
                             np.zeros((2, 1, len(FLIPS) + 1)))
 
     def add(self, s, t, pos=None, seq=None, valid=None, T: int = 0, lo: int = 0, hi: int | None = None,
-            seq_lag=None, tok_lag=None, entropy=None, flipped=None) -> "Accumulators":
-        """Add tokens lo .. hi − 1 (see the module docstring; None: absent; pos and seq None: grid form)."""
+            seq_lag=None, tok_lag=None, entropy=None, flipped=None, seq_sums_out=None) -> "Accumulators":
+        """Add tokens lo .. hi − 1 (see the module docstring; None: absent; pos and seq None: grid form).
+
+        `seq_sums_out` (long form only): a [5, n_seq] float64 array into which each token's per-sequence log-prob
+        terms are added (`_seq_sums`: count, Σ s, Σ t, Σ log cosh(Δ/2), Σ r·t, r = exp(clamp(Δ, ±20))), from the
+        chunk's Δ and r computed here anyway, while its s and t are in the cache: ingest's stream, where a pass
+        of their own over the batch cost ~2x as much. Each term is the same value whatever the chunk and the
+        sums take the tokens in order, so they equal one pass over the tokens to the bit."""
         def arr(a, dtype):
             return read_only(np.empty(0, dtype) if a is None else np.ascontiguousarray(a, dtype))
         s, t = arr(s, np.float64), arr(t, np.float64)
@@ -562,6 +568,7 @@ class Accumulators:
         d, rm1, r, ps, em1s, pt = scratch
         bins, probs = np.empty((2, CHUNK), np.int64)
         W, XK = np.empty(NW * SUB_STRIDE), np.empty(NX * SUB_STRIDE, np.int64)
+        js = None if seq_sums_out is None else np.empty(CHUNK)
         for a in range(lo, hi, CHUNK):
             b = min(hi, a + CHUNK)
             n = b - a
@@ -573,6 +580,9 @@ class Accumulators:
                 np.exp(s[a:b], out=ps[:n])
                 np.expm1(s[a:b], out=em1s[:n])
                 np.exp(t[a:b], out=pt[:n])
+            if js is not None:
+                _seq_sums(rest[1][a:b], s[a:b], t[a:b], read_only(log_cosh_half(d[:n], out=js[:n])),
+                          read_only(r[:n]), seq_sums_out)
             accumulate(s, t, scratch.reshape(-1), bins, probs, W, XK, *rest, a, b, *tail)
         return self
 
@@ -622,24 +632,48 @@ def _wide_rows(sums: np.ndarray, top: np.ndarray | None) -> tuple[np.ndarray, di
     return ids, out
 
 
-def log_cosh_half(d: np.ndarray) -> np.ndarray:
+def log_cosh_half(d: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """log cosh(d/2) without cancellation (as sql.log_cosh_half_sql): log1p(2 sinh²(x/2)) for |x| < 1, x = d/2,
-    else |x| + log1p(e^−2|x|) − ln 2."""
-    x = np.abs(0.5 * np.asarray(d, np.float64))
+    else |x| + log1p(e^−2|x|) − ln 2. `out`: a float64 array of d's length to write into (not d itself)."""
+    x = np.multiply(np.asarray(d, np.float64), 0.5, out=out)
+    np.abs(x, out=x)
     small = x < 1.0
-    if small.all():  # the usual case: the same functions on every value, without the gather and scatter
-        return np.log1p(2.0 * np.sinh(0.5 * x) ** 2)
-    out = np.empty_like(x)
-    out[small] = np.log1p(2.0 * np.sinh(0.5 * x[small]) ** 2)
+    if small.all():  # the usual case: the same functions on every value, in place, without a gather or scatter
+        np.multiply(x, 0.5, out=x)
+        np.sinh(x, out=x)
+        np.multiply(x, x, out=x)  # what ** 2 computes (numpy's square)
+        np.multiply(x, 2.0, out=x)
+        return np.log1p(x, out=x)
+    part = np.log1p(2.0 * np.sinh(0.5 * x[small]) ** 2)
     xl = x[~small]
-    out[~small] = xl + np.log1p(np.exp(-2.0 * xl)) - math.log(2.0)
-    return out
+    x[~small] = xl + np.log1p(np.exp(-2.0 * xl)) - math.log(2.0)
+    x[small] = part
+    return x
+
+
+class Scratch:
+    """Buffers reused by one thread from batch to batch (ingest's stream of token batches, checks.CheckSums): a
+    batch's temporaries of hundreds of KB each, allocated afresh, took new pages from the kernel again and
+    again."""
+
+    def __init__(self):
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, n: int, dtype=np.float64) -> np.ndarray:
+        """A writable array of n items of `dtype` (contents undefined), the same memory at every call with that name
+        while it is large enough: what a caller took under a name is overwritten by the next get of that name."""
+        b = self._buffers.get(name)
+        if b is None or len(b) < n or b.dtype != dtype:
+            b = self._buffers[name] = np.empty(max(n, 2 * len(b) if b is not None and b.dtype == dtype else 0),
+                                               dtype)
+        return b[:n]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def row_seq_sums(s, t, valid, lo, hi, out):  # pragma: no cover - compiled
-    """seq_sums of rows [lo, hi) of [B, T] grids (one sequence per row, valid: trained) into out[:, row], in one
-    pass (DriftLogger on the CPU: torch's dozen passes over the [B, T] float64 grids cost more than the kernel)."""
+    """The per-sequence sums (count, Σ s, Σ t, Σ log cosh(Δ/2), Σ r·t, as _seq_sums) of rows [lo, hi) of [B, T]
+    grids (one sequence per row, valid: trained) into out[:, row], in one pass (DriftLogger on the CPU: torch's
+    dozen passes over the [B, T] float64 grids cost more than the kernel)."""
     T = s.shape[1]
     for b in range(lo, hi):
         n = 0
@@ -669,52 +703,155 @@ def row_seq_sums(s, t, valid, lo, hi, out):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True)
 def _seq_sums(seq, s, t, js, r, out):  # pragma: no cover - compiled
     """out[:, q] += (1, s, t, js, r·t) of each token, q its sequence, token by token in order: the order in which
-    np.bincount adds its weights, so the sums are the same to the last bit, in one pass instead of five."""
-    for i in range(len(seq)):
+    np.bincount adds its weights, so the sums are the same to the last bit, in one pass instead of five. A run of
+    tokens of one sequence is summed in registers from its sequence's sums and stored once (the same additions in
+    the same order, without a store and load between two of them)."""
+    n = len(seq)
+    i = 0
+    while i < n:
         q = seq[i]
-        out[0, q] += 1.0
-        out[1, q] += s[i]
-        out[2, q] += t[i]
-        out[3, q] += js[i]
-        out[4, q] += r[i] * t[i]
+        c, a1, a2, a3, a4 = out[0, q], out[1, q], out[2, q], out[3, q], out[4, q]
+        while i < n and seq[i] == q:
+            c += 1.0
+            a1 += s[i]
+            a2 += t[i]
+            a3 += js[i]
+            a4 += r[i] * t[i]
+            i += 1
+        out[0, q], out[1, q], out[2, q], out[3, q], out[4, q] = c, a1, a2, a3, a4
 
 
-def seq_sums(s: np.ndarray, t: np.ndarray, seq: np.ndarray, n_seq: int) -> np.ndarray:
-    """[5, n_seq] per sequence: the token count and schema.SEQ_SUMS' Σ s, Σ t, Σ log cosh(d/2), Σ r·t
-    (r = exp(clamp(d, ±20))) of the tokens (the terms by numpy's vectorised functions, the sums in one pass;
-    the sums are of one sign, so plain sums keep their digits)."""
-    d = t - s
-    r = np.exp(np.clip(d, -CLAMP, CLAMP))
-    seq = np.ascontiguousarray(seq, np.int64)
-    out = np.zeros((5, max(n_seq, int(seq.max()) + 1) if len(seq) else n_seq))
-    _seq_sums(read_only(seq), read_only(np.ascontiguousarray(s, np.float64)),
-              read_only(np.ascontiguousarray(t, np.float64)), read_only(log_cosh_half(d)), read_only(r), out)
-    return out
+PAIRWISE_BLOCK = 128  # numpy's PW_BLOCKSIZE
+
+
+@_inlined
+def _pairwise3_block(s, d, lo, n):  # pragma: no cover - compiled
+    """(Σ s, Σ s·s, Σ s·d) over [lo, lo + n), n <= PAIRWISE_BLOCK, as numpy's pairwise_sum sums such a block."""
+    if n < 8:
+        a = b = c = -0.0
+        for i in range(lo, lo + n):
+            a += s[i]
+            b += s[i] * s[i]
+            c += s[i] * d[i]
+        return a, b, c
+    if n <= PAIRWISE_BLOCK:
+        a0, a1, a2, a3, a4, a5, a6, a7 = s[lo], s[lo + 1], s[lo + 2], s[lo + 3], s[lo + 4], s[lo + 5], s[lo + 6], \
+            s[lo + 7]
+        b0, b1, b2, b3, b4, b5, b6, b7 = a0 * a0, a1 * a1, a2 * a2, a3 * a3, a4 * a4, a5 * a5, a6 * a6, a7 * a7
+        c0, c1, c2, c3 = a0 * d[lo], a1 * d[lo + 1], a2 * d[lo + 2], a3 * d[lo + 3]
+        c4, c5, c6, c7 = a4 * d[lo + 4], a5 * d[lo + 5], a6 * d[lo + 6], a7 * d[lo + 7]
+        i = lo + 8
+        end = lo + n - n % 8
+        while i < end:
+            x0, x1, x2, x3, x4, x5, x6, x7 = s[i], s[i + 1], s[i + 2], s[i + 3], s[i + 4], s[i + 5], s[i + 6], \
+                s[i + 7]
+            a0 += x0
+            a1 += x1
+            a2 += x2
+            a3 += x3
+            a4 += x4
+            a5 += x5
+            a6 += x6
+            a7 += x7
+            b0 += x0 * x0
+            b1 += x1 * x1
+            b2 += x2 * x2
+            b3 += x3 * x3
+            b4 += x4 * x4
+            b5 += x5 * x5
+            b6 += x6 * x6
+            b7 += x7 * x7
+            c0 += x0 * d[i]
+            c1 += x1 * d[i + 1]
+            c2 += x2 * d[i + 2]
+            c3 += x3 * d[i + 3]
+            c4 += x4 * d[i + 4]
+            c5 += x5 * d[i + 5]
+            c6 += x6 * d[i + 6]
+            c7 += x7 * d[i + 7]
+            i += 8
+        ra = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+        rb = ((b0 + b1) + (b2 + b3)) + ((b4 + b5) + (b6 + b7))
+        rc = ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7))
+        while i < lo + n:
+            x = s[i]
+            ra += x
+            rb += x * x
+            rc += x * d[i]
+            i += 1
+        return ra, rb, rc
+    return 0.0, 0.0, 0.0  # not reached: n > PAIRWISE_BLOCK is split by _pairwise3
 
 
 @njit(cache=True, nogil=True)
-def neighbours(key, s, t, pos, prev, nxt, has_prev, has_next, strict):  # pragma: no cover - compiled
-    """The neighbouring tokens of a batch in key order (key = sequence · 2^32 + position): for each pair i, i + 1
-    with key[i + 1] = key[i] + 1, in order, prev[j] = |t[i+1] − s[i]| and nxt[j] = |t[i] − s[i+1]|; has_prev[i] (a
-    neighbour before it here, or position 0) and has_next[i]. Returns the number of pairs; `strict`: −1 (nothing
-    written) where the keys do not increase strictly. One pass for checks.CheckSums, where numpy's masks and
-    gathers made ten."""
-    n = len(key)
-    for i in range(n - 1 if strict else 0):
-        if key[i + 1] <= key[i]:
-            return -1
+def _pairwise3(s, d):  # pragma: no cover - compiled
+    """(Σ s, Σ s·s, Σ s·d) in the order of numpy's pairwise summation, which np.sum takes over a contiguous float64
+    array (numpy/_core/src/umath/loops_utils.h.src:81-145, pairwise_sum, at 1f90bbb; the same in v2.4.6, which
+    this project runs): below 8 terms one running sum from −0.0; up to PAIRWISE_BLOCK terms eight running sums of
+    every eighth term, added as ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)), then the rest one by one;
+    above, the two halves (the first a multiple of 8 terms long) each so, then added; np.sum adds the result to
+    0.0. So the logging checks' sums are np.sum's to the bit (tests/test_logging_checks.py) from one pass over s
+    and d, without arrays of the products. The halves are walked with a stack of our own: a recursive version,
+    loaded from numba's cache, crashed the process."""
+    n = len(s)
+    if n <= PAIRWISE_BLOCK:
+        a, b, c = _pairwise3_block(s, d, 0, n)
+        return 0.0 + a, 0.0 + b, 0.0 + c
+    lo_of = np.empty(128, np.int64)  # the ranges being split, depth-first (at most 64 deep for any int64 n)
+    n_of = np.empty(128, np.int64)
+    stage = np.empty(128, np.int64)  # 0: left half next, 1: right half next, 2: both summed
+    sums = np.empty((128, 3))  # the sums of the ranges finished, in order: a range's two halves on top
+    top, done = 0, 0
+    lo_of[0], n_of[0], stage[0] = 0, n, 0
+    while top >= 0:
+        lo, m = lo_of[top], n_of[top]
+        if m <= PAIRWISE_BLOCK:
+            sums[done, 0], sums[done, 1], sums[done, 2] = _pairwise3_block(s, d, lo, m)
+            done += 1
+            top -= 1
+            continue
+        half = m // 2
+        half -= half % 8
+        if stage[top] == 2:
+            for j in range(3):
+                sums[done - 2, j] = sums[done - 2, j] + sums[done - 1, j]
+            done -= 1
+            top -= 1
+            continue
+        first = stage[top] == 0
+        stage[top] += 1
+        top += 1
+        lo_of[top], n_of[top], stage[top] = (lo, half, 0) if first else (lo + half, m - half, 0)
+    return 0.0 + sums[0, 0], 0.0 + sums[0, 1], 0.0 + sums[0, 2]
+
+
+@njit(cache=True, nogil=True)
+def neighbours(seq, pos, s, t, d, prev, nxt, has_prev, has_next, sums, strict):  # pragma: no cover - compiled
+    """The neighbouring tokens of a batch in key order (key = sequence · 2^32 + position, from seq and pos): for
+    each pair i, i + 1 with key[i + 1] = key[i] + 1, in order, prev[j] = |t[i+1] − s[i]| and nxt[j] =
+    |t[i] − s[i+1]|; has_prev[i] (a neighbour before it here, or position 0) and has_next[i]; sums[:] = Σ s,
+    Σ s², Σ s·d as np.sum gives them (_pairwise3; d = t − s). Returns the number of pairs; `strict`: −1 where
+    the keys do not increase strictly (what it wrote then means nothing). One pass for checks.CheckSums, where
+    numpy's masks, gathers and products made fifteen."""
+    n = len(seq)
     m = 0
     if n:
         has_prev[0] = pos[0] == 0
         has_next[n - 1] = False
+        key = seq[0] << 32 | pos[0]
     for i in range(n - 1):
-        adj = key[i + 1] == key[i] + 1
+        following = seq[i + 1] << 32 | pos[i + 1]
+        if strict and following <= key:
+            return -1
+        adj = following == key + 1
         has_next[i] = adj
         has_prev[i + 1] = adj or pos[i + 1] == 0
         if adj:
             prev[m] = abs(t[i + 1] - s[i])
             nxt[m] = abs(t[i] - s[i + 1])
             m += 1
+        key = following
+    sums[0], sums[1], sums[2] = _pairwise3(s, d)
     return m
 
 
