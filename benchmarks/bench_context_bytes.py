@@ -15,7 +15,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 import torch
 

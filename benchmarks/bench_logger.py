@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import shutil
 import sys
 import tempfile

@@ -16,7 +16,7 @@ from analysis.record.logger import DriftLogger
 from analysis.store import Store
 from analysis.summaries import fulldist
 
-from helpers.fulldist import add_fulldist, sequence_lines, topk_reference, topk_terms, weight_reference
+from helpers.fulldist import add_fulldist, ingest_sequence_lines, topk_reference, topk_terms, weight_reference
 from helpers.logger import make_step
 
 TOPK = ("topk_overlap", "top1_agree", "topk_mass_sampler", "topk_mass_trainer", "topk_kl_shared", "topk_tv_lower",
@@ -77,12 +77,7 @@ def test_logger_summaries_equal_reference(tmp_path, token_sample):
 
 def test_sequence_jsonl_equals_reference(tmp_path):
     data = steps()
-    path = tmp_path / "seqs.jsonl"
-    path.write_text("\n".join(line for n, d in data.items() for line in sequence_lines(d, n)) + "\n")
-    store = Store(tmp_path / "db.duckdb")
-    outcomes = ingest_paths(store, [path])
-    assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
-    check_columns(store, data)
+    check_columns(ingest_sequence_lines(tmp_path, data), data)
 
 
 def test_long_parquet_topk_after_tokens(tmp_path):

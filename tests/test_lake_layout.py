@@ -7,7 +7,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.lake import layout, task
+from analysis.lake import task
 from analysis.lake.layout import list_partitions, write_file
 
 TOKENS = pa.table({"run": ["r"] * 3, "step": pa.array([4] * 3, pa.int64()), "sample": pa.array([0, 0, 1], pa.int64()),

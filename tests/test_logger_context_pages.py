@@ -11,7 +11,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from analysis.ingest import ingest_paths
-from analysis.metrics import buckets, context, drilldown
+from analysis.metrics import buckets, context
 from analysis.record.logger import DriftLogger
 from analysis.store import Store
 

@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 from streamlit.testing.v1 import AppTest, app_test
 
 from analysis.ingest import ingest_paths

@@ -10,7 +10,6 @@ import warnings
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 

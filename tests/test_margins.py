@@ -20,7 +20,7 @@ from analysis.record.logger import DriftLogger
 from analysis.store import Store
 from analysis.summaries.margins import margin_bin
 
-from helpers.fulldist import sequence_lines
+from helpers.fulldist import ingest_sequence_lines
 from helpers.logger import make_step
 from helpers.margins import EDGES, add_margins, by_margin, margin_means
 
@@ -81,12 +81,7 @@ def test_logger_margins_equal_reference(tmp_path, token_sample):
 
 def test_sequence_jsonl_margins_equal_reference(tmp_path):
     data = steps()
-    path = tmp_path / "seqs.jsonl"
-    path.write_text("\n".join(line for n, d in data.items() for line in sequence_lines(d, n)) + "\n")
-    store = Store(tmp_path / "db.duckdb")
-    outcomes = ingest_paths(store, [path])
-    assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
-    check(store, data)
+    check(ingest_sequence_lines(tmp_path, data), data)
 
 
 def test_trainer_margins_alone_bin_by_the_trainer(tmp_path):

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from streamlit.testing.v1 import AppTest, app_test
+from streamlit.testing.v1 import AppTest
 
 from helpers import browser as bu
-from helpers.apptest import (APP, PAGES, TIMEOUT, NavigationOnly, app_env, errors, open_app, open_tab,
+from helpers.apptest import (PAGES, app_env, errors, open_app, open_tab,
                              overview_cards, pick_table, static_tables, texts)
 
 pytestmark = pytest.mark.slow  # AppTest runs whole pages: about 14 s of CPU for the file

@@ -8,7 +8,7 @@ import pytest
 from analysis.ingest import ingest_paths
 from analysis.ingest.precision import decimals, rounding_floor
 
-from helpers.apptest import app_env, errors, open_app, overview_cards, texts
+from helpers.apptest import app_env, errors, open_app, overview_cards
 from helpers.frameworks import write_primerl_traces
 
 

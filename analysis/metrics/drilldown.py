@@ -8,7 +8,7 @@ import polars as pl
 
 from analysis.metrics import quantiles
 from analysis.store import Store
-from analysis.summaries.sql import kl3_sql, ratio_sql
+from analysis.summaries.sql import ratio_sql
 
 ORDERS = ("seq_log_ratio_abs", "max_log_ratio_abs")
 

@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 
 from analysis.store import Store
-from analysis.summaries.sql import check_runs, run_filter
+from analysis.summaries.sql import run_filter
 
 SIDES = ("sampler", "trainer")
 EXPERT_COLUMNS = ("load_max_vio", "load_max_vio_all", "load_cv", "load_entropy_norm", "load_hot_experts")

@@ -35,7 +35,6 @@ def topk_sums(s_ids: torch.Tensor, s_lp: torch.Tensor, t_ids: torch.Tensor, t_lp
     pass; the step's sums are then their total."""
     if mask.device.type != "cpu":
         return topk_sums_torch(s_ids, s_lp, t_ids, t_lp, mask, per_row=per_row)
-    T = mask.shape[1]
     n_groups = mask.shape[0] if per_row is not None else 1
     J = s_ids.shape[-1]
     n = mask.numel()

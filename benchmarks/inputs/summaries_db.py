@@ -14,7 +14,6 @@ from inputs import seeded_store
 
 from analysis import schema
 from analysis.ingest import summarise as compute
-from analysis.store import Store
 
 DB = WORK / "bench_summaries.duckdb"
 RUN = "bench"

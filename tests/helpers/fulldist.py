@@ -128,3 +128,17 @@ def sequence_lines(step: dict, step_no: int, run: str = "r") -> list[str]:
                 obj[name] = v.astype(np.float64).tolist() if v.dtype.kind == "f" else v.astype(np.int64).tolist()
         lines.append(json.dumps(obj))
     return lines
+
+
+def ingest_sequence_lines(folder, steps: dict):
+    """{step_no: step} written as one sequence JSON Lines file under `folder` and ingested into a new database
+    there; returns its Store (open), after asserting the file loaded."""
+    from analysis.ingest import ingest_paths
+    from analysis.store import Store
+
+    path = folder / "seqs.jsonl"
+    path.write_text("\n".join(line for n, d in steps.items() for line in sequence_lines(d, n)) + "\n")
+    store = Store(folder / "db.duckdb")
+    outcomes = ingest_paths(store, [path])
+    assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
+    return store
