@@ -4,7 +4,8 @@
     python benchmarks/bench_pages.py [--only demo|large|scale] [--rounds 2] [--prefetch on|off] [--think S]
                                      [--profile] [--no-write]
     python benchmarks/bench_pages.py --switch PAGE PAGE [--db PATH] [--clicks 12] [--settle 45]
-    python benchmarks/bench_pages.py --fresh [--only demo|scale] [--rounds 3] [--pages all] [--no-write]
+    python benchmarks/bench_pages.py --fresh [--only demo|scale] [--rounds 3] [--pages all] [--code OTHER]
+                                     [--no-write]
     python benchmarks/bench_pages.py --miles [--rounds 3] [--no-write]
 
 The large database is the metrics database (benchmarks/inputs/metrics_db.py: 5M tokens, 8M routing rows, built
@@ -38,6 +39,7 @@ uvicorn, installed apart from the shared environment:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -238,7 +240,8 @@ def _wait_page(label: str):
     def wait(page, timeout_ms=300_000):
         bu.wait_idle(page, title, timeout_ms, int(label in bu.CHART_PAGES))
         if label == "Sequences":  # its ranking is drawn by the table's own script, after the page is idle
-            page.locator(".st-key-seq_table tbody tr").first.wait_for(timeout=timeout_ms)
+            # (a checkout before ui/pick_table, timed with --code, draws it on a data grid's canvas)
+            page.locator(".st-key-seq_table tbody tr, .st-key-seq_table canvas").first.wait_for(timeout=timeout_ms)
     return wait
 
 
@@ -272,14 +275,16 @@ def server_first(browser, db: Path, app: str, env: dict, wait) -> tuple[float, f
     return seconds, mem
 
 
-def fresh(db: Path, rounds: int, pages: list[str], env: dict, settle: float) -> dict:
-    """The --fresh measurements on `db` (see the module's docstring), each side alternating with the bare app."""
+def fresh(db: Path, rounds: int, pages: list[str], env: dict, settle: float, code: Path | None = None) -> dict:
+    """The --fresh measurements on `db` (see the module's docstring), each side alternating with the bare app;
+    with `code` (another checkout), its server's fresh opens too, in the same rotation."""
     from playwright.sync_api import sync_playwright
 
     bare_wait = _wait_bare
     ds_wait = _wait_page("Overview")
     out: dict = {"first": {"bare": [], "driftscope": []}, "memory": {"bare": [], "driftscope": []},
-                 "open": {"bare": [], **{p: [] for p in pages}}, "pages": pages}
+                 "open": {"bare": [], **{p: [] for p in pages}, **{(p, "other"): [] for p in pages if code}},
+                 "pages": pages, "other": harness.commit_of(code) if code else None}
     with sync_playwright() as p:
         browser = bu.launch_chromium(p)
         for r in range(rounds):  # a server's first page: bare, Driftscope, then the other way round
@@ -289,19 +294,27 @@ def fresh(db: Path, rounds: int, pages: list[str], env: dict, settle: float) -> 
                 out["first"][name].append(seconds)
                 out["memory"][name].append(mem)
                 print(f"  server's first page, {name:10s} {seconds:6.2f}s  peak {mem:5.0f} MB", flush=True)
-        with bu.streamlit_server(db, env=env, timeout=300, log=WORK / f"{db.stem}.fresh.log") as url, \
-                bu.streamlit_server(db, env=env, timeout=300, app=BARE_APP) as bare_url:
+        with contextlib.ExitStack() as servers:
+            url = servers.enter_context(bu.streamlit_server(db, env=env, timeout=300,
+                                                            log=WORK / f"{db.stem}.fresh.log"))
+            bare_url = servers.enter_context(bu.streamlit_server(db, env=env, timeout=300, app=BARE_APP))
+            other_url = servers.enter_context(bu.streamlit_server(db, env=env, timeout=300, code=code)) \
+                if code else None
             for label in pages:  # untimed: every page's queries computed once (the server has been used)
-                open_fresh(browser, f"{url}/{URLS[label]}", _wait_page(label))
+                for base in filter(None, (url, other_url)):
+                    open_fresh(browser, f"{base}/{URLS[label]}", _wait_page(label))
             open_fresh(browser, bare_url, bare_wait)
             time.sleep(settle)  # the prefetch of the other views, the kernels' warm-up child
             for r in range(rounds):
                 for label in (pages if r % 2 == 0 else pages[::-1]):
-                    pair = [("bare", bare_url, bare_wait), (label, f"{url}/{URLS[label]}", _wait_page(label))]
-                    for name, target, wait in (pair if r % 2 == 0 else pair[::-1]):
+                    sides = [("bare", bare_url, bare_wait), (label, f"{url}/{URLS[label]}", _wait_page(label))]
+                    if other_url:
+                        sides.append(((label, "other"), f"{other_url}/{URLS[label]}", _wait_page(label)))
+                    for name, target, wait in (sides if r % 2 == 0 else sides[::-1]):
                         seconds = open_fresh(browser, target, wait)
                         out["open"][name].append(seconds)
-                        print(f"  fresh session, {name:12s} {seconds:6.2f}s", flush=True)
+                        print(f"  fresh session, {' '.join(name) if isinstance(name, tuple) else name:18s} "
+                              f"{seconds:6.2f}s", flush=True)
         browser.close()
     return out
 
@@ -320,6 +333,10 @@ def render_fresh(name: str, r: dict) -> str:
         ratio = med(t) / bare
         cell = f"**{ratio:.2f}**" if ratio > FRESH_TARGET else f"{ratio:.2f}"
         lines.append(f"| {label} | {' '.join(f'{x:.2f}' for x in t)} | {med(t):.2f} | {cell} |")
+        if r.get("other"):
+            o = r["open"][(label, "other")]
+            lines.append(f"| {label} at {r['other']} (--code) | {' '.join(f'{x:.2f}' for x in o)} | {med(o):.2f} | "
+                         f"{med(o) / bare:.2f} |")
     fb, fd = med(r["first"]["bare"]), med(r["first"]["driftscope"])
     mb, md = max(r["memory"]["bare"]), max(r["memory"]["driftscope"])
     lines += ["", "Server's first page (process start → first page idle; target ≤ "
@@ -476,6 +493,8 @@ def main() -> int:
                     help="instead: first opens (a fresh session, a fresh server) side by side with a bare page")
     ap.add_argument("--pages", choices=("issue", "all"), default="issue",
                     help="with --fresh: the issue's five pages, or every page")
+    ap.add_argument("--code", type=Path, help="with --fresh: another checkout whose server's fresh opens are timed "
+                                              "in the same rotation (a change side by side with its base)")
     ap.add_argument("--miles", action="store_true",
                     help="instead: server start to the first per-step chart, beside miles' dashboard")
     args = ap.parse_args()
@@ -484,13 +503,15 @@ def main() -> int:
     if args.fresh:
         pages = list(URLS) if args.pages == "all" else list(FRESH_PAGES)
         env = {"DRIFT_NO_DEMO": "1", "DRIFT_PREFETCH": "1" if args.prefetch == "on" else "0"}
+        if args.code:  # two servers on one database: DuckDB lets several processes open it read-only only
+            env["DRIFT_READ_ONLY"] = "1"
         if args.only == "scale":
             build_scale()
             db, name = SCALE, "scale"
         else:
             db, name = DEMO, "demo"
             build_demo()
-        r = fresh(db, args.rounds, pages, env, settle=args.settle if args.settle != 45.0 else 15.0)
+        r = fresh(db, args.rounds, pages, env, settle=args.settle if args.settle != 45.0 else 15.0, code=args.code)
         record(RESULTS, render_fresh(name, r), "# Page speed in a real browser", write=not args.no_write,
                note=load + "; sides alternate, so a busy moment hits both.")
         return 0

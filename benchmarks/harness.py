@@ -188,9 +188,10 @@ def _ram_gib() -> float:
         return float("nan")
 
 
-def _commit() -> str:
+def commit_of(checkout: Path = ROOT) -> str:
+    """A checkout's short commit, with "with uncommitted changes" where its tracked files differ from it."""
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True).stdout.strip()
+        return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True).stdout.strip()
     head = git("rev-parse", "--short", "HEAD") or "unknown"
     return head + (" with uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
@@ -214,7 +215,7 @@ def header(versions: dict[str, str] | None = None, note: str = "") -> str:
              f"Machine: {_cpu_model()}, {os.cpu_count()} cores, {_ram_gib():.1f} GiB RAM, {platform.system()}; "
              + ", ".join(f"{k} {v}" for k, v in soft.items())
              + f"; load average {load:.1f} (other processes may share the cores)  ",
-             f"Commit: {_commit()}" + ("  " if note else "")]
+             f"Commit: {commit_of()}" + ("  " if note else "")]
     if note:
         lines.append(note)
     return "\n".join(lines) + "\n"

@@ -118,17 +118,18 @@ def free_port() -> int:
 @contextmanager
 def streamlit_server(db: Path, env: dict | None = None, timeout: float = 60.0,
                      log: Path | None = None, procs: list | None = None, app: str = "app.py",
-                     poll: float = 0.3) -> Iterator[str]:
-    """`streamlit run app.py` (or `app`, relative to the repository) on a free port with DRIFT_DB=db; yields the
-    base URL once /_stcore/health answers (asked every `poll` seconds). `procs`, if given, receives the server's
-    Popen (a test that signals the server itself, a benchmark that reads its memory)."""
+                     poll: float = 0.3, code: Path | None = None) -> Iterator[str]:
+    """`streamlit run app.py` (or `app`, relative to the repository, or to `code`: another checkout, for a
+    benchmark's side by side) on a free port with DRIFT_DB=db; yields the base URL once /_stcore/health answers
+    (asked every `poll` seconds). `procs`, if given, receives the server's Popen (a test that signals the server
+    itself, a benchmark that reads its memory)."""
     port = free_port()
     full_env = os.environ | {"DRIFT_DB": str(db), "PYTHONUNBUFFERED": "1"} | (env or {})
     cmd = [sys.executable, "-m", "streamlit", "run", app, "--server.headless", "true",
            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
            "--server.port", str(port), "--server.address", "127.0.0.1"]
     out = open(log, "wb") if log else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, cwd=code or ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
     if procs is not None:
         procs.append(proc)
     url = f"http://127.0.0.1:{port}"
