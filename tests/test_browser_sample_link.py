@@ -70,6 +70,16 @@ def test_a_link_to_a_sample_opens_it_with_its_per_token_chart(tmp_path):
         assert [int(t) for t in rows.locator("td:first-child").all_inner_texts()] == sorted(ranked, reverse=True)
         header.click()
         assert [int(t) for t in rows.locator("td:first-child").all_inner_texts()] == sorted(ranked)
+        # the keyboard: Enter on a header sorts it, Enter on a row opens it
+        header.focus()
+        page.keyboard.press("Enter")
+        assert [int(t) for t in rows.locator("td:first-child").all_inner_texts()] == sorted(ranked, reverse=True)
+        first = max(ranked)
+        rows.nth(0).focus()
+        page.keyboard.press("Enter")
+        page.get_by_text(f"Sample {first} at step 2").wait_for(timeout=30_000)
+        bu.wait_idle(page, "Sequences", timeout_ms=60_000, charts=1)
+        assert page.locator(".st-key-seq_table tr[aria-current='true'] td").first.inner_text() == str(first)
         browser.close()
 
 

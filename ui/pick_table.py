@@ -1,4 +1,5 @@
-"""A small clickable table: a click (or Enter) on a row sends that row's id to Python; a click on a header sorts.
+"""A small clickable table: a click (or Enter) on a row sends that row's id to Python; a click (or Enter) on a
+header sorts.
 
 Why not `st.dataframe(on_select=...)`: its data grid (canvas, Arrow, the grid's code) was ~0.28 s of a fresh open of
 the Sequences page (benchmarks/RESULTS-pages.md), more than everything else on it but the chart. This table is
@@ -26,7 +27,7 @@ th.num, td.num { text-align: right; } th.text, td.text { text-align: left; }
 tbody tr { cursor: pointer; }
 tbody tr:hover { background: var(--st-secondary-background-color); }
 tbody tr.picked { background: color-mix(in srgb, var(--st-primary-color) 18%, transparent); }
-tbody tr:focus-visible { outline: 2px solid var(--st-primary-color); outline-offset: -2px; }
+tbody tr:focus-visible, th:focus-visible { outline: 2px solid var(--st-primary-color); outline-offset: -2px; }
 """
 
 # data: {columns: [name], kinds: ["num" | "text"], rows: [[text]], sort: [[number | null]], ids: [int],
@@ -45,14 +46,17 @@ export default function(component) {
       const th = document.createElement("th");
       th.className = data.kinds[c];
       th.textContent = name + (c === by ? (desc ? " ▼" : " ▲") : "");
+      th.tabIndex = 0;
+      if (c === by) th.setAttribute("aria-sort", desc ? "descending" : "ascending");
       th.onclick = () => { desc = c === by ? !desc : data.kinds[c] === "num"; by = c; sort(); draw(); };
+      th.onkeydown = (e) => { if (e.key === "Enter") th.onclick(); };
       head.appendChild(th);
     });
     const body = table.createTBody();
     for (const i of order) {
       const tr = body.insertRow();
       tr.tabIndex = 0;
-      if (data.ids[i] === data.picked) tr.className = "picked";
+      if (data.ids[i] === data.picked) { tr.className = "picked"; tr.setAttribute("aria-current", "true"); }
       data.rows[i].forEach((text, c) => { const td = tr.insertCell(); td.className = data.kinds[c]; td.textContent = text; });
       tr.onclick = () => setTriggerValue("open", data.ids[i]);
       tr.onkeydown = (e) => { if (e.key === "Enter") setTriggerValue("open", data.ids[i]); };
