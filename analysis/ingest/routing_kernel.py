@@ -90,17 +90,11 @@ def compare(S, T, rows, s_mask, t_mask, flip, top1, common, same):
     how many experts both list (popcount of the AND of the masks), and whether the lists are equal rank for
     rank; written at rows[j] of flip, top1, common, same."""
     k = S.shape[1]
-    one = np.uint64(1)
     for j in range(len(rows)):
         i = rows[j]
         a, b = s_mask[i], t_mask[j]
         flip[i] = a != b
-        x = a & b
-        cnt = 0
-        while x:
-            x &= x - one
-            cnt += 1
-        common[i] = cnt
+        common[i] = _popcount(a & b)
         top1[i] = S[i, 0] != T[j, 0]
         eq = True
         for c in range(k):
