@@ -59,6 +59,7 @@ st.subheader(f"Worst sequences at step {step}")
 sample_note = S.cached(sampled.sample_label, [run])  # the tokens below are token rows
 if sample_note:
     st.caption(f"The table counts every token (summaries); a sequence's tokens below: {sample_note}.")
+default_sample = int(worst["sample"][0]) if worst is not None and worst.height else None
 if worst is None or worst.is_empty():
     st.info(f"No sequences at step {step} of {run}" + (" with this reward." if reward_filter != "any" else "."))
 else:
@@ -66,10 +67,9 @@ else:
     shown, empty = sequence_view.without_empty(worst)
     shown_sample = ss.get("seq_sample")
     pick_table.pick_table(shown, "sample", key="seq_table", on_open=sequence_view.open_sample,
-                          picked=int(worst["sample"][0]) if shown_sample is None else int(shown_sample))
+                          picked=default_sample if shown_sample is None else int(shown_sample))
     st.caption(sequence_view.worst_caption(empty))
 
-default_sample = int(worst["sample"][0]) if worst is not None and worst.height else None
 box, _ = st.columns([1, 3])
 typed_sample = box.number_input("Sample id", min_value=0, value=None, step=1, key="seq_sample", bind="query-params",
                                placeholder=f"worst: {default_sample}" if default_sample is not None else "sample id",
