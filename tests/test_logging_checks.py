@@ -403,7 +403,7 @@ def test_pairwise_sums_are_numpys_to_the_bit(n):
 
 def test_check_sums_of_the_stream_equal_numpys_sums_to_the_bit():
     """CheckSums.add's sums come from one numba pass (kernel.neighbours); they equal numpy's sums of the same
-    batch bit for bit, in key order and shuffled (sorted first), with and without Δ and scratch from the caller."""
+    batch bit for bit, in key order and shuffled (sorted first), with and without Δ from the caller."""
     rng = np.random.default_rng(3)
     n_seq, per = 40, 300
     seq = np.repeat(np.arange(n_seq), per)
@@ -419,7 +419,7 @@ def test_check_sums_of_the_stream_equal_numpys_sums_to_the_bit():
         want = {"sum_s": np.sum(ks), "sum_s2": np.sum(ks * ks), "sum_sd": np.sum(ks * (kt - ks)),
                 "sum_abs_lag_prev": np.sum(np.abs(kt[1:] - ks[:-1])[adj]),
                 "sum_abs_lag_next": np.sum(np.abs(kt[:-1] - ks[1:])[adj])}
-        for extra in ({}, {"d": tt - ss, "scratch": kernel.Scratch()}):
+        for extra in ({}, {"d": tt - ss}):
             c = CheckSums()
             assert c.add(ss, tt, pp, qq, **extra)
             row = c.row()

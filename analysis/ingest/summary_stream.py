@@ -197,7 +197,6 @@ class StepSummaries:
         self.emitted = False  # whether rows were returned (and appended by the caller) before any give-up
         self._pending: list[tuple[str, int, dict]] = []  # finished steps' tables, not yet Arrow (PENDING_ROWS)
         self._pending_rows = 0
-        self._scratch = K.Scratch()  # this file's batches' temporaries (one thread feeds them)
 
     def _give_up(self, why: str) -> None:
         self.ok, self.why, self._cur = False, why, None
@@ -261,8 +260,8 @@ class StepSummaries:
             lp = np.zeros((5, cur.n_seq))  # the tokens' per-sequence log-prob sums, from the kernel's pass
             cur.acc.add(s[a:b], t[a:b], pos=pos[a:b], seq=seq, tok_lag=tok_lag,
                         entropy=None if entropy is None else entropy[a:b], seq_sums_out=lp)
-            d = np.subtract(t[a:b], s[a:b], out=self._scratch.get("d", b - a))  # Δ as stored, for the two below
-            if not cur.checks.add(s[a:b], t[a:b], pos[a:b], seq, d, self._scratch):
+            d = t[a:b] - s[a:b]  # Δ as stored, for the two below
+            if not cur.checks.add(s[a:b], t[a:b], pos[a:b], seq, d):
                 self._give_up(f"run {key[0]!r}, step {key[1]}: more than {PENDING_MAX} tokens wait for a "
                               "neighbour (tokens far from key order)")
                 return out

@@ -200,22 +200,20 @@ class CheckSums:
         self._need_prev = np.empty(0, bool)
         self._need_next = np.empty(0, bool)
 
-    def add(self, s: np.ndarray, t: np.ndarray, pos: np.ndarray, seq: np.ndarray, d: np.ndarray | None = None,
-            scratch=None) -> bool:
-        """Add tokens (float64 s, t; int64 pos, seq); `d`: their t − s where the caller has it; `scratch`: a
-        kernel.Scratch whose buffers take this call's temporaries."""
+    def add(self, s: np.ndarray, t: np.ndarray, pos: np.ndarray, seq: np.ndarray, d: np.ndarray | None = None
+            ) -> bool:
+        """Add tokens (float64 s, t; int64 pos, seq); `d`: their t − s where the caller has it."""
         if len(s) == 0:
             return True
-        from analysis.summaries.kernel import Scratch, neighbours, read_only  # numba: only where a stream is summarised
+        from analysis.summaries.kernel import neighbours, read_only  # numba: only where a stream is summarised
 
-        scratch = scratch or Scratch()
         n = len(s)
         s, t = np.ascontiguousarray(s, np.float64), np.ascontiguousarray(t, np.float64)
         pos, seq = np.ascontiguousarray(pos, np.int64), np.ascontiguousarray(seq, np.int64)
         if d is None:
-            d = np.subtract(t, s, out=scratch.get("checks.d", n))  # as the database stores Δ: one float64 subtraction
-        prev_all, nxt_all = scratch.get("checks.prev", max(n - 1, 0)), scratch.get("checks.next", max(n - 1, 0))
-        has_prev, has_next = scratch.get("checks.has_prev", n, np.bool_), scratch.get("checks.has_next", n, np.bool_)
+            d = t - s  # as the database stores Δ: one float64 subtraction
+        prev_all, nxt_all = np.empty(max(n - 1, 0)), np.empty(max(n - 1, 0))
+        has_prev, has_next = np.empty(n, bool), np.empty(n, bool)
         sums = np.empty(3)
         args = (prev_all, nxt_all, has_prev, has_next, sums)
         n_adj = neighbours(read_only(seq), read_only(pos), read_only(s), read_only(t), read_only(d), *args, True)

@@ -651,24 +651,6 @@ def log_cosh_half(d: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return x
 
 
-class Scratch:
-    """Buffers reused by one thread from batch to batch (ingest's stream of token batches, checks.CheckSums): a
-    batch's temporaries of hundreds of KB each, allocated afresh, took new pages from the kernel again and
-    again."""
-
-    def __init__(self):
-        self._buffers: dict[str, np.ndarray] = {}
-
-    def get(self, name: str, n: int, dtype=np.float64) -> np.ndarray:
-        """A writable array of n items of `dtype` (contents undefined), the same memory at every call with that name
-        while it is large enough: what a caller took under a name is overwritten by the next get of that name."""
-        b = self._buffers.get(name)
-        if b is None or len(b) < n or b.dtype != dtype:
-            b = self._buffers[name] = np.empty(max(n, 2 * len(b) if b is not None and b.dtype == dtype else 0),
-                                               dtype)
-        return b[:n]
-
-
 @njit(cache=True, nogil=True, error_model="numpy")
 def row_seq_sums(s, t, valid, lo, hi, out):  # pragma: no cover - compiled
     """The per-sequence sums (count, Σ s, Σ t, Σ log cosh(Δ/2), Σ r·t, as _seq_sums) of rows [lo, hi) of [B, T]
