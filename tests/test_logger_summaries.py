@@ -7,55 +7,17 @@ counts and sums, MIN/MAX of extremes, as every reader merges them) and compared 
 """
 from __future__ import annotations
 
-import math
 
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-from analysis.ingest import ingest_paths, summary_files
+from analysis.ingest import ingest_paths
 from analysis.record.logger import DriftLogger
 from analysis.store import Store
 from analysis.summaries import schema as S
 
-from helpers.logger import make_step, reference_store
-
-COMPARED = ("summary_step", "summary_seq", "summary_seq_band", "summary_hist", "summary_bucket", "summary_bucket_band",
-            "summary_layer", "expert_load")
-
-
-def merged(store: Store, table: str) -> list[dict]:
-    cols = summary_files.TABLES[table]
-    key = [c.name for c in cols if S.merge_kind(c.name) == "key"]
-    agg = [f"{S.merge_kind(c.name)}({c.name}) AS {c.name}" for c in cols if S.merge_kind(c.name) != "key"]
-    return store.sql(f"SELECT {', '.join(key + agg)} FROM {table} GROUP BY ALL ORDER BY ALL").to_dicts()
-
-
-# 1 − p_t is formed as (1 − p_s) − (p_t − p_s) (summaries/compute.py): where p_t = 1 (t = 0, common in bf16) it is
-# 0 up to one rounding of a term ≤ 1, ~1e-17, and two correct implementations differ there by that much
-QT_TERMS = ("sum_qt", "sum_qt2", "sum_qsqt")
-
-
-def assert_same_rows(got: list[dict], want: list[dict], table: str, rel: float = 1e-12) -> None:
-    assert len(got) == len(want), f"{table}: {len(got)} rows, reference {len(want)}"
-    for g, w in zip(got, want):
-        for k, v in w.items():
-            if isinstance(v, float) and g[k] is not None:
-                tiny = 4e-16 * float(w["n_tokens"]) if k in QT_TERMS else 1e-300
-                assert math.isclose(g[k], v, rel_tol=rel, abs_tol=tiny), (table, k, g, w)
-            else:
-                assert g[k] == v, (table, k, g, w)
-
-
-def logger_store(tmp_path, step_data, token_sample, step=4, name="logged") -> Store:
-    log = DriftLogger(tmp_path / name, "r", token_sample=token_sample, worst_sequences=2, top_tokens=5)
-    paths = log.log_step(step, **step_data)
-    assert pq.read_schema(paths["summary"]).metadata[summary_files.SUMMARY_KEY] == summary_files.FORMAT_VERSION
-    store = Store(tmp_path / f"{name}.duckdb")
-    outcomes = ingest_paths(store, [tmp_path / name])
-    assert {o.status for o in outcomes} == {"loaded"}, [o.line() for o in outcomes]
-    return store
-
+from helpers.logger import COMPARED, assert_same_rows, logger_store, make_step, merged, reference_store
 
 @pytest.mark.parametrize("token_sample", [1.0, 0.1, 0.0])
 def test_summaries_equal_ingest_of_every_token(tmp_path, token_sample):

@@ -23,7 +23,8 @@ from analysis.record.token_sample import Kept, SamplePlan
 from analysis.store import Store
 from analysis.summaries import kernel as K
 from analysis.summaries import schema as S
-from tests.test_logger_summaries import COMPARED, assert_same_rows, logger_store, make_step, merged, reference_store
+
+from helpers.logger import COMPARED, assert_same_rows, logger_store, make_step, merged, reference_store
 
 TOKEN_TABLES = ("summary_seq", "summary_seq_band", "summary_step", "summary_hist", "summary_bucket",
                 "summary_bucket_band")

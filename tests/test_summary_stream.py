@@ -15,8 +15,9 @@ from analysis.ingest import ingest_paths, load, summarise
 from analysis.ingest import summary_stream as stream_summaries
 from analysis.ingest.limits import Limits
 from analysis.store import Store
-from tests.test_logger_summaries import assert_same_rows, merged
-from tests.test_token_storage import NARROW
+
+from helpers.ingest import NARROW
+from helpers.logger import assert_same_rows, merged
 
 TABLES = stream_summaries.TOKEN_TABLES
 SMALL = Limits(batch_rows=37)  # steps and sequences split over many batches

@@ -216,10 +216,18 @@ def test_modules_import_helpers_never_another_test_module_or_conftest():
     conftest) would run that module's imports, and tie the two, for a helper. The helpers import no test either."""
     files = sorted(TESTS.glob("test_*.py")) + sorted((TESTS / "helpers").glob("*.py")) + [TESTS / "conftest.py"]
     assert len(files) > 60
-    tops = {f: {m: m.split(".")[0] for m in imported_modules(f)} for f in files}
-    bad = {f.relative_to(ROOT).as_posix(): sorted(m for m, top in mods.items() if top.startswith("test_")
-                                                  or top == "conftest") for f, mods in tops.items()}
+    bad = {f.relative_to(ROOT).as_posix(): sorted(m for m in imported_modules(f) if names_a_test_module(m))
+           for f in files}
     assert {f: m for f, m in bad.items() if m} == {}
+
+
+def names_a_test_module(module: str) -> bool:
+    """Whether an imported module is a test module or conftest, by itself or through the package (`tests.test_x`,
+    `tests.conftest`), as written in an import."""
+    parts = module.split(".")
+    if parts[0] == "tests":
+        parts = parts[1:]
+    return bool(parts) and (parts[0].startswith("test_") or parts[0] == "conftest")
 
 
 def test_the_import_check_sees_a_test_module_imported_inside_a_function(tmp_path):
@@ -227,6 +235,13 @@ def test_the_import_check_sees_a_test_module_imported_inside_a_function(tmp_path
     planted.write_text("from helpers.data import metrics_load\n\ndef test_x():\n    from test_pages import PAGES\n"
                        "    import conftest\n")
     assert {"test_pages", "test_pages.PAGES", "conftest", "helpers.data"} <= imported_modules(planted)
+
+
+def test_the_import_check_sees_a_test_module_imported_through_the_tests_package():
+    assert names_a_test_module("tests.test_logger_summaries") and names_a_test_module("tests.conftest")
+    assert names_a_test_module("test_pages.PAGES") and names_a_test_module("conftest")
+    assert not names_a_test_module("helpers.logger") and not names_a_test_module("tests.helpers.data")
+    assert not names_a_test_module("analysis.ingest.summary_stream")
 
 
 def test_benchmark_scripts_share_code_through_the_harness_only():
