@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from analysis import key_runs, migrations, schema, settings
+from analysis.writeback import Writeback
 from analysis.summaries import schema as summary_schema
 
 if TYPE_CHECKING:  # DuckDB's .pl() imports polars where a result is read: a load never needs its ~0.2 s import
@@ -123,6 +124,7 @@ class Store:
         self._active = 0
         self._idle = threading.Condition()
         self._closing = False
+        self._writeback: Writeback | None = None  # start_writeback's descriptor of the file, closed after DuckDB's
         if not read_only:
             with self.write_lock:
                 migrations.split_tokens(self._con)
@@ -143,6 +145,19 @@ class Store:
         for cur in list(self._cursors):
             cur.close()
         self._con.close()
+        if self._writeback is not None:  # only now: closing it earlier would drop DuckDB's lock (writeback.py)
+            self._writeback.close()
+            self._writeback = None
+
+    def start_writeback(self) -> None:
+        """Have the kernel start writing the pages DuckDB has written to the database file so far, without
+        waiting (analysis/writeback.py): a large load calls it as its INSERT goes, so that its COMMIT waits for
+        the last pages only. Nothing for an in-memory or read-only database."""
+        if self._writeback is None:
+            if self.read_only or not self.path.is_file():
+                return
+            self._writeback = Writeback(self.path)
+        self._writeback.start()
 
     def shutdown(self, timeout: float = 10.0) -> bool:
         """Refuse new queries, interrupt the running ones (in any thread), wait until they have returned, close.
