@@ -86,8 +86,9 @@ def test_token_rows_give_the_same_sums(tmp_path):
     store.close()
 
 
-def test_driftlogger_sums():
-    from analysis.record.summaries import StepTensors, seq_logprob_sums
+@pytest.mark.parametrize("engine", ["kernel", "torch"])
+def test_driftlogger_sums(engine):
+    from analysis.record.summaries import StepTensors, _kernel_tables, seq_logprob_sums
     tokens = make_tokens(9).filter(pl.col("step") == 0)
     B, T = 5, int(tokens["pos"].max()) + 1
     s, t, m = np.full((B, T), np.nan), np.full((B, T), np.nan), np.zeros((B, T), bool)  # padding: NaN
@@ -96,7 +97,11 @@ def test_driftlogger_sums():
         m[r["sample"], r["pos"]] = True
     x = StepTensors(torch.from_numpy(s), torch.from_numpy(t), torch.from_numpy(m), torch.arange(B) + 10, None,
                     None, None, None, None)
-    got = seq_logprob_sums(x, np.array([13, 10, 12, 11, 14]))
+    per_row = None
+    if engine == "kernel":  # the sums the kernel's pass takes (DriftLogger on the CPU)
+        per_row = np.zeros((5, B))
+        _kernel_tables(x, None, None, per_row)
+    got = seq_logprob_sums(x, np.array([13, 10, 12, 11, 14]), per_row)
     rows = [{"run": "a", "step": 0, "sample": int(i) - 10} | {k: v[j] for k, v in got.items()}
             for j, i in enumerate([13, 10, 12, 11, 14])]
     assert_sums(rows, reference(tokens))

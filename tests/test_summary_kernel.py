@@ -293,3 +293,31 @@ def test_per_sequence_sums_ride_the_kernels_pass_to_the_bit():
     want = np.stack([np.bincount(seq, minlength=n_seq).astype(float), np.bincount(seq, s, n_seq),
                      np.bincount(seq, t, n_seq), np.bincount(seq, js, n_seq), np.bincount(seq, r * t, n_seq)])
     assert out.tobytes() == want.tobytes()
+
+
+def test_per_sequence_sums_in_grid_form_to_the_bit():
+    """seq_sums_out in grid form (DriftLogger: a token's sequence is its row, the mask keeps the trained ones):
+    np.bincount's sums over the trained tokens by row, bit for bit, with rows that cross the kernel's chunks,
+    empty rows, NaN at padding, and the rows taken in two calls (two threads' pieces of whole rows)."""
+    rng = np.random.default_rng(12)
+    B, T = 37, 613  # T does not divide CHUNK: rows cross chunks
+    d = rng.normal(0, 0.5, (B, T))
+    d[:, ::97] = 25.0
+    s = -rng.exponential(1.0, (B, T)) - np.maximum(d, 0.0)
+    t = s + d
+    mask = rng.random((B, T)) < 0.8
+    mask[[3, 20]] = False  # empty rows
+    s[~mask], t[~mask] = np.nan, np.nan
+    out = np.zeros((5, B))
+    acc = K.Accumulators.zeros(B)
+    args = dict(s=s.reshape(-1), t=t.reshape(-1), valid=mask.reshape(-1), T=T, seq_sums_out=out)
+    acc.add(**args, lo=0, hi=15 * T)
+    acc.sharing_sequences().add(**args, lo=15 * T, hi=B * T)
+    row = np.nonzero(mask)[0]
+    sv, tv = s[mask], t[mask]
+    x = np.abs(0.5 * (tv - sv))
+    js = np.where(x < 1.0, np.log1p(2.0 * np.sinh(0.5 * x) ** 2), x + np.log1p(np.exp(-2.0 * x)) - math.log(2.0))
+    r = np.exp(np.clip(tv - sv, -20.0, 20.0))
+    want = np.stack([np.bincount(row, minlength=B).astype(float), np.bincount(row, sv, B), np.bincount(row, tv, B),
+                     np.bincount(row, js, B), np.bincount(row, r * tv, B)])
+    assert out.tobytes() == want.tobytes()

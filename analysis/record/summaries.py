@@ -347,35 +347,19 @@ def _band_rows(dim: str, block: torch.Tensor, offset: int = 0) -> dict:
                   "band": ids % S.N_BANDS} | rows)
 
 
-def seq_logprob_sums(x: StepTensors, samples: np.ndarray) -> dict[str, np.ndarray]:
+def seq_logprob_sums(x: StepTensors, samples: np.ndarray, per_row: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """schema.SEQ_SUMS of the sequences `samples` (ids of x.samples): n_lp_tokens, Σ s, Σ t, Σ log cosh(Δ/2)
-    (as kernel.log_cosh_half) and Σ r·t, r = exp(clamp(Δ, ±20)), over each row's trained positions (on the CPU
-    by kernel.row_seq_sums, the rows shared with the pool's threads)."""
-    if x.device.type == "cpu":
-        cols = _row_seq_sums_cpu(x)
-    else:
-        cols = _row_seq_sums_torch(x)
+    (as kernel.log_cosh_half) and Σ r·t, r = exp(clamp(Δ, ±20)), over each row's trained positions. per_row: the
+    [5, B] sums the kernel's pass took (`_kernel_tables`), else torch ops over the tensors."""
+    cols = per_row if per_row is not None else _row_seq_sums_torch(x)
     ids = x.samples.cpu().numpy()
     order = np.argsort(ids, kind="stable")
     rows = order[np.searchsorted(ids[order], samples)]
     return {"n_lp_tokens": cols[0, rows].astype(np.int64)} | dict(zip(S.SEQ_SUM_NAMES[1:], cols[1:, rows]))
 
 
-def _row_seq_sums_cpu(x: StepTensors) -> np.ndarray:
-    """[5, B] per row: the trained token count and schema.SEQ_SUMS, by the kernel (two threads on a large step)."""
-    B = x.mask.shape[0]
-    out = np.zeros((5, B))
-    args = (x.s.numpy(), x.t.numpy(), x.mask.numpy())
-    half = B // 2 if torch.get_num_threads() > 1 and x.mask.numel() >= KERNEL_SPLIT else B
-    other = _pool().submit(kernel.row_seq_sums, *args, half, B, out) if half < B else None
-    kernel.row_seq_sums(*args, 0, half, out)
-    if other is not None:
-        other.result()
-    return out
-
-
 def _row_seq_sums_torch(x: StepTensors) -> np.ndarray:
-    """_row_seq_sums_cpu by torch ops on the tensors' device."""
+    """[5, B] per row: the trained token count and schema.SEQ_SUMS, by torch ops on the tensors' device."""
     m = x.mask
     zero = torch.zeros((), dtype=torch.float64, device=x.device)
     d = torch.where(m, x.t - x.s, zero)  # padding may hold anything
@@ -414,8 +398,10 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | No
             flipped[flat] = routing.n_flipped_layers
             flipped = flipped.view(B, T)
     lags = _Lags.of(x)
+    seq_sums = None  # [5, B]: schema.SEQ_SUMS per row, taken by the kernel's pass
     if engine == "kernel":
-        tables |= _kernel_tables(x, lags, flipped)
+        seq_sums = np.zeros((5, B))
+        tables |= _kernel_tables(x, lags, flipped, seq_sums)
     else:
         tables |= _torch_tables(x, lags, flipped, work or Workspace())
     if tables["summary_step"]:  # the logging checks' sums (schema.CHECK_SUMS)
@@ -431,7 +417,7 @@ def summarise(x: StepTensors, kept: Kept, plan: SamplePlan, work: Workspace | No
             tables["summary_seq"] |= seq_topk_columns(per_row, x.samples.cpu().numpy(),
                                                       np.asarray(tables["summary_seq"]["sample"]))
     if tables["summary_seq"]:
-        tables["summary_seq"] |= seq_logprob_sums(x, np.asarray(tables["summary_seq"]["sample"]))
+        tables["summary_seq"] |= seq_logprob_sums(x, np.asarray(tables["summary_seq"]["sample"]), seq_sums)
     if routing is not None:
         tables["summary_layer"] = routing.layer_rows
         tables[EXPERT_LOAD] = routing.expert_load
@@ -546,13 +532,15 @@ def _pool():
     return _POOL
 
 
-def _kernel_tables(x: StepTensors, lags: "_Lags | None", flipped: torch.Tensor | None) -> dict[str, dict]:
+def _kernel_tables(x: StepTensors, lags: "_Lags | None", flipped: torch.Tensor | None,
+                   seq_sums: np.ndarray) -> dict[str, dict]:
     """The token summary tables by the one-pass kernel, over the step's [B, T] tensors in grid form (numpy
     views of the CPU tensors, no copy). With torch.get_num_threads() > 1, that many threads (the kernel
     releases the GIL) take pieces of KERNEL_PIECE positions of whole rows, each the next one left, into
     accumulators of their own, merged after: a thread slowed by other work on its core takes fewer pieces, where
     fixed halves left the other waiting (a step of 1M positions on 2 threads: 35 ms, of which each half
-    27 ms)."""
+    27 ms). seq_sums ([5, B], zeros): receives each row's schema.SEQ_SUMS in the same pass (the threads' rows
+    are disjoint)."""
     B, T = x.mask.shape
     if x.device.type != "cpu":
         raise ValueError(f"the summary kernel runs on CPU tensors, these are on {x.device}")
@@ -560,7 +548,7 @@ def _kernel_tables(x: StepTensors, lags: "_Lags | None", flipped: torch.Tensor |
     def flat(v: torch.Tensor) -> np.ndarray:
         return v.contiguous().numpy().reshape(-1)
     args = dict(s=flat(x.s), t=flat(x.t), valid=flat(x.mask), T=T,
-                flipped=flat(flipped) if flipped is not None else None)
+                flipped=flat(flipped) if flipped is not None else None, seq_sums_out=seq_sums)
     n_lag = 0
     if lags is not None:
         n_lag = lags.n
