@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 
 from analysis import key_runs, migrations, schema, settings
-from analysis.writeback import Writeback
 from analysis.summaries import schema as summary_schema
+from analysis.writeback import Writeback
 
 if TYPE_CHECKING:  # DuckDB's .pl() imports polars where a result is read: a load never needs its ~0.2 s import
     import polars as pl
