@@ -20,7 +20,8 @@ linux_only = pytest.mark.skipif(writeback._SYNC_FILE_RANGE is None, reason="sync
 
 def another_process_can_write(db) -> bool:
     """Whether a second process may open the database for writing (DuckDB refuses while a process holds it)."""
-    code = f"import duckdb\ntry:\n    duckdb.connect({str(db)!r}).close()\nexcept duckdb.Error:\n    raise SystemExit(1)"
+    code = (f"import duckdb\ntry:\n    duckdb.connect({str(db)!r}).close()\n"
+            "except duckdb.Error:\n    raise SystemExit(1)")
     return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
 
 

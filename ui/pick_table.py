@@ -57,7 +57,11 @@ export default function(component) {
       const tr = body.insertRow();
       tr.tabIndex = 0;
       if (data.ids[i] === data.picked) { tr.className = "picked"; tr.setAttribute("aria-current", "true"); }
-      data.rows[i].forEach((text, c) => { const td = tr.insertCell(); td.className = data.kinds[c]; td.textContent = text; });
+      data.rows[i].forEach((text, c) => {
+        const td = tr.insertCell();
+        td.className = data.kinds[c];
+        td.textContent = text;
+      });
       tr.onclick = () => setTriggerValue("open", data.ids[i]);
       tr.onkeydown = (e) => { if (e.key === "Enter") setTriggerValue("open", data.ids[i]); };
     }

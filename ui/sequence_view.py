@@ -31,8 +31,8 @@ def without_empty(worst: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
 
 def worst_caption(hidden=()) -> str:
     """The caption under the worst-sequences table, naming only the columns shown (`hidden`: those left out)."""
-    parts = ["Click a row to open it, a header to sort. seq_log_ratio = ΣΔ over the response (the sequence-level log importance "
-             "ratio); max_log_ratio_abs = the largest single-token |Δ|"]
+    parts = ["Click a row to open it, a header to sort. seq_log_ratio = ΣΔ over the response (the sequence-level "
+             "log importance ratio); max_log_ratio_abs = the largest single-token |Δ|"]
     if "n_flips" not in hidden:
         parts.append("n_flips = token-layer pairs whose experts flipped")
     logged = [c for c in ("reward", "advantage") if c not in hidden] + ["response_length"]
